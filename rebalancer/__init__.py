@@ -1,0 +1,3 @@
+"""gpu-rebalancer: a descheduler for GPU clusters."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,464 @@
+"""Frozen domain types: the nouns that flow one way through a cycle.
+
+Snapshot -> Proposal -> Decision -> Outcome, all collected in a CycleReport.
+
+This module owns the shape of the data and small derived views over it (indexes, GPU accounting
+helpers). It must not do I/O, read the clock, parse Kubernetes JSON or know about any client
+library: sources build these objects, everything else only reads them.
+
+Units: CPU in millicores, memory and storage in bytes, every other resource in its own integral
+unit (GPUs, MIG instances, shared-GPU slices). Telemetry: utilisation in percent (0-100),
+framebuffer in MiB, whatever the exporter's own units were.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cached_property
+from typing import Literal
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+MILLI_PER_GPU = 1000
+
+OutcomeResult = Literal["would-evict", "evicted", "blocked-by-pdb", "gone", "error"]
+ProposalKind = Literal["pod", "gang", "node"]
+Mode = Literal["dry-run", "live"]
+
+
+# --------------------------------------------------------------------------- selectors
+
+
+@dataclass(frozen=True, slots=True)
+class LabelRequirement:
+    """One `matchExpressions` entry of a label selector (In, NotIn, Exists, DoesNotExist)."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSelector:
+    """A metav1.LabelSelector. An empty selector matches everything (as for PDBs in policy/v1)."""
+
+    match_labels: Mapping[str, str] = field(default_factory=dict)
+    match_expressions: tuple[LabelRequirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelectorRequirement:
+    """One node affinity requirement (In, NotIn, Exists, DoesNotExist, Gt, Lt) on a label or field."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelectorTerm:
+    """Requirements ANDed together; terms of a NodeSelector are ORed."""
+
+    match_expressions: tuple[NodeSelectorRequirement, ...] = ()
+    match_fields: tuple[NodeSelectorRequirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PreferredTerm:
+    weight: int
+    term: NodeSelectorTerm
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"  # NoSchedule | PreferNoSchedule | NoExecute
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str = ""  # empty key with operator Exists tolerates everything
+    operator: str = "Equal"  # Equal | Exists
+    value: str = ""
+    effect: str = ""  # empty tolerates every effect
+
+
+@dataclass(frozen=True, slots=True)
+class TopologySpreadConstraint:
+    max_skew: int
+    topology_key: str
+    when_unsatisfiable: str  # DoNotSchedule | ScheduleAnyway
+    label_selector: LabelSelector
+    min_domains: int | None = None
+
+
+# --------------------------------------------------------------------------- cluster objects
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    allocatable: Mapping[str, int] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+    created: datetime | None = None
+    ready: bool = True
+
+    @property
+    def gpu_model(self) -> str | None:
+        return self.labels.get(GPU_PRODUCT_LABEL)
+
+    @property
+    def gpu_count(self) -> int:
+        """Whole physical GPUs the device plugin advertises."""
+        return self.allocatable.get(GPU_RESOURCE, 0)
+
+    @property
+    def mig_resources(self) -> Mapping[str, int]:
+        return {k: v for k, v in self.allocatable.items() if k.startswith(MIG_RESOURCE_PREFIX)}
+
+    @property
+    def is_gpu_node(self) -> bool:
+        return self.gpu_count > 0 or bool(self.mig_resources)
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRef:
+    kind: str
+    name: str
+    api_version: str = ""
+    controller: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Volume:
+    name: str
+    kind: str  # emptyDir | hostPath | persistentVolumeClaim | configMap | secret | projected | ...
+    medium: str = ""  # emptyDir medium ("Memory" for /dev/shm style volumes)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """How a pod uses GPUs, in per-device terms.
+
+    `count` devices, each needing `milli_per_device` thousandths of a device: a whole-GPU pod asking for
+    two GPUs is (2, 1000); a pod holding a 460/1000 share of one GPU is (1, 460). Shares are packed per
+    device, never as a fluid sum over the node.
+    """
+
+    count: int = 0
+    milli_per_device: int = MILLI_PER_GPU
+
+    @property
+    def gpus(self) -> float:
+        """GPU-equivalents held (2.0 for two whole GPUs, 0.46 for a 460-milli share)."""
+        return self.count * self.milli_per_device / MILLI_PER_GPU
+
+    @property
+    def is_shared(self) -> bool:
+        return self.count > 0 and self.milli_per_device < MILLI_PER_GPU
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    namespace: str
+    name: str
+    uid: str = ""
+    node_name: str | None = None
+    phase: str = "Running"
+    scheduler_name: str = "default-scheduler"
+    priority: int = 0
+    priority_class_name: str = ""
+    qos_class: str = "BestEffort"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    owner: OwnerRef | None = None
+    requests: Mapping[str, int] = field(default_factory=dict)
+    gpu: GpuRequest = GpuRequest()
+    volumes: tuple[Volume, ...] = ()
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    required_affinity: tuple[NodeSelectorTerm, ...] = ()
+    preferred_affinity: tuple[PreferredTerm, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    topology_spread: tuple[TopologySpreadConstraint, ...] = ()
+    gang: str | None = None
+    created: datetime | None = None
+    started: datetime | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def is_mirror(self) -> bool:
+        return "kubernetes.io/config.mirror" in self.annotations
+
+    @property
+    def is_daemonset(self) -> bool:
+        return self.owner is not None and self.owner.kind == "DaemonSet"
+
+    @property
+    def is_active(self) -> bool:
+        """Bound and not finished: the pod occupies resources on its node."""
+        return self.node_name is not None and self.phase not in ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class Pdb:
+    namespace: str
+    name: str
+    selector: LabelSelector
+    disruptions_allowed: int
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+
+# --------------------------------------------------------------------------- telemetry
+
+
+@dataclass(frozen=True, slots=True)
+class GpuTelemetry:
+    """Aggregates of one DCGM series group (a GPU or MIG instance, and its pod) over a window.
+
+    Values follow PromQL: `util_avg_percent` is avg_over_time, `fb_used_mib` the last sample at or before
+    `now` (within the lookback), `fb_used_max_mib` max_over_time. None means no sample in the window.
+    """
+
+    node: str
+    uuid: str
+    gpu_index: str = ""
+    model_name: str = ""
+    mig_profile: str | None = None
+    mig_instance: str | None = None
+    pod_namespace: str | None = None
+    pod_name: str | None = None
+    util_avg_percent: float | None = None
+    util_max_percent: float | None = None
+    util_samples: int = 0
+    fb_used_mib: float | None = None
+    fb_used_max_mib: float | None = None
+    fb_free_mib: float | None = None
+    newest_sample: datetime | None = None
+
+    @property
+    def pod_key(self) -> tuple[str, str] | None:
+        if self.pod_namespace and self.pod_name:
+            return (self.pod_namespace, self.pod_name)
+        return None
+
+    @property
+    def device_key(self) -> tuple[str, str, str | None]:
+        return (self.node, self.uuid, self.mig_instance)
+
+
+@dataclass(frozen=True)
+class TelemetryWindow:
+    """All series aggregated over one window length, evaluated at the snapshot's `now`."""
+
+    window_seconds: int
+    gpus: tuple[GpuTelemetry, ...] = ()
+
+    @cached_property
+    def by_pod(self) -> Mapping[tuple[str, str], tuple[GpuTelemetry, ...]]:
+        grouped: dict[tuple[str, str], list[GpuTelemetry]] = defaultdict(list)
+        for gpu in self.gpus:
+            if (key := gpu.pod_key) is not None:
+                grouped[key].append(gpu)
+        return {k: tuple(v) for k, v in grouped.items()}
+
+    @cached_property
+    def by_node(self) -> Mapping[str, tuple[GpuTelemetry, ...]]:
+        grouped: dict[str, list[GpuTelemetry]] = defaultdict(list)
+        for gpu in self.gpus:
+            grouped[gpu.node].append(gpu)
+        return {k: tuple(v) for k, v in grouped.items()}
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    """Per-GPU telemetry for every window the policy asks for.
+
+    `available` is False when the source could not be read (Prometheus down, no files): strategies that
+    need telemetry skip, and `problem` says why. Missing data is never read as idle.
+    """
+
+    available: bool
+    windows: Mapping[int, TelemetryWindow] = field(default_factory=dict)
+    problem: str | None = None
+
+    def window(self, seconds: int) -> TelemetryWindow | None:
+        return self.windows.get(seconds) if self.available else None
+
+
+NO_TELEMETRY = Telemetry(available=False, problem="no telemetry source configured")
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """Something worth an operator's attention that is not an eviction (leaked VRAM, stale telemetry...)."""
+
+    kind: str
+    node: str | None = None
+    gpu: str | None = None
+    namespace: str | None = None
+    pod: str | None = None
+    detail: str = ""
+
+
+# --------------------------------------------------------------------------- snapshot
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An immutable picture of one instant. `now` is the only clock a cycle reads."""
+
+    now: datetime
+    nodes: Mapping[str, Node]
+    pods: tuple[Pod, ...]
+    pdbs: tuple[Pdb, ...] = ()
+    telemetry: Telemetry = NO_TELEMETRY
+    # Problems the source met while building the snapshot (pods on unknown nodes, bad samples...).
+    findings: tuple[Finding, ...] = ()
+
+    @cached_property
+    def pods_by_node(self) -> Mapping[str, tuple[Pod, ...]]:
+        grouped: dict[str, list[Pod]] = defaultdict(list)
+        for pod in self.pods:
+            if pod.is_active and pod.node_name is not None:
+                grouped[pod.node_name].append(pod)
+        return {k: tuple(v) for k, v in grouped.items()}
+
+    @cached_property
+    def pods_by_key(self) -> Mapping[tuple[str, str], Pod]:
+        return {p.key: p for p in self.pods}
+
+    @cached_property
+    def gangs(self) -> Mapping[str, tuple[Pod, ...]]:
+        """Active pods grouped by gang id (namespace-qualified by the source)."""
+        grouped: dict[str, list[Pod]] = defaultdict(list)
+        for pod in self.pods:
+            if pod.gang is not None and pod.is_active:
+                grouped[pod.gang].append(pod)
+        return {k: tuple(v) for k, v in grouped.items()}
+
+    @property
+    def gpu_total(self) -> int:
+        return sum(n.gpu_count for n in self.nodes.values())
+
+    def pods_on(self, node: str) -> tuple[Pod, ...]:
+        return self.pods_by_node.get(node, ())
+
+
+# --------------------------------------------------------------------------- cycle flow
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """A strategy's wish: move these pods (one pod, a whole gang, or a whole node's pods), all or none.
+
+    `targets` maps each pod key to the node a packed scheduler is predicted to place it on, when the
+    strategy simulated it. `node` is the node being drained for a whole-node proposal.
+    """
+
+    strategy: str
+    kind: ProposalKind
+    pods: tuple[Pod, ...]
+    reason: str
+    priority: float = 0.0
+    node: str | None = None
+    group: str | None = None
+    targets: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    nodes_freed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The planner's verdict on a whole proposal: approved, or refused by one named guard."""
+
+    proposal: Proposal
+    approved: bool
+    blocked_by: str | None = None
+    reason: str = ""
+    # The pod the refusal is about, when one pod sank the whole proposal.
+    blocked_pod: tuple[str, str] | None = None
+    targets: Mapping[tuple[str, str], str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the evictor did to one pod."""
+
+    namespace: str
+    pod: str
+    result: OutcomeResult
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedStrategy:
+    strategy: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StrategyResult:
+    """Everything one strategy has to say about one snapshot."""
+
+    proposals: tuple[Proposal, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    skipped: str | None = None
+    hints: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ReportedDecision:
+    """One row of the report: one pod, its proposal's verdict and what happened to it."""
+
+    strategy: str
+    namespace: str
+    pod: str
+    node: str | None
+    action: Literal["evict", "skip"]
+    outcome: OutcomeResult | None
+    reason: str
+    blocked_by: str | None
+    group: str | None
+    target_node: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    nodes: int
+    gpus: int
+    pods: int
+    proposals: int
+    evictions: int
+    blocked: int
+    nodes_freed: int
+    gpus_freed: int
+    estimated_savings_per_hour: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class CycleReport:
+    mode: Mode
+    now: datetime
+    summary: Summary
+    decisions: tuple[ReportedDecision, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    skipped_strategies: tuple[SkippedStrategy, ...] = ()
+    hints: tuple[str, ...] = ()
+    freed_nodes: tuple[str, ...] = ()

@@ -1,0 +1,425 @@
+"""The policy file: pydantic models with `extra="forbid"`, validated in full at load.
+
+Owns the schema operators write (strategies in order with their args, guards, limits, gang keys,
+GPU-share resources, telemetry mapping, GPU prices, notification sinks) and `load_policy()`, which
+turns YAML into a `Policy` or a `PolicyError` listing every problem with file, line and field path.
+It must not touch the cluster, Prometheus or the clock; secrets never live here (only the names of
+the env vars or files that hold them).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from rebalancer.registry import StrategyArgs, all_strategies, get_strategy
+
+# --------------------------------------------------------------------------- durations
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(value: object) -> int:
+    """Seconds from `90`, `"90s"`, `"5m"`, `"1h30m"`, `"1d"` (Prometheus / Go style). Rejects the rest."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration such as 30s, 5m or 1h, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        if not text:
+            raise ValueError("empty duration")
+        pos = 0
+        seconds = 0.0
+        for match in _DURATION_PART.finditer(text):
+            if match.start() != pos:
+                break
+            seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+            pos = match.end()
+        if pos != len(text):
+            raise ValueError(f"invalid duration {value!r}: use a number with a unit, e.g. 30s, 5m, 1h30m")
+    else:
+        raise ValueError(f"expected a duration such as 30s, 5m or 1h, got {type(value).__name__}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"duration must be a finite, non-negative time, got {value!r}")
+    return round(seconds)
+
+
+def format_duration(seconds: int) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+Duration = Annotated[int, BeforeValidator(parse_duration)]
+"""A duration in whole seconds, written as `30s`, `5m`, `1h30m` or a bare number of seconds."""
+
+Percent = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- sections
+
+
+class LabelSelectorRequirementConfig(StrictModel):
+    key: str = Field(min_length=1)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _values_match_operator(self) -> LabelSelectorRequirementConfig:
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"operator {self.operator} needs at least one value")
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"operator {self.operator} takes no values")
+        return self
+
+
+class LabelSelectorConfig(StrictModel):
+    match_labels: dict[str, str] = Field(default_factory=dict)
+    match_expressions: tuple[LabelSelectorRequirementConfig, ...] = ()
+
+
+class NamespaceFilter(StrictModel):
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ("kube-system",)
+
+    @model_validator(mode="after")
+    def _not_both(self) -> NamespaceFilter:
+        overlap = set(self.include) & set(self.exclude)
+        if overlap:
+            raise ValueError(f"namespaces both included and excluded: {', '.join(sorted(overlap))}")
+        return self
+
+
+class GuardsConfig(StrictModel):
+    """Per-pod safety checks (DESIGN §6). Defaults are the safe choice."""
+
+    namespaces: NamespaceFilter = NamespaceFilter()
+    label_selector: LabelSelectorConfig | None = None
+    min_pod_age: Duration = 600
+    # Pods at or above this priority (system-cluster-critical is 2000000000) are never evicted.
+    priority_threshold: int = 2_000_000_000
+    evict_local_storage: bool = False
+    allow_shm_empty_dir: bool = True
+    evict_bare_pods: bool = False
+    cooldown: Duration = 1800
+
+
+class LimitsConfig(StrictModel):
+    """Budgets spent across one cycle; null means unlimited."""
+
+    max_per_node: int | None = Field(default=None, ge=1)
+    max_per_namespace: int | None = Field(default=None, ge=1)
+    max_per_cycle: int | None = Field(default=20, ge=1)
+
+
+class GangConfig(StrictModel):
+    """Label or annotation keys whose value names the gang (group) a pod belongs to; first match wins."""
+
+    keys: tuple[str, ...] = (
+        "scheduling.x-k8s.io/pod-group",
+        "scheduling.k8s.io/group-name",
+        "volcano.sh/job-name",
+        "jobset.sigs.k8s.io/jobset-name",
+        "training.kubeflow.org/job-name",
+    )
+
+
+class SharedGpuResource(StrictModel):
+    """An extended resource that hands out shares of one physical GPU.
+
+    `milli_per_unit`: how many thousandths of a device one unit is (time-slicing with 4 replicas: 250;
+    a milli-GPU resource: 1).
+    """
+
+    milli_per_unit: int = Field(ge=1, le=1000)
+
+
+class GpuSharingConfig(StrictModel):
+    resources: dict[str, SharedGpuResource] = Field(
+        default_factory=lambda: {
+            "nvidia.com/gpu.shared": SharedGpuResource(milli_per_unit=250),
+            "gpu-rebalancer.io/gpu-milli": SharedGpuResource(milli_per_unit=1),
+        }
+    )
+
+
+class MetricConfig(StrictModel):
+    name: str = Field(min_length=1, pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+    # Multiply raw samples by this to reach the model's unit (percent for utilisation, MiB for memory).
+    scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+
+
+class LabelMapping(StrictModel):
+    """Label names to try, in order, for each piece of identity; the first one present and non-empty wins."""
+
+    node: tuple[str, ...] = ("Hostname", "hostname", "kubernetes_node", "node")
+    pod: tuple[str, ...] = ("exported_pod", "pod")
+    namespace: tuple[str, ...] = ("exported_namespace", "namespace")
+    uuid: tuple[str, ...] = ("UUID", "uuid")
+    gpu_index: tuple[str, ...] = ("gpu",)
+    model_name: tuple[str, ...] = ("modelName",)
+    mig_profile: tuple[str, ...] = ("GPU_I_PROFILE",)
+    mig_instance: tuple[str, ...] = ("GPU_I_ID",)
+
+
+TelemetryPreset = Literal["dcgm-exporter", "dcgm-exporter-legacy", "dcgm-exporter-exported", "nv-gpu"]
+
+
+class PrometheusConfig(StrictModel):
+    url: str = Field(min_length=1, pattern=r"^https?://")
+    # Names of where secrets live; the secrets themselves never belong in the policy.
+    bearer_token_file: str | None = None
+    bearer_token_env: str | None = None
+    ca_file: str | None = None
+    verify_tls: bool = True
+    timeout: Duration = 5
+    retries: int = Field(default=2, ge=0, le=10)
+
+
+class TelemetryConfig(StrictModel):
+    preset: TelemetryPreset = "dcgm-exporter"
+    utilization: MetricConfig = MetricConfig(name="DCGM_FI_DEV_GPU_UTIL")
+    fb_used: MetricConfig = MetricConfig(name="DCGM_FI_DEV_FB_USED")
+    fb_free: MetricConfig = MetricConfig(name="DCGM_FI_DEV_FB_FREE")
+    labels: LabelMapping = LabelMapping()
+    # Newest sample older than this (relative to `now`) makes a series stale.
+    max_age: Duration = 300
+    prometheus: PrometheusConfig | None = None
+
+
+class PricesConfig(StrictModel):
+    """Hourly price of one GPU, per `nvidia.com/gpu.product` value; used for estimated savings."""
+
+    per_gpu_hour: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]] = Field(default_factory=dict)
+    default_per_gpu_hour: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+
+
+class SlackSinkConfig(StrictModel):
+    webhook_url_env: str | None = None
+    webhook_url_file: str | None = None
+    dashboard_url: str | None = None
+    only_when_evicted: bool = False
+    include_dry_run: bool = True
+    finding_kinds: tuple[str, ...] | None = None
+    min_interval: Duration = 0
+
+    @model_validator(mode="after")
+    def _has_secret_source(self) -> SlackSinkConfig:
+        if not (self.webhook_url_env or self.webhook_url_file):
+            raise ValueError("set webhook_url_env or webhook_url_file (the URL itself is a secret)")
+        return self
+
+
+class WebhookSinkConfig(StrictModel):
+    url: str = Field(min_length=1, pattern=r"^https?://")
+    secret_env: str | None = None
+    secret_file: str | None = None
+    only_when_evicted: bool = False
+    include_dry_run: bool = True
+    finding_kinds: tuple[str, ...] | None = None
+    min_interval: Duration = 0
+
+
+class NotifyConfig(StrictModel):
+    slack: tuple[SlackSinkConfig, ...] = ()
+    webhooks: tuple[WebhookSinkConfig, ...] = ()
+
+
+class StrategyConfig(StrictModel):
+    name: str
+    enabled: bool = True
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class Policy(StrictModel):
+    dry_run: bool = True
+    interval: Duration = 300
+    strategies: tuple[StrategyConfig, ...] = ()
+    guards: GuardsConfig = GuardsConfig()
+    limits: LimitsConfig = LimitsConfig()
+    gangs: GangConfig = GangConfig()
+    gpu_sharing: GpuSharingConfig = GpuSharingConfig()
+    telemetry: TelemetryConfig | None = TelemetryConfig()
+    prices: PricesConfig = PricesConfig()
+    notify: NotifyConfig = NotifyConfig()
+
+    @model_validator(mode="after")
+    def _sane_interval(self) -> Policy:
+        if self.interval < 10:
+            raise ValueError("interval must be at least 10s")
+        return self
+
+
+# --------------------------------------------------------------------------- loading
+
+
+class PolicyError(Exception):
+    """A policy that cannot be used; `problems` holds one line per problem, each naming where."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = tuple(problems)
+
+
+class ConfiguredStrategy(BaseModel):
+    """A strategy of the policy, resolved against the registry with its arguments validated."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    name: str
+    args: StrategyArgs
+
+
+class LoadedPolicy(BaseModel):
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    policy: Policy
+    strategies: tuple[ConfiguredStrategy, ...]
+    source: str = "<default>"
+
+    def telemetry_windows(self) -> frozenset[int]:
+        windows: set[int] = set()
+        for configured in self.strategies:
+            windows |= configured.args.telemetry_windows()
+        return frozenset(windows)
+
+
+def format_loc(loc: Sequence[int | str]) -> str:
+    """`('strategies', 1, 'args', 'window')` -> `strategies[1].args.window`."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _line_of(root: yaml.Node | None, loc: Sequence[int | str]) -> int | None:
+    """1-based line of the deepest YAML node that `loc` reaches."""
+    node = root
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode) and isinstance(part, str):
+            child = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            child = node.value[part]
+        else:
+            child = None
+        if child is None:
+            break
+        node = child
+        line = node.start_mark.line + 1
+    return line
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    kind = error.get("type", "")
+    if kind == "extra_forbidden":
+        return "unknown field"
+    if kind == "missing":
+        return "required field is missing"
+    message = str(error.get("msg", "invalid value"))
+    message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    if "input" in error and kind not in ("model_type", "dict_type"):
+        given = error["input"]
+        if isinstance(given, str | int | float | bool) or given is None:
+            message += f" (got {given!r})"
+    return message
+
+
+def _problems(
+    exc: ValidationError, source: str, root: yaml.Node | None, prefix: Sequence[int | str] = ()
+) -> Iterator[str]:
+    for error in exc.errors():
+        loc = (*prefix, *error["loc"])
+        line = _line_of(root, loc)
+        where = f"{source}:{line}" if line is not None else source
+        yield f"{where}: {format_loc(loc)}: {_describe(error)}"
+
+
+def parse_policy(data: object, source: str = "<policy>", root: yaml.Node | None = None) -> LoadedPolicy:
+    """Validate an already-parsed policy document; raises PolicyError with every problem found."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyError([f"{source}: the policy must be a YAML mapping, got {type(data).__name__}"])
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as exc:
+        raise PolicyError(list(_problems(exc, source, root))) from None
+
+    problems: list[str] = []
+    configured: list[ConfiguredStrategy] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(policy.strategies):
+        loc: tuple[int | str, ...] = ("strategies", index, "name")
+        line = _line_of(root, loc)
+        where = f"{source}:{line}" if line is not None else source
+        spec = get_strategy(entry.name)
+        if spec is None:
+            known = ", ".join(all_strategies()) or "none"
+            problems.append(f"{where}: {format_loc(loc)}: unknown strategy {entry.name!r} (known: {known})")
+            continue
+        if entry.name in seen:
+            problems.append(f"{where}: {format_loc(loc)}: strategy {entry.name!r} is listed twice")
+            continue
+        seen.add(entry.name)
+        try:
+            args = spec.args_model.model_validate(entry.args)
+        except ValidationError as exc:
+            problems.extend(_problems(exc, source, root, ("strategies", index, "args")))
+            continue
+        if entry.enabled:
+            configured.append(ConfiguredStrategy(name=entry.name, args=args))
+    if problems:
+        raise PolicyError(problems)
+    return LoadedPolicy(policy=policy, strategies=tuple(configured), source=source)
+
+
+def load_policy(path: str | Path) -> LoadedPolicy:
+    """Read and validate a policy file. Raises PolicyError (never a traceback) on any problem."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError([f"{source}: cannot read policy: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise PolicyError([f"{source}: not UTF-8 text ({exc.reason})"]) from None
+    return loads_policy(text, source)
+
+
+def loads_policy(text: str, source: str = "<policy>") -> LoadedPolicy:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise PolicyError([f"{source}{line}: YAML syntax error: {problem}"]) from None
+    except yaml.YAMLError as exc:
+        raise PolicyError([f"{source}: YAML error: {exc}"]) from None
+    return parse_policy(data, source, root)
+
+
+BUILTIN_DEFAULT_ORDER = ("gpu-affinity", "idle-gpu", "topology-spread", "gpu-consolidation")
+
+
+def default_policy() -> LoadedPolicy:
+    """The built-in policy used when none is given: every shipped strategy with default args, dry-run."""
+    names = [name for name in BUILTIN_DEFAULT_ORDER if get_strategy(name) is not None]
+    return parse_policy({"strategies": [{"name": name} for name in names]}, "<built-in default policy>")

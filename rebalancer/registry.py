@@ -1,0 +1,129 @@
+"""Strategy registry: `@strategy("name", Args)` binds a pure function to its validated arguments.
+
+Owns the plugin contract: a strategy is `(Snapshot, Args, StrategyContext) -> StrategyResult` and
+must be pure (no I/O, no clock, no evictions). This module must not import any strategy eagerly
+except through `load_builtin_strategies()`, and must not know about policies, sources or sinks.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from rebalancer.model import Pod, Snapshot, StrategyResult
+
+
+class StrategyArgs(BaseModel):
+    """Base of every strategy's arguments: unknown keys are errors, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Whether the strategy needs DCGM telemetry with these arguments (it is skipped when telemetry is
+    # unavailable, never run on missing data).
+    requires_telemetry: ClassVar[bool] = False
+
+    def telemetry_windows(self) -> frozenset[int]:
+        """Window lengths (seconds) this strategy reads telemetry over."""
+        return frozenset()
+
+    def needs_telemetry(self) -> bool:
+        return self.requires_telemetry
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a pod (or a proposal) may not be evicted: a stable guard name and a human reason."""
+
+    guard: str
+    reason: str
+
+
+PodRefusalCheck = Callable[[Pod], Refusal | None]
+
+
+def _never_refuse(_pod: Pod) -> Refusal | None:
+    return None
+
+
+@dataclass(frozen=True)
+class StrategyContext:
+    """Pure helpers a strategy may consult, built by the orchestrator from the policy.
+
+    `refusal(pod)` runs the static per-pod guards (daemonset, opt-out, namespace, ...), so a strategy can
+    avoid proposing a node it could never drain whole. `gpu_prices` maps a GPU model to its hourly price
+    per GPU. Nothing here performs I/O.
+    """
+
+    refusal: PodRefusalCheck = _never_refuse
+    gpu_prices: Mapping[str, float] = field(default_factory=dict)
+    default_gpu_price: float | None = None
+
+    def price_per_gpu_hour(self, gpu_model: str | None) -> float | None:
+        if gpu_model is not None and gpu_model in self.gpu_prices:
+            return self.gpu_prices[gpu_model]
+        return self.default_gpu_price
+
+
+ArgsT = TypeVar("ArgsT", bound=StrategyArgs)
+StrategyFn = Callable[[Snapshot, ArgsT, StrategyContext], StrategyResult]
+
+
+@dataclass(frozen=True)
+class StrategySpec(Generic[ArgsT]):
+    name: str
+    fn: StrategyFn[ArgsT]
+    args_model: type[ArgsT]
+    summary: str
+
+    def run(self, snapshot: Snapshot, args: StrategyArgs, ctx: StrategyContext) -> StrategyResult:
+        if not isinstance(args, self.args_model):
+            raise TypeError(f"{self.name}: expected {self.args_model.__name__}, got {type(args).__name__}")
+        return self.fn(snapshot, args, ctx)
+
+
+_REGISTRY: dict[str, StrategySpec[Any]] = {}
+
+BUILTIN_MODULES = (
+    "strategies.idle_gpu",
+    "strategies.gpu_affinity",
+    "strategies.gpu_consolidation",
+    "strategies.topology_spread",
+)
+
+
+def strategy(
+    name: str, args_model: type[ArgsT], summary: str
+) -> Callable[[StrategyFn[ArgsT]], StrategyFn[ArgsT]]:
+    """Register a pure strategy function under a stable name."""
+
+    def register(fn: StrategyFn[ArgsT]) -> StrategyFn[ArgsT]:
+        existing = _REGISTRY.get(name)
+        if existing is not None and existing.fn is not fn:
+            raise ValueError(f"strategy {name!r} is registered twice")
+        _REGISTRY[name] = StrategySpec(name=name, fn=fn, args_model=args_model, summary=summary)
+        return fn
+
+    return register
+
+
+def load_builtin_strategies() -> None:
+    for module in BUILTIN_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+
+
+def get_strategy(name: str) -> StrategySpec[Any] | None:
+    load_builtin_strategies()
+    return _REGISTRY.get(name)
+
+
+def all_strategies() -> Mapping[str, StrategySpec[Any]]:
+    load_builtin_strategies()
+    return dict(sorted(_REGISTRY.items()))

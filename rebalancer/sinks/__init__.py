@@ -1,0 +1,1 @@
+"""Sinks: the edges that publish a CycleReport (logs, metrics, Slack, webhooks, events)."""

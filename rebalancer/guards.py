@@ -1,0 +1,275 @@
+"""Named, pure safety checks on single pods and nodes (DESIGN §6).
+
+Owns the static guards (the ones that depend only on a pod or node, the snapshot's `now` and the
+policy's `GuardsConfig`) and `GUARD_NAMES`, the stable list of every guard name of the system,
+the planner's included (they appear in reports and metrics as `blocked_by`, so names are only ever
+added, never changed). Label-selector semantics come from `rebalancer.selectors`.
+
+Each guard returns `Refusal(guard, reason) | None`; the reason is a sentence naming the specific
+cause. This module must not do I/O, read the clock (it takes `snapshot.now`), or know about budgets
+spent across a cycle: PDBs, limits, gangs, cooldowns and re-placement belong to the planner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
+
+from rebalancer.model import LabelRequirement, LabelSelector, Node, Pod, Snapshot
+from rebalancer.policy import GuardsConfig, LabelSelectorConfig, format_duration
+from rebalancer.registry import Refusal
+from rebalancer.selectors import label_selector_matches
+
+# --------------------------------------------------------------------------- guard names
+
+MIRROR_OR_STATIC = "mirror-or-static"
+DAEMONSET = "daemonset"
+SYSTEM_CRITICAL = "system-critical"
+BARE_POD = "bare-pod"
+LOCAL_STORAGE = "local-storage"
+NAMESPACE = "namespace"
+LABEL_SELECTOR = "label-selector"
+OPT_OUT = "opt-out"
+MIN_POD_AGE = "min-pod-age"
+# Guards the planner applies with the cycle's ledger.
+GANG = "gang"
+PDB = "pdb"
+NO_FIT = "no-fit"
+LIMIT_NODE = "limit-node"
+LIMIT_NAMESPACE = "limit-namespace"
+LIMIT_CYCLE = "limit-cycle"
+COOLDOWN = "cooldown"
+DUPLICATE = "duplicate"
+
+POD_GUARD_NAMES: tuple[str, ...] = (
+    MIRROR_OR_STATIC,
+    DAEMONSET,
+    SYSTEM_CRITICAL,
+    BARE_POD,
+    LOCAL_STORAGE,
+    NAMESPACE,
+    LABEL_SELECTOR,
+    OPT_OUT,
+    MIN_POD_AGE,
+)
+"""The static per-pod guards, in the order `pod_refusal` runs them."""
+
+GUARD_NAMES: tuple[str, ...] = (
+    *POD_GUARD_NAMES,
+    GANG,
+    PDB,
+    NO_FIT,
+    LIMIT_NODE,
+    LIMIT_NAMESPACE,
+    LIMIT_CYCLE,
+    COOLDOWN,
+    DUPLICATE,
+)
+"""Every guard name that can appear as `blocked_by` (contract: only ever extended)."""
+
+# --------------------------------------------------------------------------- well-known keys
+
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+CRITICAL_PRIORITY_CLASSES = ("system-cluster-critical", "system-node-critical")
+
+# Pod annotations that opt a pod out of eviction: (key, value that opts out).
+POD_OPT_OUT_ANNOTATIONS: tuple[tuple[str, str], ...] = (
+    ("rebalancer.gpu/evict", "false"),
+    ("cluster-autoscaler.kubernetes.io/safe-to-evict", "false"),
+    ("karpenter.sh/do-not-disrupt", "true"),
+)
+# Node annotations that opt a node out of being drained.
+NODE_OPT_OUT_ANNOTATIONS: tuple[tuple[str, str], ...] = (
+    ("cluster-autoscaler.kubernetes.io/scale-down-disabled", "true"),
+    ("karpenter.sh/do-not-disrupt", "true"),
+)
+
+# --------------------------------------------------------------------------- label selectors
+
+
+def policy_selector(cfg: LabelSelectorConfig) -> LabelSelector:
+    """The policy's label selector as the model's LabelSelector, matched by `rebalancer.selectors`."""
+    return LabelSelector(
+        match_labels=dict(cfg.match_labels),
+        match_expressions=tuple(
+            LabelRequirement(key=r.key, operator=r.operator, values=tuple(r.values))
+            for r in cfg.match_expressions
+        ),
+    )
+
+
+def selector_mismatch(selector: LabelSelector, labels: Mapping[str, str]) -> str | None:
+    """The first requirement of `selector` that `labels` fail, written as a selector term, or None."""
+    for key, value in selector.match_labels.items():
+        if labels.get(key) != value:
+            return f"{key}={value}"
+    for requirement in selector.match_expressions:
+        if not label_selector_matches(LabelSelector(match_expressions=(requirement,)), labels):
+            values = f" ({', '.join(requirement.values)})" if requirement.values else ""
+            return f"{requirement.key} {requirement.operator}{values}"
+    return None
+
+
+# --------------------------------------------------------------------------- pod guards
+
+
+def mirror_or_static(pod: Pod) -> Refusal | None:
+    if pod.is_mirror:
+        return Refusal(
+            MIRROR_OR_STATIC, f"pod is a mirror pod (annotation {MIRROR_ANNOTATION}); the kubelet owns it"
+        )
+    if pod.owner is not None and pod.owner.kind == "Node":
+        return Refusal(MIRROR_OR_STATIC, f"pod is a static pod owned by Node {pod.owner.name}")
+    return None
+
+
+def daemonset(pod: Pod) -> Refusal | None:
+    if pod.is_daemonset and pod.owner is not None:
+        return Refusal(
+            DAEMONSET,
+            f"pod is owned by DaemonSet {pod.owner.name}, which would re-create it on the same node",
+        )
+    return None
+
+
+def system_critical(pod: Pod, cfg: GuardsConfig) -> Refusal | None:
+    if pod.priority_class_name in CRITICAL_PRIORITY_CLASSES:
+        return Refusal(SYSTEM_CRITICAL, f"pod has priorityClassName {pod.priority_class_name}")
+    if pod.priority >= cfg.priority_threshold:
+        return Refusal(
+            SYSTEM_CRITICAL,
+            f"pod priority {pod.priority} is at or above the threshold {cfg.priority_threshold}",
+        )
+    return None
+
+
+def bare_pod(pod: Pod, cfg: GuardsConfig) -> Refusal | None:
+    if cfg.evict_bare_pods:
+        return None
+    if pod.owner is None:
+        return Refusal(BARE_POD, "pod has no controller owner that would re-create it")
+    if not pod.owner.controller:
+        return Refusal(
+            BARE_POD,
+            f"pod's owner {pod.owner.kind} {pod.owner.name} is not its controller, "
+            "so nothing would re-create it",
+        )
+    return None
+
+
+def local_storage(pod: Pod, cfg: GuardsConfig) -> Refusal | None:
+    if cfg.evict_local_storage:
+        return None
+    for volume in pod.volumes:
+        if volume.kind == "emptyDir":
+            if volume.medium == "Memory" and cfg.allow_shm_empty_dir:
+                continue
+            medium = " (medium Memory)" if volume.medium == "Memory" else ""
+            return Refusal(
+                LOCAL_STORAGE, f"pod uses emptyDir volume {volume.name}{medium}, whose data eviction loses"
+            )
+        if volume.kind == "hostPath":
+            return Refusal(LOCAL_STORAGE, f"pod uses hostPath volume {volume.name}, tied to its node")
+    return None
+
+
+def namespace(pod: Pod, cfg: GuardsConfig) -> Refusal | None:
+    filt = cfg.namespaces
+    if pod.namespace in filt.exclude:
+        return Refusal(NAMESPACE, f"namespace {pod.namespace} is excluded by the policy")
+    if filt.include and pod.namespace not in filt.include:
+        return Refusal(
+            NAMESPACE,
+            f"namespace {pod.namespace} is not among the policy's included namespaces "
+            f"({', '.join(filt.include)})",
+        )
+    return None
+
+
+def label_selector(pod: Pod, cfg: GuardsConfig) -> Refusal | None:
+    selector = cfg.label_selector
+    if selector is None:
+        return None
+    mismatch = selector_mismatch(policy_selector(selector), pod.labels)
+    if mismatch is not None:
+        return Refusal(
+            LABEL_SELECTOR, f"pod labels do not match the policy's label selector: needs {mismatch}"
+        )
+    return None
+
+
+def _opt_out(annotations: Mapping[str, str], keys: Iterable[tuple[str, str]]) -> tuple[str, str] | None:
+    for key, value in keys:
+        given = annotations.get(key)
+        if given is not None and given.strip().lower() == value:
+            return key, given
+    return None
+
+
+def opt_out(pod: Pod) -> Refusal | None:
+    found = _opt_out(pod.annotations, POD_OPT_OUT_ANNOTATIONS)
+    if found is not None:
+        return Refusal(OPT_OUT, f'pod has annotation {found[0]}: "{found[1]}"')
+    return None
+
+
+def _human(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    if seconds < 0:
+        return f"-{format_duration(-seconds)}"
+    return format_duration(seconds)
+
+
+def min_pod_age(pod: Pod, snapshot: Snapshot, cfg: GuardsConfig) -> Refusal | None:
+    if cfg.min_pod_age <= 0:
+        return None
+    minimum = timedelta(seconds=cfg.min_pod_age)
+    if pod.created is None:
+        return Refusal(
+            MIN_POD_AGE,
+            f"pod creation time is unknown, so it counts as younger than the minimum age "
+            f"{format_duration(cfg.min_pod_age)}",
+        )
+    age = snapshot.now - pod.created
+    if age < minimum:
+        return Refusal(
+            MIN_POD_AGE,
+            f"pod is {_human(age)} old, younger than the minimum age {format_duration(cfg.min_pod_age)}",
+        )
+    return None
+
+
+PodGuard = Callable[[Pod, Snapshot, GuardsConfig], Refusal | None]
+
+POD_GUARDS: tuple[tuple[str, PodGuard], ...] = (
+    (MIRROR_OR_STATIC, lambda pod, _s, _c: mirror_or_static(pod)),
+    (DAEMONSET, lambda pod, _s, _c: daemonset(pod)),
+    (SYSTEM_CRITICAL, lambda pod, _s, cfg: system_critical(pod, cfg)),
+    (BARE_POD, lambda pod, _s, cfg: bare_pod(pod, cfg)),
+    (LOCAL_STORAGE, lambda pod, _s, cfg: local_storage(pod, cfg)),
+    (NAMESPACE, lambda pod, _s, cfg: namespace(pod, cfg)),
+    (LABEL_SELECTOR, lambda pod, _s, cfg: label_selector(pod, cfg)),
+    (OPT_OUT, lambda pod, _s, _c: opt_out(pod)),
+    (MIN_POD_AGE, min_pod_age),
+)
+"""The static pod guards with their names, in the order `pod_refusal` runs them."""
+
+
+def pod_refusal(pod: Pod, snapshot: Snapshot, cfg: GuardsConfig) -> Refusal | None:
+    """The first static guard that refuses evicting `pod`, or None when all of them allow it."""
+    for _name, guard in POD_GUARDS:
+        refusal = guard(pod, snapshot, cfg)
+        if refusal is not None:
+            return refusal
+    return None
+
+
+# --------------------------------------------------------------------------- node guard
+
+
+def node_refusal(node: Node) -> Refusal | None:
+    """Refuses draining a node whose annotations opt it out of scale-down / disruption."""
+    found = _opt_out(node.annotations, NODE_OPT_OUT_ANNOTATIONS)
+    if found is not None:
+        return Refusal(OPT_OUT, f'node {node.name} has annotation {found[0]}: "{found[1]}"')
+    return None

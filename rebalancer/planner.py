@@ -1,0 +1,444 @@
+"""The planner: turns the strategies' proposals into decisions, spending the cycle's budgets.
+
+Owns `plan()`, the `Ledger` of one cycle (remaining PDB disruptions, evictions per source node, per
+namespace and per cycle, the pods already approved, and the simulated cluster with every approved
+move reserved) and `DisruptionHistory`, the cooldown memory handed in by the caller. A proposal is
+approved whole or refused whole by the first guard that fails; the refusal names the guard and,
+where one pod sank the proposal, that pod.
+
+Guards, in the order they run: `duplicate` (pods approved earlier this cycle are dropped; nothing
+left refuses), the static per-pod guards of `rebalancer.guards`, the node opt-out for node proposals,
+`gang`, `cooldown`, `limit-cycle`, `limit-namespace`, `limit-node`, `pdb`, `no-fit` (simulated on a
+copy of the ledger's cluster: the proposal's pods removed, a drained node cordoned, each pod placed on
+its predicted target or else on the packed scheduler's best node; a node already chosen as a
+destination this cycle cannot be drained). `plan()` judges a whole cycle; `decide()` one proposal
+against a caller's `Ledger`.
+
+This module must stay pure: no I/O, no clock (`snapshot.now` is the time), no evictions, and it never
+mutates the Snapshot or the proposals. It does not order proposals either: the caller does.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from rebalancer import guards
+from rebalancer.model import GPU_RESOURCE, MILLI_PER_GPU, Decision, Pdb, Pod, Proposal, Snapshot
+from rebalancer.placement import ClusterState
+from rebalancer.policy import Policy, format_duration
+from rebalancer.selectors import label_selector_matches
+
+PodKey = tuple[str, str]
+WorkloadKey = tuple[str, str, str]
+
+
+# --------------------------------------------------------------------------- history
+
+
+@dataclass(frozen=True, slots=True)
+class DisruptionHistory:
+    """When nodes were last drained and workloads last had a pod evicted, before this cycle.
+
+    `workloads` is keyed by (namespace, owner kind, owner name) of the evicted pods' controller.
+    """
+
+    nodes: Mapping[str, datetime] = field(default_factory=dict)
+    workloads: Mapping[WorkloadKey, datetime] = field(default_factory=dict)
+
+
+NO_HISTORY = DisruptionHistory()
+
+
+def workload_key(pod: Pod) -> WorkloadKey | None:
+    """The cooldown key of the workload a pod belongs to; None for a pod without an owner."""
+    if pod.owner is None:
+        return None
+    return (pod.namespace, pod.owner.kind, pod.owner.name)
+
+
+# --------------------------------------------------------------------------- ledger
+
+
+def pdb_covers(pdb: Pdb, pod: Pod) -> bool:
+    """Whether a PDB selects the pod: same namespace and its selector matches (empty selects all)."""
+    return pdb.namespace == pod.namespace and label_selector_matches(pdb.selector, pod.labels)
+
+
+@dataclass
+class Ledger:
+    """The budgets of one cycle, spent as proposals are approved.
+
+    `state` is the simulated cluster with every approved pod removed from its node, re-placed where it
+    is predicted to land (reserved), and every drained node cordoned.
+    """
+
+    state: ClusterState
+    pdbs_by_namespace: Mapping[str, tuple[Pdb, ...]]
+    pdb_remaining: dict[tuple[str, str], int]
+    per_node: Counter[str] = field(default_factory=Counter)
+    per_namespace: Counter[str] = field(default_factory=Counter)
+    cycle: int = 0
+    approved: set[PodKey] = field(default_factory=set)
+    # Pods approved this cycle, per the node they are predicted to land on.
+    landing: Counter[str] = field(default_factory=Counter)
+    _covering: dict[PodKey, tuple[Pdb, ...]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def start(cls, snapshot: Snapshot) -> Ledger:
+        by_namespace: dict[str, list[Pdb]] = {}
+        for pdb in snapshot.pdbs:
+            by_namespace.setdefault(pdb.namespace, []).append(pdb)
+        return cls(
+            state=ClusterState.from_snapshot(snapshot),
+            pdbs_by_namespace={ns: tuple(items) for ns, items in by_namespace.items()},
+            pdb_remaining={pdb.key: max(0, pdb.disruptions_allowed) for pdb in snapshot.pdbs},
+        )
+
+    def pdbs_covering(self, pod: Pod) -> tuple[Pdb, ...]:
+        cached = self._covering.get(pod.key)
+        if cached is None:
+            candidates = self.pdbs_by_namespace.get(pod.namespace, ())
+            cached = tuple(pdb for pdb in candidates if pdb_covers(pdb, pod))
+            self._covering[pod.key] = cached
+        return cached
+
+    def commit(self, pods: Sequence[Pod], targets: Mapping[PodKey, str], state: ClusterState) -> None:
+        """Spend the budgets for approved `pods`; `state` is the simulation with their moves reserved."""
+        self.landing.update(targets.values())
+        for pod in pods:
+            for pdb in self.pdbs_covering(pod):
+                self.pdb_remaining[pdb.key] -= 1
+            if pod.node_name is not None:
+                self.per_node[pod.node_name] += 1
+            self.per_namespace[pod.namespace] += 1
+            self.approved.add(pod.key)
+        self.cycle += len(pods)
+        self.state = state
+
+
+# --------------------------------------------------------------------------- guards with a ledger
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    guard: str
+    reason: str
+    pod: Pod | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    proposal: Proposal
+    pods: tuple[Pod, ...]
+    snapshot: Snapshot
+    policy: Policy
+    history: DisruptionHistory
+    ledger: Ledger
+
+    @property
+    def drained(self) -> str | None:
+        if self.proposal.kind == "node":
+            return self.proposal.node
+        return None
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def _refs(keys: Iterable[PodKey], limit: int = 3) -> str:
+    names = [f"{ns}/{name}" for ns, name in keys]
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
+
+
+def _static(ctx: _Context) -> _Block | None:
+    cfg = ctx.policy.guards
+    for pod in ctx.pods:
+        refusal = guards.pod_refusal(pod, ctx.snapshot, cfg)
+        if refusal is not None:
+            return _Block(refusal.guard, refusal.reason, pod)
+    return None
+
+
+def _node(ctx: _Context) -> _Block | None:
+    drained = ctx.drained
+    node = ctx.snapshot.nodes.get(drained) if drained is not None else None
+    if node is None:
+        return None
+    refusal = guards.node_refusal(node)
+    return _Block(refusal.guard, refusal.reason) if refusal is not None else None
+
+
+def _gang(ctx: _Context) -> _Block | None:
+    proposed = {pod.key for pod in ctx.proposal.pods}
+    approved = ctx.ledger.approved
+    checked: set[str] = set()
+    for pod in ctx.pods:
+        if pod.gang is None or pod.gang in checked:
+            continue
+        checked.add(pod.gang)
+        members = ctx.snapshot.gangs.get(pod.gang, ())
+        missing = [m.key for m in members if m.key not in proposed and m.key not in approved]
+        if missing:
+            return _Block(
+                guards.GANG,
+                f"gang {pod.gang} moves whole or not at all, but the proposal lacks "
+                f"{_refs(missing)} ({len(missing)} of {_plural(len(members), 'active member')})",
+                pod,
+            )
+    return None
+
+
+def _cooldown(ctx: _Context) -> _Block | None:
+    period = ctx.policy.guards.cooldown
+    if period <= 0:
+        return None
+    window = timedelta(seconds=period)
+    now = ctx.snapshot.now
+    drained = ctx.drained
+    if drained is not None:
+        last = ctx.history.nodes.get(drained)
+        if last is not None and now - last < window:
+            return _Block(
+                guards.COOLDOWN,
+                f"node {drained} was drained {_ago(now - last)}, within the cooldown of "
+                f"{format_duration(period)}",
+            )
+    for pod in ctx.pods:
+        key = workload_key(pod)
+        last = ctx.history.workloads.get(key) if key is not None else None
+        if key is not None and last is not None and now - last < window:
+            return _Block(
+                guards.COOLDOWN,
+                f"workload {key[1]} {key[0]}/{key[2]} was disrupted {_ago(now - last)}, within the "
+                f"cooldown of {format_duration(period)}",
+                pod,
+            )
+    return None
+
+
+def _ago(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    if seconds < 0:
+        return f"{format_duration(-seconds)} in the future"
+    return f"{format_duration(seconds)} ago"
+
+
+def _limit_cycle(ctx: _Context) -> _Block | None:
+    limit = ctx.policy.limits.max_per_cycle
+    spent = ctx.ledger.cycle
+    if limit is None or spent + len(ctx.pods) <= limit:
+        return None
+    pod = ctx.pods[max(0, limit - spent)]
+    return _Block(
+        guards.LIMIT_CYCLE,
+        f"the limit of {_plural(limit, 'eviction')} per cycle is reached "
+        f"({spent} approved, this proposal adds {len(ctx.pods)})",
+        pod,
+    )
+
+
+def _limit_per(
+    ctx: _Context,
+    *,
+    limit: int | None,
+    spent: Counter[str],
+    scope: str,
+    key_of: Callable[[Pod], str | None],
+    guard: str,
+) -> _Block | None:
+    if limit is None:
+        return None
+    adding = Counter(key for key in map(key_of, ctx.pods) if key is not None)
+    running: Counter[str] = Counter()
+    for pod in ctx.pods:
+        key = key_of(pod)
+        if key is None:
+            continue
+        running[key] += 1
+        if spent[key] + running[key] > limit:
+            return _Block(
+                guard,
+                f"the limit of {_plural(limit, 'eviction')} per {scope} is reached for {scope} {key} "
+                f"({spent[key]} approved, this proposal adds {adding[key]})",
+                pod,
+            )
+    return None
+
+
+def _pod_namespace(pod: Pod) -> str | None:
+    return pod.namespace
+
+
+def _pod_node(pod: Pod) -> str | None:
+    return pod.node_name
+
+
+def _limit_namespace(ctx: _Context) -> _Block | None:
+    limit = ctx.policy.limits.max_per_namespace
+    spent = ctx.ledger.per_namespace
+    return _limit_per(
+        ctx, limit=limit, spent=spent, scope="namespace", key_of=_pod_namespace, guard=guards.LIMIT_NAMESPACE
+    )
+
+
+def _limit_node(ctx: _Context) -> _Block | None:
+    limit = ctx.policy.limits.max_per_node
+    spent = ctx.ledger.per_node
+    return _limit_per(ctx, limit=limit, spent=spent, scope="node", key_of=_pod_node, guard=guards.LIMIT_NODE)
+
+
+def _pdb(ctx: _Context) -> _Block | None:
+    ledger = ctx.ledger
+    covering = [(pod, ledger.pdbs_covering(pod)) for pod in ctx.pods]
+    needed: Counter[tuple[str, str]] = Counter()
+    for _pod, pdbs in covering:
+        for pdb in pdbs:
+            needed[pdb.key] += 1
+    used: Counter[tuple[str, str]] = Counter()
+    for pod, pdbs in covering:
+        if len(pdbs) > 1:
+            names = ", ".join(f"{p.namespace}/{p.name}" for p in pdbs)
+            return _Block(
+                guards.PDB,
+                f"more than one PodDisruptionBudget selects it ({names}), so the API server refuses "
+                "to evict it",
+                pod,
+            )
+        for pdb in pdbs:
+            used[pdb.key] += 1
+            left = ledger.pdb_remaining[pdb.key]
+            if used[pdb.key] > left:
+                needs = f", this proposal needs {needed[pdb.key]}" if needed[pdb.key] > 1 else ""
+                return _Block(
+                    guards.PDB,
+                    f"PDB {pdb.namespace}/{pdb.name} allows {left} more "
+                    f"{'disruption' if left == 1 else 'disruptions'}{needs}",
+                    pod,
+                )
+    return None
+
+
+def _placement_order(pod: Pod) -> tuple[int, int, str, str]:
+    """Largest GPU request first, then larger cpu, then by key: the order of `ClusterState.place_all`."""
+    if pod.gpu.count > 0:
+        gpu_milli = pod.gpu.count * pod.gpu.milli_per_device
+    else:
+        gpu_milli = pod.requests.get(GPU_RESOURCE, 0) * MILLI_PER_GPU
+    return (-gpu_milli, -pod.requests.get("cpu", 0), pod.namespace, pod.name)
+
+
+def _place(ctx: _Context) -> tuple[ClusterState, dict[PodKey, str]] | _Block:
+    """Simulate the proposal on a copy of the ledger's cluster: the copy and targets, or the refusal."""
+    drained = ctx.drained
+    if drained is not None and ctx.ledger.landing[drained]:
+        landing = ctx.ledger.landing[drained]
+        return _Block(
+            guards.NO_FIT,
+            f"node {drained} is the predicted destination of {_plural(landing, 'pod')} moved earlier "
+            "this cycle, so it cannot be drained",
+        )
+    sim = ctx.ledger.state.copy()
+    for pod in ctx.pods:
+        sim.remove(pod)
+    if drained is not None and drained in ctx.snapshot.nodes:
+        sim.cordon(drained)
+    wanted = ctx.proposal.targets
+    placed: dict[PodKey, str] = {}
+    for pod in ctx.pods:
+        target = wanted.get(pod.key)
+        if target is None:
+            continue
+        if target not in ctx.snapshot.nodes:
+            return _Block(guards.NO_FIT, f"its predicted target node {target} is not in the snapshot", pod)
+        if target == drained:
+            return _Block(guards.NO_FIT, f"its predicted target node {target} is the node being drained", pod)
+        fit = sim.fits(pod, target)
+        if not fit.ok:
+            return _Block(
+                guards.NO_FIT, f"its predicted target node {target} cannot take it: {fit.reason}", pod
+            )
+        sim.place(pod, target)
+        placed[pod.key] = target
+    exclude = (drained,) if drained is not None else ()
+    rest = sorted((pod for pod in ctx.pods if pod.key not in placed), key=_placement_order)
+    for pod in rest:
+        best = sim.best_node(pod, exclude=exclude)
+        if best is None:
+            where = f"other than the drained node {drained}" if drained is not None else "in the cluster"
+            return _Block(guards.NO_FIT, f"no node {where} can take it", pod)
+        sim.place(pod, best)
+        placed[pod.key] = best
+    return sim, {pod.key: placed[pod.key] for pod in ctx.pods}
+
+
+_CHECKS = (_static, _node, _gang, _cooldown, _limit_cycle, _limit_namespace, _limit_node, _pdb)
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def _refused(proposal: Proposal, block: _Block) -> Decision:
+    if block.pod is None:
+        return Decision(proposal=proposal, approved=False, blocked_by=block.guard, reason=block.reason)
+    return Decision(
+        proposal=proposal,
+        approved=False,
+        blocked_by=block.guard,
+        reason=f"{block.pod.ref}: {block.reason}",
+        blocked_pod=block.pod.key,
+    )
+
+
+def _remaining(proposal: Proposal, approved: set[PodKey]) -> tuple[Pod, ...]:
+    seen: set[PodKey] = set()
+    kept: list[Pod] = []
+    for pod in proposal.pods:
+        if pod.key in approved or pod.key in seen:
+            continue
+        seen.add(pod.key)
+        kept.append(pod)
+    return tuple(kept)
+
+
+def decide(
+    proposal: Proposal, snapshot: Snapshot, policy: Policy, ledger: Ledger, history: DisruptionHistory
+) -> Decision:
+    """Judge one proposal against the ledger; on approval the ledger's budgets are spent."""
+    pods = _remaining(proposal, ledger.approved)
+    if proposal.pods and not pods:
+        return _refused(
+            proposal,
+            _Block(
+                guards.DUPLICATE,
+                "every pod of the proposal was already approved by an earlier proposal this cycle "
+                f"({_refs(pod.key for pod in proposal.pods)})",
+            ),
+        )
+    ctx = _Context(proposal, pods, snapshot, policy, history, ledger)
+    for check in _CHECKS:
+        block = check(ctx)
+        if block is not None:
+            return _refused(proposal, block)
+    simulated = _place(ctx)
+    if isinstance(simulated, _Block):
+        return _refused(proposal, simulated)
+    state, targets = simulated
+    ledger.commit(pods, targets, state)
+    return Decision(proposal=proposal, approved=True, targets=targets)
+
+
+def plan(
+    proposals: Sequence[Proposal],
+    snapshot: Snapshot,
+    policy: Policy,
+    *,
+    history: DisruptionHistory = NO_HISTORY,
+) -> tuple[Decision, ...]:
+    """One decision per proposal, in the given order; each approval spends the cycle's budgets."""
+    ledger = Ledger.start(snapshot)
+    return tuple(decide(proposal, snapshot, policy, ledger, history) for proposal in proposals)

@@ -1,0 +1,615 @@
+"""DCGM exporter telemetry: parse expositions, resolve series identity, aggregate over windows.
+
+Owns what the snapshot-directory source and the live Prometheus source share about dcgm-exporter series:
+
+- `parse_exposition`: Prometheus text format or OpenMetrics -> `Series` (through prometheus_client's
+  parsers; timestamps become seconds since the epoch, samples without one get None);
+- `identify`: labels -> `SeriesIdentity` (node, GPU UUID and index, model, MIG instance, pod) following the
+  policy's `LabelMapping`;
+- `attribute`: a pod label counts only if it names a pod of the cluster that requests a GPU (the
+  exporter's own pod does not);
+- `aggregate`: raw samples -> `Telemetry` per window, with PromQL semantics of Prometheus 2.x evaluated at
+  `now` (`avg_over_time` / `max_over_time` / `count_over_time` over `[now - window, now]`, both ends
+  inclusive; instant vectors take the newest sample in `[now - 5m, now]`), so a snapshot directory
+  backfilled into a real Prometheus gives the same numbers;
+- `group_key` / `to_gpu_telemetry`: the grouping and unit scaling a live source applies to aggregates it
+  gets straight from PromQL;
+- `resolve_preset`: the metric names, scales and label names a `telemetry.preset` stands for, filled into
+  the fields the policy leaves unset (both sources read the policy through it).
+
+It must not do I/O (no files, no HTTP), read the clock or know about strategies: callers pass text and
+`now`. Missing data stays None and is never turned into "idle".
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from collections import defaultdict
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
+from prometheus_client.parser import text_string_to_metric_families as prometheus_families
+
+from rebalancer.model import Finding, GpuTelemetry, Pod, Telemetry, TelemetryWindow
+from rebalancer.policy import LabelMapping, MetricConfig, TelemetryConfig, TelemetryPreset
+from rebalancer.sources.kube_objects import pod_uses_gpu
+
+__all__ = [
+    "LOOKBACK_SECONDS",
+    "PRESETS",
+    "ExpositionError",
+    "ExpositionFormat",
+    "GroupKey",
+    "Sample",
+    "Series",
+    "SeriesIdentity",
+    "aggregate",
+    "attribute",
+    "fill_identity",
+    "group_key",
+    "identify",
+    "is_valid_value",
+    "parse_exposition",
+    "resolve_preset",
+    "telemetry_metrics",
+    "to_gpu_telemetry",
+    "unknown_node_findings",
+]
+
+# Prometheus' default --query.lookback-delta: how far back an instant vector looks for a sample.
+LOOKBACK_SECONDS = 300
+
+ExpositionFormat = Literal["auto", "prometheus", "openmetrics"]
+
+# Prometheus text format timestamps are milliseconds. One that lands before this (March 1973) was
+# almost certainly written in seconds; reading it as milliseconds would put the samples in 1970.
+_MIN_TEXT_TIMESTAMP_SECONDS = 1e8
+
+# DCGM's "blank" values (no data, not found, not supported, no permission) that the exporter prints
+# verbatim: int32 0x7ffffff0..3, fp64 2^47..2^47+3, int64 0x7ffffffffffffff0.. (2^63 once a float).
+_DCGM_BLANKS = frozenset(float(base + i) for base in (0x7FFFFFF0, 2**47) for i in range(4))
+_DCGM_INT64_BLANK = float(0x7FFFFFFFFFFFFFF0)
+
+
+# --------------------------------------------------------------------------- series
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    value: float
+    # Seconds since the epoch; None when the exposition gave no timestamp (read as taken at `now`).
+    timestamp: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One time series (metric name + full label set) as read from one exposition."""
+
+    metric: str
+    labels: Mapping[str, str]
+    samples: tuple[Sample, ...]
+    source: str = ""
+
+
+class ExpositionError(ValueError):
+    """An exposition that prometheus_client cannot parse; the message names the source (and line)."""
+
+    def __init__(self, source: str, message: str, line: int | None = None) -> None:
+        self.source = source
+        self.line = line
+        self.message = message
+        where = f"{source}:{line}" if line is not None else source
+        super().__init__(f"{where}: {message}")
+
+
+def _is_openmetrics(text: str) -> bool:
+    return any(line.strip() == "# EOF" for line in text.splitlines())
+
+
+def _locate_text_error(text: str) -> int | None:
+    """1-based line of the first line the text-format parser rejects on its own."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            list(prometheus_families(line + "\n"))
+        except Exception:
+            return number
+    return None
+
+
+def _locate_openmetrics_error(text: str, message: str) -> int | None:
+    """1-based line whose content the OpenMetrics parser quoted in its error message, if any."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        content = line.strip()
+        if content and content in message:
+            return number
+    return None
+
+
+def parse_exposition(
+    text: str,
+    *,
+    source: str,
+    metrics: Collection[str] | None = None,
+    fmt: ExpositionFormat = "auto",
+) -> list[Series]:
+    """Series of a Prometheus text-format or OpenMetrics exposition, in order of first appearance.
+
+    `fmt="auto"` reads OpenMetrics when the text has a `# EOF` line, Prometheus text format otherwise.
+    Timestamps come back in seconds (text-format milliseconds are converted by the parser). `metrics`,
+    when given, keeps only samples with those names. Raises ExpositionError on malformed input.
+    """
+    openmetrics = fmt == "openmetrics" or (fmt == "auto" and _is_openmetrics(text))
+    parser = openmetrics_families if openmetrics else prometheus_families
+    wanted = frozenset(metrics) if metrics is not None else None
+    collected: dict[tuple[str, tuple[tuple[str, str], ...]], list[Sample]] = {}
+    try:
+        for family in parser(text):
+            for sample in family.samples:
+                if wanted is not None and sample.name not in wanted:
+                    continue
+                timestamp: float | None = None
+                if sample.timestamp is not None:
+                    timestamp = float(sample.timestamp)
+                    if not openmetrics and timestamp < _MIN_TEXT_TIMESTAMP_SECONDS:
+                        raise ExpositionError(
+                            source,
+                            f"{sample.name}: timestamp {timestamp * 1000:.0f} is before 1973 when read as "
+                            "milliseconds (Prometheus text format); write milliseconds, or use OpenMetrics "
+                            "(timestamps in seconds, file ends with `# EOF`)",
+                        )
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                collected.setdefault(key, []).append(Sample(value=float(sample.value), timestamp=timestamp))
+    except ExpositionError:
+        raise
+    except Exception as exc:  # prometheus_client raises ValueError, and a few others on odd input
+        detail = str(exc) or type(exc).__name__
+        kind = "OpenMetrics" if openmetrics else "Prometheus text format"
+        line = _locate_openmetrics_error(text, detail) if openmetrics else _locate_text_error(text)
+        raise ExpositionError(source, f"invalid {kind}: {detail}", line) from None
+    return [
+        Series(metric=name, labels=dict(labels), samples=tuple(samples), source=source)
+        for (name, labels), samples in collected.items()
+    ]
+
+
+def is_valid_value(value: float) -> bool:
+    """False for NaN, infinities, negative values and DCGM's blank / not-supported sentinels."""
+    return math.isfinite(value) and value >= 0 and value not in _DCGM_BLANKS and value < _DCGM_INT64_BLANK
+
+
+# --------------------------------------------------------------------------- identity
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesIdentity:
+    """Which GPU (or MIG instance) a series is about, and which pod it is attributed to."""
+
+    node: str
+    uuid: str
+    gpu_index: str = ""
+    model_name: str = ""
+    mig_profile: str | None = None
+    mig_instance: str | None = None
+    pod_namespace: str | None = None
+    pod_name: str | None = None
+
+    @property
+    def pod_key(self) -> tuple[str, str] | None:
+        if self.pod_namespace and self.pod_name:
+            return (self.pod_namespace, self.pod_name)
+        return None
+
+    def without_pod(self) -> SeriesIdentity:
+        return replace(self, pod_namespace=None, pod_name=None)
+
+
+# (node, GPU UUID, MIG instance, pod namespace, pod name): one GpuTelemetry row per key and window.
+GroupKey = tuple[str, str, str | None, str | None, str | None]
+
+
+def _first_non_empty(labels: Mapping[str, str], names: Iterable[str]) -> str | None:
+    for name in names:
+        value = labels.get(name)
+        if value:
+            return value
+    return None
+
+
+def _first_present(labels: Mapping[str, str], names: Iterable[str]) -> str | None:
+    """The value of the first label name that is present, even if empty (empty -> None)."""
+    for name in names:
+        if name in labels:
+            return labels[name] or None
+    return None
+
+
+def identify(labels: Mapping[str, str], mapping: LabelMapping) -> SeriesIdentity | None:
+    """The identity of a series, or None when it has no node or no GPU UUID label (unusable).
+
+    Node, UUID, index, model and MIG labels: the first mapped name that is present and non-empty wins.
+    Pod and namespace: the first mapped name that is *present* decides, even when empty, so an empty
+    `exported_pod` (GPU not allocated to a pod) does not fall through to `pod`, which then names the
+    exporter's own pod. A pod needs both a namespace and a name.
+    """
+    node = _first_non_empty(labels, mapping.node)
+    uuid = _first_non_empty(labels, mapping.uuid)
+    if node is None or uuid is None:
+        return None
+    namespace = _first_present(labels, mapping.namespace)
+    pod = _first_present(labels, mapping.pod)
+    if namespace is None or pod is None:
+        namespace = pod = None
+    return SeriesIdentity(
+        node=node,
+        uuid=uuid,
+        gpu_index=_first_non_empty(labels, mapping.gpu_index) or "",
+        model_name=_first_non_empty(labels, mapping.model_name) or "",
+        mig_profile=_first_non_empty(labels, mapping.mig_profile),
+        mig_instance=_first_non_empty(labels, mapping.mig_instance),
+        pod_namespace=namespace,
+        pod_name=pod,
+    )
+
+
+def attribute(identity: SeriesIdentity, pods: Mapping[tuple[str, str], Pod] | None) -> SeriesIdentity:
+    """Keep the pod only if it is a pod of the cluster that requests a GPU; `pods=None` trusts the labels."""
+    key = identity.pod_key
+    if key is None or pods is None:
+        return identity
+    pod = pods.get(key)
+    if pod is None or not pod_uses_gpu(pod):
+        return identity.without_pod()
+    return identity
+
+
+def group_key(identity: SeriesIdentity) -> GroupKey:
+    return (identity.node, identity.uuid, identity.mig_instance, identity.pod_namespace, identity.pod_name)
+
+
+def _scaled(value: float | None, scale: float) -> float | None:
+    return None if value is None else value * scale
+
+
+def to_gpu_telemetry(
+    identity: SeriesIdentity,
+    cfg: TelemetryConfig,
+    *,
+    util_avg: float | None = None,
+    util_max: float | None = None,
+    util_samples: int = 0,
+    fb_used: float | None = None,
+    fb_used_max: float | None = None,
+    fb_free: float | None = None,
+    newest_sample: datetime | None = None,
+) -> GpuTelemetry:
+    """One model row from raw (exporter-unit) aggregates: applies each metric's `scale`."""
+    return GpuTelemetry(
+        node=identity.node,
+        uuid=identity.uuid,
+        gpu_index=identity.gpu_index,
+        model_name=identity.model_name,
+        mig_profile=identity.mig_profile,
+        mig_instance=identity.mig_instance,
+        pod_namespace=identity.pod_namespace,
+        pod_name=identity.pod_name,
+        util_avg_percent=_scaled(util_avg, cfg.utilization.scale),
+        util_max_percent=_scaled(util_max, cfg.utilization.scale),
+        util_samples=util_samples,
+        fb_used_mib=_scaled(fb_used, cfg.fb_used.scale),
+        fb_used_max_mib=_scaled(fb_used_max, cfg.fb_used.scale),
+        fb_free_mib=_scaled(fb_free, cfg.fb_free.scale),
+        newest_sample=newest_sample,
+    )
+
+
+# --------------------------------------------------------------------------- presets
+
+_MIB = 1024 * 1024
+
+# What each `telemetry.preset` stands for: TelemetryConfig fields, each used only where the policy does not
+# set that field itself. Label names not listed keep LabelMapping's defaults.
+PRESETS: Mapping[TelemetryPreset, Mapping[str, MetricConfig | LabelMapping]] = {
+    # dcgm-exporter >= 4.6 names the node `hostname`; a scrape config may relabel it to kubernetes_node/node.
+    "dcgm-exporter": {"labels": LabelMapping(node=("hostname", "kubernetes_node", "node"))},
+    # dcgm-exporter < 4.6: `Hostname` (the node name only with hostNetwork, else the exporter pod's name).
+    "dcgm-exporter-legacy": {"labels": LabelMapping(node=("Hostname", "kubernetes_node", "node"))},
+    # A ServiceMonitor without honorLabels: the exporter's pod / namespace arrive as exported_pod /
+    # exported_namespace, and `pod` / `namespace` name the exporter itself, so they are never read.
+    "dcgm-exporter-exported": {
+        "labels": LabelMapping(pod=("exported_pod",), namespace=("exported_namespace",)),
+    },
+    # Triton / NIM style `nv_gpu_*` series: utilisation as a 0-1 ratio, memory in bytes, the GPU in
+    # `gpu_uuid`; the node comes from scrape relabelling and the pod is the scraped pod itself. There is no
+    # free-memory series, so fb_free keeps the DCGM name (read only where a dcgm-exporter runs too).
+    "nv-gpu": {
+        "utilization": MetricConfig(name="nv_gpu_utilization", scale=100.0),
+        "fb_used": MetricConfig(name="nv_gpu_memory_used_bytes", scale=1 / _MIB),
+        "labels": LabelMapping(
+            node=("kubernetes_node", "node", "hostname", "Hostname"),
+            uuid=("gpu_uuid", "UUID", "uuid"),
+            pod=("pod",),
+            namespace=("namespace",),
+            gpu_index=("gpu",),
+        ),
+    },
+}
+
+
+def resolve_preset(cfg: TelemetryConfig) -> TelemetryConfig:
+    """`cfg` with its preset's metric and label mapping in the fields the policy did not set.
+
+    A preset applies only when the policy names one (`telemetry.preset`); without it the built-in defaults
+    stay, which accept every dcgm-exporter flavour (`Hostname` or `hostname`, `exported_pod` or `pod`).
+    Fields the policy sets itself always win. Idempotent.
+    """
+    if "preset" not in cfg.model_fields_set:
+        return cfg
+    update = {name: value for name, value in PRESETS[cfg.preset].items() if name not in cfg.model_fields_set}
+    return cfg.model_copy(update=update) if update else cfg
+
+
+# --------------------------------------------------------------------------- aggregation
+
+_Role = Literal["util", "fb_used", "fb_free"]
+
+
+@dataclass
+class _Points:
+    """Samples of one role in one group, as (timestamp ms, value) sorted by time."""
+
+    times: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+
+    def extend(self, points: Iterable[tuple[int, float]]) -> None:
+        merged = sorted([*zip(self.times, self.values, strict=True), *points])
+        self.times = [t for t, _ in merged]
+        self.values = [v for _, v in merged]
+
+    def between(self, lo: int, hi: int) -> tuple[list[int], list[float]]:
+        start, end = bisect_left(self.times, lo), bisect_right(self.times, hi)
+        return self.times[start:end], self.values[start:end]
+
+    def instant(self, lo: int, hi: int) -> tuple[int, float] | None:
+        """Newest sample in [lo, hi] (ties between series: the largest value)."""
+        end = bisect_right(self.times, hi)
+        if end == 0 or self.times[end - 1] < lo:
+            return None
+        newest = self.times[end - 1]
+        start = bisect_left(self.times, newest, 0, end)
+        return newest, max(self.values[start:end])
+
+
+@dataclass
+class _Group:
+    identity: SeriesIdentity
+    points: dict[_Role, _Points] = field(default_factory=dict)
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _epoch_ms(moment: datetime) -> int:
+    if moment.tzinfo is None:
+        raise ValueError(f"now must carry a timezone, got {moment.isoformat()}")
+    return (moment - _EPOCH) // timedelta(milliseconds=1)
+
+
+def _datetime(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def _format_labels(labels: Mapping[str, str], limit: int = 240) -> str:
+    text = "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+    return text if len(text) <= limit else text[: limit - 4] + "...}"
+
+
+def _roles(cfg: TelemetryConfig) -> dict[str, list[_Role]]:
+    roles: dict[str, list[_Role]] = defaultdict(list)
+    roles[cfg.utilization.name].append("util")
+    roles[cfg.fb_used.name].append("fb_used")
+    roles[cfg.fb_free.name].append("fb_free")
+    return dict(roles)
+
+
+def telemetry_metrics(cfg: TelemetryConfig) -> tuple[str, ...]:
+    """The metric names the policy reads (utilisation, framebuffer used, framebuffer free)."""
+    return tuple(_roles(resolve_preset(cfg)))
+
+
+def _window_row(group: _Group, cfg: TelemetryConfig, lo: int, now: int) -> GpuTelemetry | None:
+    lookback = now - LOOKBACK_SECONDS * 1000
+    newest: list[int] = []
+    util_avg = util_max = fb_used = fb_used_max = fb_free = None
+    util_count = 0
+    if (util := group.points.get("util")) is not None:
+        times, values = util.between(lo, now)
+        if values:
+            util_avg, util_max, util_count = math.fsum(values) / len(values), max(values), len(values)
+            newest.append(times[-1])
+    if (used := group.points.get("fb_used")) is not None:
+        times, values = used.between(lo, now)
+        if values:
+            fb_used_max = max(values)
+            newest.append(times[-1])
+        if (last := used.instant(lookback, now)) is not None:
+            newest.append(last[0])
+            fb_used = last[1]
+    if (free := group.points.get("fb_free")) is not None:
+        times, _ = free.between(lo, now)
+        newest.extend(times[-1:])
+        if (last := free.instant(lookback, now)) is not None:
+            newest.append(last[0])
+            fb_free = last[1]
+    if not newest:
+        return None
+    return to_gpu_telemetry(
+        group.identity,
+        cfg,
+        util_avg=util_avg,
+        util_max=util_max,
+        util_samples=util_count,
+        fb_used=fb_used,
+        fb_used_max=fb_used_max,
+        fb_free=fb_free,
+        newest_sample=_datetime(max(newest)),
+    )
+
+
+def aggregate(
+    series: Iterable[Series],
+    cfg: TelemetryConfig,
+    windows: Iterable[int],
+    now: datetime,
+    pods: Mapping[tuple[str, str], Pod] | None = None,
+) -> tuple[Telemetry, tuple[Finding, ...]]:
+    """Per window, one GpuTelemetry per (node, GPU UUID, MIG instance, pod) group, evaluated at `now`.
+
+    Utilisation: avg / max / count over the samples in `[now - window, now]` (both ends inclusive, as
+    Prometheus 2.x range selectors). Framebuffer used / free: the newest sample in `[now - 5m, now]`
+    (instant-vector lookback); framebuffer used max over the window. Samples without a timestamp count as
+    taken at `now`; samples after `now` are ignored. The same series from several sources is merged (one
+    value per timestamp, the last read wins). Each metric's `scale` is applied.
+
+    Findings: `bad-telemetry` once per series that had NaN, infinite, negative or DCGM-blank samples
+    (they are dropped); `unusable-telemetry` once per metric and missing label for series without a node
+    or GPU UUID. A pod label that names no GPU-requesting pod of `pods` is read as no pod.
+    """
+    cfg = resolve_preset(cfg)
+    roles = _roles(cfg)
+    now_ms = _epoch_ms(now)
+    merged: dict[tuple[str, tuple[tuple[str, str], ...]], dict[int, float]] = {}
+    first_seen: dict[tuple[str, tuple[tuple[str, str], ...]], Series] = {}
+    for one in series:
+        if one.metric not in roles:
+            continue
+        key = (one.metric, tuple(sorted(one.labels.items())))
+        points = merged.setdefault(key, {})
+        first_seen.setdefault(key, one)
+        for sample in one.samples:
+            points[now_ms if sample.timestamp is None else _ms(sample.timestamp)] = sample.value
+
+    metric_names = ", ".join(roles)
+    if not merged:
+        return Telemetry(available=False, problem=f"no DCGM series of {metric_names}"), ()
+
+    findings: list[Finding] = []
+    unusable: dict[tuple[str, str], list[Series]] = defaultdict(list)
+    groups: dict[GroupKey, _Group] = {}
+    identified = 0
+    for key, points in merged.items():
+        origin = first_seen[key]
+        metric, labels = origin.metric, dict(key[1])
+        identity = identify(labels, cfg.labels)
+        if identity is None:
+            missing = "node" if _first_non_empty(labels, cfg.labels.node) is None else "uuid"
+            unusable[(metric, missing)].append(origin)
+            continue
+        identified += 1
+        identity = attribute(identity, pods)
+        bad = [v for v in points.values() if not is_valid_value(v)]
+        if bad:
+            findings.append(
+                Finding(
+                    kind="bad-telemetry",
+                    node=identity.node,
+                    gpu=identity.uuid,
+                    namespace=identity.pod_namespace,
+                    pod=identity.pod_name,
+                    detail=(
+                        f"{metric}{_format_labels(labels)} from {origin.source or 'unknown source'}: "
+                        f"dropped {len(bad)} of {len(points)} samples that are NaN, infinite, negative or "
+                        f"a DCGM blank value (first: {bad[0]!r})"
+                    ),
+                )
+            )
+        good = [(t, v) for t, v in points.items() if t <= now_ms and is_valid_value(v)]
+        if not good:
+            continue
+        gkey = group_key(identity)
+        group = groups.get(gkey)
+        if group is None:
+            group = groups[gkey] = _Group(identity)
+        else:
+            group.identity = _fill(group.identity, identity)
+        for role in roles[metric]:
+            group.points.setdefault(role, _Points()).extend(good)
+
+    for (metric, missing), items in sorted(unusable.items()):
+        tried = ", ".join(cfg.labels.node if missing == "node" else cfg.labels.uuid)
+        example = items[0]
+        findings.append(
+            Finding(
+                kind="unusable-telemetry",
+                detail=(
+                    f"{len(items)} series of {metric} have no {'node' if missing == 'node' else 'GPU UUID'} "
+                    f"label (tried {tried}; set telemetry.labels.{missing}) and are ignored, e.g. "
+                    f"{_format_labels(example.labels)} from {example.source or 'unknown source'}"
+                ),
+            )
+        )
+
+    if not identified:
+        problem = (
+            f"no DCGM series of {metric_names} carries both a node and a GPU UUID label "
+            f"(tried node labels {', '.join(cfg.labels.node)}; UUID labels {', '.join(cfg.labels.uuid)})"
+        )
+        return Telemetry(available=False, problem=problem), tuple(findings)
+
+    ordered = sorted(groups.items(), key=lambda item: tuple(part or "" for part in item[0]))
+    result: dict[int, TelemetryWindow] = {}
+    for window in sorted(set(windows)):
+        lo = now_ms - window * 1000
+        rows = [row for _, group in ordered if (row := _window_row(group, cfg, lo, now_ms)) is not None]
+        result[window] = TelemetryWindow(window_seconds=window, gpus=tuple(rows))
+    return Telemetry(available=True, windows=result), tuple(findings)
+
+
+def _fill(current: SeriesIdentity, other: SeriesIdentity) -> SeriesIdentity:
+    """Complete descriptive fields (index, model, MIG profile) one series of a group may lack."""
+    return replace(
+        current,
+        gpu_index=current.gpu_index or other.gpu_index,
+        model_name=current.model_name or other.model_name,
+        mig_profile=current.mig_profile or other.mig_profile,
+    )
+
+
+fill_identity = _fill
+"""Merge the descriptive fields of two series of one group (the live source groups as `aggregate` does)."""
+
+
+def unknown_node_findings(telemetry: Telemetry, node_names: Collection[str]) -> tuple[Finding, ...]:
+    """One `telemetry-unknown-node` finding per node label value that names no node of the cluster.
+
+    Usually a label mapping problem: before exporter 4.6 `Hostname` is the exporter container's host
+    name, which is the node name only with hostNetwork; relabel to `node` / `kubernetes_node` instead.
+    """
+    seen: dict[str, str] = {}
+    for window in telemetry.windows.values():
+        for gpu in window.gpus:
+            if gpu.node not in node_names:
+                seen.setdefault(gpu.node, gpu.uuid)
+    return tuple(
+        Finding(
+            kind="telemetry-unknown-node",
+            node=name,
+            gpu=uuid,
+            detail=(
+                f"DCGM series name node {name!r}, which is not a node of the cluster; check "
+                "telemetry.labels.node (the exporter's Hostname label is the node name only with hostNetwork)"
+            ),
+        )
+        for name, uuid in sorted(seen.items())
+    )

@@ -1,0 +1,371 @@
+"""The snapshot-directory source (DESIGN §4): a directory an operator can make with kubectl -> Snapshot.
+
+Owns reading one directory, non-recursively (hidden files skipped):
+
+- every `*.json` / `*.yaml` / `*.yml` file (except `snapshot.yaml`) holding Kubernetes objects or
+  `List`s of them (as `kubectl get nodes,pods,pdb -A -o json` prints): Node, Pod, PodDisruptionBudget;
+  other kinds, and documents with neither `apiVersion` nor `kind` (a policy file kept alongside), are
+  ignored and reported in an `ignored-objects` finding (the policy file in use is skipped silently);
+- every `*.prom` / `*.om` file: DCGM exporter series in Prometheus text format or OpenMetrics (an `.om`
+  file must be OpenMetrics, ending with `# EOF`), aggregated for the policy's telemetry windows;
+- the optional `snapshot.yaml` with `now: <RFC 3339 with timezone>`; without it `now` is the newest
+  sample timestamp.
+
+Anything that makes the snapshot unusable (unreadable directory or file, invalid JSON / YAML / exposition,
+malformed or duplicate objects, no usable `now`) raises `SnapshotError` listing every problem, each naming
+its file; problems that only lose part of the picture (a pod bound to an unknown node, bad samples) become
+findings in `Snapshot.findings`. This module must not read the clock, talk to a cluster or Prometheus, or
+write anything: object translation lives in `kube_objects`, telemetry maths in `dcgm`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rebalancer.model import Finding, Node, Pdb, Pod, Snapshot, Telemetry
+from rebalancer.policy import LoadedPolicy
+from rebalancer.sources.dcgm import (
+    ExpositionError,
+    ExpositionFormat,
+    Series,
+    aggregate,
+    parse_exposition,
+    telemetry_metrics,
+    unknown_node_findings,
+)
+from rebalancer.sources.kube_objects import (
+    ObjectError,
+    node_from_json,
+    object_ref,
+    pdb_from_json,
+    pod_from_json,
+)
+
+__all__ = ["METRIC_SUFFIXES", "OBJECT_SUFFIXES", "SNAPSHOT_FILE", "SnapshotError", "load_snapshot_dir"]
+
+SNAPSHOT_FILE = "snapshot.yaml"
+OBJECT_SUFFIXES = (".json", ".yaml", ".yml")
+METRIC_SUFFIXES = (".prom", ".om")
+USED_KINDS = ("Node", "Pod", "PodDisruptionBudget")
+
+_NOW_HINT = (
+    f"add {SNAPSHOT_FILE} with a line such as `now: 2026-11-29T12:00:00Z` (RFC 3339 with a timezone), "
+    "or include DCGM samples with timestamps"
+)
+
+# libyaml's safe loader when available: the same safe subset, much faster on large kubectl dumps.
+_SAFE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class SnapshotError(Exception):
+    """A snapshot directory that cannot be used; `problems` holds one line per problem, each naming where."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = tuple(problems)
+
+
+@dataclass
+class _Collected:
+    nodes: dict[str, Node]
+    pods: dict[tuple[str, str], Pod]
+    pdbs: dict[tuple[str, str], Pdb]
+    seen: dict[tuple[str, str], str]
+    ignored: Counter[str]
+    not_objects: list[str]
+    problems: list[str]
+
+
+# --------------------------------------------------------------------------- reading files
+
+
+def _read_text(file: Path, problems: list[str]) -> str | None:
+    try:
+        return file.read_text(encoding="utf-8")
+    except OSError as exc:
+        problems.append(f"{file}: cannot read: {exc.strerror or exc}")
+    except UnicodeDecodeError as exc:
+        problems.append(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+    return None
+
+
+def _yaml_problem(file: Path, exc: yaml.YAMLError) -> str:
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        return f"{file}{line}: invalid YAML: {exc.problem or exc.context or 'syntax error'}"
+    return f"{file}: invalid YAML: {exc}"
+
+
+def _documents(file: Path, text: str, problems: list[str]) -> list[tuple[object, str]]:
+    """Top-level documents of a JSON or YAML file, each with a label for messages."""
+    if file.suffix == ".json":
+        try:
+            return [(json.loads(text), str(file))]
+        except json.JSONDecodeError as exc:
+            problems.append(f"{file}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}")
+            return []
+    try:
+        docs = list(yaml.load_all(text, Loader=_SAFE_LOADER))
+    except yaml.YAMLError as exc:
+        problems.append(_yaml_problem(file, exc))
+        return []
+    label = str(file)
+    if len(docs) == 1:
+        return [(docs[0], label)]
+    return [(doc, f"{label} (document {index + 1})") for index, doc in enumerate(docs)]
+
+
+def _objects(doc: object, where: str, problems: list[str]) -> Iterator[tuple[Mapping[str, Any], str]]:
+    """Kubernetes objects of one document, unwrapping `List` and typed lists (`PodList`, ...)."""
+    if doc is None:
+        return
+    if not isinstance(doc, Mapping):
+        problems.append(f"{where}: expected a Kubernetes object or List, got {type(doc).__name__}")
+        return
+    kind = doc.get("kind")
+    if not isinstance(kind, str) or not kind:
+        problems.append(f"{where}: Kubernetes object without a kind")
+        return
+    if not kind.endswith("List"):
+        yield doc, where
+        return
+    items = doc.get("items")
+    if items is None:
+        return
+    if not isinstance(items, list):
+        problems.append(f"{where}: {kind}.items must be a list")
+        return
+    # Items of typed lists (as the API returns them) carry no kind of their own.
+    item_kind = kind.removesuffix("List") if kind != "List" else None
+    for index, raw in enumerate(items):
+        at = f"{where} items[{index}]"
+        item = (
+            {**raw, "kind": item_kind}
+            if isinstance(raw, Mapping) and "kind" not in raw and item_kind
+            else raw
+        )
+        if isinstance(item, Mapping) and isinstance(item.get("kind"), str) and item["kind"].endswith("List"):
+            problems.append(f"{at}: nested lists are not supported")
+            continue
+        yield from _objects(item, at, problems)
+
+
+def _is_foreign(doc: object) -> bool:
+    """A mapping with neither apiVersion nor kind: another file (a policy...), not a malformed object."""
+    return isinstance(doc, Mapping) and "kind" not in doc and "apiVersion" not in doc
+
+
+def _same_file(file: Path, other: str) -> bool:
+    try:
+        return file.resolve() == Path(other).resolve()
+    except (OSError, ValueError):
+        return False
+
+
+def _add_object(obj: Mapping[str, Any], where: str, loaded: LoadedPolicy, out: _Collected) -> None:
+    kind = str(obj["kind"])
+    if kind not in USED_KINDS:
+        out.ignored[kind] += 1
+        return
+    key = (kind, object_ref(obj) if kind != "Node" else _node_name(obj))
+    if key in out.seen:
+        out.problems.append(f"{where}: duplicate {kind} {key[1]} (first in {out.seen[key]})")
+        return
+    out.seen[key] = where
+    policy = loaded.policy
+    try:
+        if kind == "Node":
+            node = node_from_json(obj)
+            out.nodes[node.name] = node
+        elif kind == "Pod":
+            pod = pod_from_json(obj, gangs=policy.gangs, sharing=policy.gpu_sharing)
+            out.pods[pod.key] = pod
+        else:
+            pdb = pdb_from_json(obj)
+            out.pdbs[pdb.key] = pdb
+    except ObjectError as exc:
+        out.problems.append(f"{where}: {exc}")
+
+
+def _node_name(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    return name if isinstance(name, str) and name else "<unnamed>"
+
+
+# --------------------------------------------------------------------------- now
+
+
+def _parse_now(file: Path, problems: list[str]) -> datetime | None:
+    text = _read_text(file, problems)
+    if text is None:
+        return None
+    try:
+        doc = yaml.load(text, Loader=_SAFE_LOADER)
+    except yaml.YAMLError as exc:
+        problems.append(_yaml_problem(file, exc))
+        return None
+    if doc is None:
+        return None
+    if not isinstance(doc, Mapping):
+        problems.append(f"{file}: expected a mapping such as `now: 2026-11-29T12:00:00Z`")
+        return None
+    value = doc.get("now")
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        parsed = value
+    elif isinstance(value, date):
+        problems.append(f"{file}: now: {value} is a date; give a time with a timezone (2026-11-29T12:00:00Z)")
+        return None
+    elif isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.strip())
+        except ValueError:
+            problems.append(
+                f"{file}: now: invalid timestamp {value!r} (expected RFC 3339, e.g. 2026-11-29T12:00:00Z)"
+            )
+            return None
+    else:
+        problems.append(f"{file}: now: expected an RFC 3339 timestamp, got {value!r}")
+        return None
+    if parsed.tzinfo is None:
+        problems.append(f"{file}: now: {value} has no timezone (add Z or an offset such as +01:00)")
+        return None
+    return parsed.astimezone(UTC)
+
+
+def _newest_sample(series: Sequence[Series]) -> datetime | None:
+    newest = max(
+        (s.timestamp for one in series for s in one.samples if s.timestamp is not None),
+        default=None,
+    )
+    return None if newest is None else datetime.fromtimestamp(newest, tz=UTC)
+
+
+# --------------------------------------------------------------------------- the source
+
+
+def load_snapshot_dir(path: str | Path, loaded: LoadedPolicy) -> Snapshot:
+    """Read a snapshot directory into a Snapshot. Raises SnapshotError (never a traceback) when unusable."""
+    root = Path(path)
+    if not root.exists():
+        raise SnapshotError([f"{root}: snapshot directory does not exist"])
+    if not root.is_dir():
+        raise SnapshotError(
+            [f"{root}: not a directory (a snapshot is a directory of .json/.yaml/.prom files)"]
+        )
+    try:
+        files = sorted(p for p in root.iterdir() if p.is_file() and not p.name.startswith("."))
+    except OSError as exc:
+        raise SnapshotError([f"{root}: cannot read directory: {exc.strerror or exc}"]) from None
+
+    out = _Collected(nodes={}, pods={}, pdbs={}, seen={}, ignored=Counter(), not_objects=[], problems=[])
+    now: datetime | None = None
+    cfg = loaded.policy.telemetry
+    wanted = telemetry_metrics(cfg) if cfg is not None else None
+    series: list[Series] = []
+    metric_files = 0
+    for file in files:
+        suffix = file.suffix.lower()
+        if file.name == SNAPSHOT_FILE:
+            now = _parse_now(file, out.problems)
+        elif suffix in OBJECT_SUFFIXES:
+            text = _read_text(file, out.problems)
+            if text is None:
+                continue
+            for doc, where in _documents(file, text, out.problems):
+                if _is_foreign(doc):
+                    if not _same_file(file, loaded.source):
+                        out.not_objects.append(where)
+                    continue
+                for obj, at in _objects(doc, where, out.problems):
+                    _add_object(obj, at, loaded, out)
+        elif suffix in METRIC_SUFFIXES:
+            metric_files += 1
+            text = _read_text(file, out.problems)
+            if text is None:
+                continue
+            fmt: ExpositionFormat = "openmetrics" if suffix == ".om" else "auto"
+            try:
+                series.extend(parse_exposition(text, source=str(file), metrics=wanted, fmt=fmt))
+            except ExpositionError as exc:
+                out.problems.append(str(exc))
+
+    if now is None and not out.problems:
+        now = _newest_sample(series)
+        if now is None:
+            out.problems.append(f"{root}: no `now` for this snapshot: {_NOW_HINT}")
+    if out.problems or now is None:
+        raise SnapshotError(out.problems)
+
+    findings: list[Finding] = []
+    if out.ignored:
+        kinds = ", ".join(f"{kind} ({count})" for kind, count in sorted(out.ignored.items()))
+        findings.append(
+            Finding(
+                kind="ignored-objects",
+                detail=(
+                    f"ignored {sum(out.ignored.values())} objects of kinds the rebalancer does not use: "
+                    f"{kinds}"
+                ),
+            )
+        )
+    if out.not_objects:
+        findings.append(
+            Finding(
+                kind="ignored-objects",
+                detail=f"ignored documents that are not Kubernetes objects: {', '.join(out.not_objects)}",
+            )
+        )
+
+    pods: list[Pod] = []
+    for pod in out.pods.values():
+        if pod.node_name is not None and pod.node_name not in out.nodes:
+            findings.append(
+                Finding(
+                    kind="unknown-node",
+                    node=pod.node_name,
+                    namespace=pod.namespace,
+                    pod=pod.name,
+                    detail=(
+                        f"pod {pod.ref} is bound to node {pod.node_name}, which is not in the snapshot; "
+                        "ignored"
+                    ),
+                )
+            )
+            continue
+        pods.append(pod)
+
+    if cfg is None:
+        telemetry = Telemetry(available=False, problem="telemetry disabled by policy")
+    elif not series:
+        where = f"{metric_files} metric files" if metric_files else "no .prom / .om files"
+        telemetry = Telemetry(
+            available=False,
+            problem=f"no DCGM series in snapshot (looked for {', '.join(wanted or ())}: {where})",
+        )
+    else:
+        telemetry, telemetry_findings = aggregate(
+            series, cfg, loaded.telemetry_windows(), now, {p.key: p for p in pods}
+        )
+        findings.extend(telemetry_findings)
+        findings.extend(unknown_node_findings(telemetry, out.nodes))
+
+    return Snapshot(
+        now=now,
+        nodes=out.nodes,
+        pods=tuple(pods),
+        pdbs=tuple(out.pdbs.values()),
+        telemetry=telemetry,
+        findings=tuple(findings),
+    )

@@ -1,0 +1,630 @@
+"""Raw Kubernetes JSON (as `kubectl get -o json` prints it) -> domain model objects.
+
+Owns the translation of Node, Pod and PodDisruptionBudget dicts into `rebalancer.model` types: resource
+quantities (CPU in millicores, everything else in whole units, rounded up as Kubernetes does), effective
+pod requests (the scheduler's formula, including init and sidecar containers and pod overhead), GPU use
+(whole devices or a share of one), node affinity, tolerations, spread constraints and gang membership.
+Both the snapshot-directory source and the live cluster source call it, so they agree exactly.
+
+It must not do I/O, read the clock or build kubernetes client model objects (too slow for large
+clusters): plain dicts in, frozen model objects out. Anything malformed raises `ObjectError`, naming the
+object and the field path; it never guesses a value that could make an eviction look safe.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from decimal import Decimal
+from functools import lru_cache
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+from rebalancer.model import (
+    GPU_RESOURCE,
+    MIG_RESOURCE_PREFIX,
+    MILLI_PER_GPU,
+    GpuRequest,
+    LabelRequirement,
+    LabelSelector,
+    Node,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    OwnerRef,
+    Pdb,
+    Pod,
+    PreferredTerm,
+    Taint,
+    Toleration,
+    TopologySpreadConstraint,
+    Volume,
+)
+from rebalancer.policy import GangConfig, GpuSharingConfig
+
+CPU_RESOURCE = "cpu"
+MEMORY_RESOURCE = "memory"
+
+# policy/v1: "A null selector will match no pods, while an empty ({}) selector will select all pods".
+# `In` with no values can never hold, so this selector matches nothing under every matcher.
+MATCH_NOTHING = LabelSelector(match_expressions=(LabelRequirement(key="", operator="In", values=()),))
+
+__all__ = [
+    "MATCH_NOTHING",
+    "ObjectError",
+    "node_from_json",
+    "object_ref",
+    "pdb_from_json",
+    "pod_from_json",
+    "pod_uses_gpu",
+    "quantity_to_int",
+]
+
+
+class ObjectError(ValueError):
+    """A Kubernetes object that cannot be turned into the model.
+
+    `str()` reads `Pod ml/train-0: spec.containers[0].resources.requests.cpu: invalid quantity "abc"`.
+    """
+
+    def __init__(self, kind: str, name: str, field_path: str, message: str) -> None:
+        self.kind = kind
+        self.name = name
+        self.field_path = field_path
+        self.message = message
+        where = f"{field_path}: " if field_path else ""
+        super().__init__(f"{kind} {name}: {where}{message}")
+
+
+def object_ref(obj: Mapping[str, Any]) -> str:
+    """`namespace/name` (or `name` for cluster-scoped objects), tolerant of malformed metadata."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return "<unnamed>"
+    name = meta.get("name")
+    namespace = meta.get("namespace")
+    name_text = name if isinstance(name, str) and name else "<unnamed>"
+    return f"{namespace}/{name_text}" if isinstance(namespace, str) and namespace else name_text
+
+
+# --------------------------------------------------------------------------- typed field access
+
+
+class _Reader:
+    """Typed access to one object's fields, raising ObjectError with the field path on a wrong type."""
+
+    __slots__ = ("kind", "name")
+
+    def __init__(self, kind: str, name: str) -> None:
+        self.kind = kind
+        self.name = name
+
+    def error(self, path: str, message: str) -> ObjectError:
+        return ObjectError(self.kind, self.name, path, message)
+
+    def mapping(self, parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+        value = parent.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise self.error(_join(path, key), f"expected an object, got {_type_name(value)}")
+        return value
+
+    def sequence(self, parent: Mapping[str, Any], key: str, path: str) -> list[Mapping[str, Any]]:
+        value = parent.get(key)
+        if value is None:
+            return []
+        where = _join(path, key)
+        if not isinstance(value, list):
+            raise self.error(where, f"expected a list, got {_type_name(value)}")
+        for index, item in enumerate(value):
+            if not isinstance(item, Mapping):
+                raise self.error(f"{where}[{index}]", f"expected an object, got {_type_name(item)}")
+        return value
+
+    def string(self, parent: Mapping[str, Any], key: str, path: str, default: str = "") -> str:
+        value = parent.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise self.error(_join(path, key), f"expected a string, got {_type_name(value)}")
+        return value
+
+    def strings(self, parent: Mapping[str, Any], key: str, path: str) -> tuple[str, ...]:
+        value = parent.get(key)
+        if value is None:
+            return ()
+        where = _join(path, key)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.error(where, "expected a list of strings")
+        return tuple(value)
+
+    def string_map(self, parent: Mapping[str, Any], key: str, path: str) -> dict[str, str]:
+        value = self.mapping(parent, key, path)
+        for k, v in value.items():
+            if not isinstance(v, str):
+                raise self.error(_join(_join(path, key), str(k)), f"expected a string, got {_type_name(v)}")
+        return dict(value)
+
+    def integer(self, parent: Mapping[str, Any], key: str, path: str, default: int | None) -> int | None:
+        value = parent.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(_join(path, key), f"expected an integer, got {_type_name(value)}")
+        return value
+
+    def boolean(self, parent: Mapping[str, Any], key: str, path: str) -> bool:
+        value = parent.get(key)
+        if value is None:
+            return False
+        if not isinstance(value, bool):
+            raise self.error(_join(path, key), f"expected true or false, got {_type_name(value)}")
+        return value
+
+    def timestamp(self, parent: Mapping[str, Any], key: str, path: str) -> datetime | None:
+        value = parent.get(key)
+        if value is None:
+            return None
+        where = _join(path, key)
+        if isinstance(value, datetime):  # YAML loaders turn unquoted timestamps into datetimes
+            parsed = value
+        elif isinstance(value, str):
+            try:
+                parsed = datetime.fromisoformat(value)
+            except ValueError:
+                raise self.error(where, f"invalid timestamp {value!r} (expected RFC 3339)") from None
+        else:
+            raise self.error(where, f"expected an RFC 3339 timestamp, got {_type_name(value)}")
+        if parsed.tzinfo is None:
+            raise self.error(where, f"timestamp {value!s} has no timezone (expected RFC 3339, e.g. ...Z)")
+        return parsed
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, Mapping):
+        return "an object"
+    return type(value).__name__
+
+
+def _metadata(obj: Mapping[str, Any], kind: str, *, namespaced: bool) -> tuple[_Reader, Mapping[str, Any]]:
+    if not isinstance(obj, Mapping):
+        raise ObjectError(kind, "<unnamed>", "", f"expected an object, got {_type_name(obj)}")
+    reader = _Reader(kind, object_ref(obj))
+    meta = reader.mapping(obj, "metadata", "")
+    name = reader.string(meta, "name", "metadata")
+    if not name:
+        raise reader.error("metadata.name", "required field is missing")
+    if namespaced:
+        namespace = reader.string(meta, "namespace", "metadata") or "default"
+        reader.name = f"{namespace}/{name}"
+    else:
+        reader.name = name
+    return reader, meta
+
+
+# --------------------------------------------------------------------------- quantities
+
+
+@lru_cache(maxsize=4096)
+def _parse(text: str) -> Decimal:
+    amount: Decimal = parse_quantity(text)  # type: ignore[no-untyped-call]
+    return amount
+
+
+def _quantity(reader: _Reader, value: object, path: str) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise reader.error(path, f"expected a quantity such as 500m, 2 or 4Gi, got {_type_name(value)}")
+    try:
+        parsed = _parse(value) if isinstance(value, str) else Decimal(value)
+    except (ValueError, ArithmeticError):
+        raise reader.error(path, f'invalid quantity "{value}"') from None
+    if not parsed.is_finite():
+        raise reader.error(path, f'invalid quantity "{value}"')
+    if parsed < 0:
+        raise reader.error(path, f'quantity "{value}" is negative')
+    return parsed
+
+
+def quantity_to_int(resource: str, amount: Decimal) -> int:
+    """Model units for a resource amount: millicores for CPU, whole units (bytes, GPUs) otherwise.
+
+    Rounds up, as Kubernetes' `MilliValue()` / `Value()` do, so a request is never under-counted.
+    """
+    scaled = amount * 1000 if resource == CPU_RESOURCE else amount
+    return math.ceil(scaled)
+
+
+def _resource_list(reader: _Reader, parent: Mapping[str, Any], key: str, path: str) -> dict[str, Decimal]:
+    raw = reader.mapping(parent, key, path)
+    where = _join(path, key)
+    return {str(name): _quantity(reader, value, f"{where}.{name}") for name, value in raw.items()}
+
+
+def _to_ints(amounts: Mapping[str, Decimal]) -> dict[str, int]:
+    return {name: quantity_to_int(name, amount) for name, amount in amounts.items()}
+
+
+# --------------------------------------------------------------------------- selectors and scheduling
+
+
+def _label_selector(reader: _Reader, value: Mapping[str, Any], path: str) -> LabelSelector:
+    match_labels = reader.string_map(value, "matchLabels", path)
+    expressions: list[LabelRequirement] = []
+    for index, expr in enumerate(reader.sequence(value, "matchExpressions", path)):
+        where = f"{_join(path, 'matchExpressions')}[{index}]"
+        key = reader.string(expr, "key", where)
+        operator = reader.string(expr, "operator", where)
+        if not operator:
+            raise reader.error(_join(where, "operator"), "required field is missing")
+        expressions.append(LabelRequirement(key, operator, reader.strings(expr, "values", where)))
+    return LabelSelector(match_labels=match_labels, match_expressions=tuple(expressions))
+
+
+def _node_requirements(
+    reader: _Reader, term: Mapping[str, Any], key: str, path: str
+) -> tuple[NodeSelectorRequirement, ...]:
+    out: list[NodeSelectorRequirement] = []
+    for index, expr in enumerate(reader.sequence(term, key, path)):
+        where = f"{_join(path, key)}[{index}]"
+        operator = reader.string(expr, "operator", where)
+        if not operator:
+            raise reader.error(_join(where, "operator"), "required field is missing")
+        out.append(
+            NodeSelectorRequirement(
+                key=reader.string(expr, "key", where),
+                operator=operator,
+                values=reader.strings(expr, "values", where),
+            )
+        )
+    return tuple(out)
+
+
+def _node_selector_term(reader: _Reader, term: Mapping[str, Any], path: str) -> NodeSelectorTerm:
+    return NodeSelectorTerm(
+        match_expressions=_node_requirements(reader, term, "matchExpressions", path),
+        match_fields=_node_requirements(reader, term, "matchFields", path),
+    )
+
+
+def _node_affinity(
+    reader: _Reader, spec: Mapping[str, Any]
+) -> tuple[tuple[NodeSelectorTerm, ...], tuple[PreferredTerm, ...]]:
+    path = "spec.affinity.nodeAffinity"
+    affinity = reader.mapping(reader.mapping(spec, "affinity", "spec"), "nodeAffinity", "spec.affinity")
+    required_key = "requiredDuringSchedulingIgnoredDuringExecution"
+    required = reader.mapping(affinity, required_key, path)
+    terms_path = _join(path, required_key)
+    required_terms = tuple(
+        _node_selector_term(reader, term, f"{terms_path}.nodeSelectorTerms[{index}]")
+        for index, term in enumerate(reader.sequence(required, "nodeSelectorTerms", terms_path))
+    )
+    preferred_key = "preferredDuringSchedulingIgnoredDuringExecution"
+    preferred: list[PreferredTerm] = []
+    for index, entry in enumerate(reader.sequence(affinity, preferred_key, path)):
+        where = f"{_join(path, preferred_key)}[{index}]"
+        weight = reader.integer(entry, "weight", where, None)
+        if weight is None:
+            raise reader.error(_join(where, "weight"), "required field is missing")
+        term = _node_selector_term(reader, reader.mapping(entry, "preference", where), f"{where}.preference")
+        preferred.append(PreferredTerm(weight=weight, term=term))
+    return required_terms, tuple(preferred)
+
+
+def _tolerations(reader: _Reader, spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
+    out: list[Toleration] = []
+    for index, entry in enumerate(reader.sequence(spec, "tolerations", "spec")):
+        where = f"spec.tolerations[{index}]"
+        out.append(
+            Toleration(
+                key=reader.string(entry, "key", where),
+                operator=reader.string(entry, "operator", where, "Equal") or "Equal",
+                value=reader.string(entry, "value", where),
+                effect=reader.string(entry, "effect", where),
+            )
+        )
+    return tuple(out)
+
+
+def _spread_constraints(
+    reader: _Reader, spec: Mapping[str, Any], labels: Mapping[str, str]
+) -> tuple[TopologySpreadConstraint, ...]:
+    out: list[TopologySpreadConstraint] = []
+    for index, entry in enumerate(reader.sequence(spec, "topologySpreadConstraints", "spec")):
+        where = f"spec.topologySpreadConstraints[{index}]"
+        max_skew = reader.integer(entry, "maxSkew", where, None)
+        if max_skew is None:
+            raise reader.error(_join(where, "maxSkew"), "required field is missing")
+        selector = _label_selector(
+            reader, reader.mapping(entry, "labelSelector", where), f"{where}.labelSelector"
+        )
+        # matchLabelKeys: the pod's own values for these keys are ANDed into the selector (as the
+        # scheduler does); keys the pod does not carry are ignored.
+        extra = {k: labels[k] for k in reader.strings(entry, "matchLabelKeys", where) if k in labels}
+        if extra:
+            selector = LabelSelector(
+                match_labels={**selector.match_labels, **extra}, match_expressions=selector.match_expressions
+            )
+        out.append(
+            TopologySpreadConstraint(
+                max_skew=max_skew,
+                topology_key=reader.string(entry, "topologyKey", where),
+                when_unsatisfiable=reader.string(entry, "whenUnsatisfiable", where, "DoNotSchedule"),
+                label_selector=selector,
+                min_domains=reader.integer(entry, "minDomains", where, None),
+            )
+        )
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+def node_from_json(obj: Mapping[str, Any]) -> Node:
+    """A v1 Node dict -> Node. Allocatable falls back to capacity; no Ready=True condition means not ready."""
+    reader, meta = _metadata(obj, "Node", namespaced=False)
+    spec = reader.mapping(obj, "spec", "")
+    status = reader.mapping(obj, "status", "")
+    key = "allocatable" if status.get("allocatable") is not None else "capacity"
+    allocatable = _to_ints(_resource_list(reader, status, key, "status"))
+
+    taints: list[Taint] = []
+    for index, entry in enumerate(reader.sequence(spec, "taints", "spec")):
+        where = f"spec.taints[{index}]"
+        taint_key = reader.string(entry, "key", where)
+        effect = reader.string(entry, "effect", where)
+        if not taint_key or not effect:
+            missing = "key" if not taint_key else "effect"
+            raise reader.error(_join(where, missing), "required field is missing")
+        taints.append(Taint(key=taint_key, value=reader.string(entry, "value", where), effect=effect))
+
+    ready = False
+    for index, cond in enumerate(reader.sequence(status, "conditions", "status")):
+        if cond.get("type") == "Ready":
+            ready = reader.string(cond, "status", f"status.conditions[{index}]") == "True"
+
+    return Node(
+        name=reader.name,
+        labels=reader.string_map(meta, "labels", "metadata"),
+        annotations=reader.string_map(meta, "annotations", "metadata"),
+        allocatable=allocatable,
+        taints=tuple(taints),
+        unschedulable=reader.boolean(spec, "unschedulable", "spec"),
+        created=reader.timestamp(meta, "creationTimestamp", "metadata"),
+        ready=ready,
+    )
+
+
+# --------------------------------------------------------------------------- pods
+
+
+class _ContainerResources:
+    __slots__ = ("limits", "requests")
+
+    def __init__(self, requests: dict[str, Decimal], limits: dict[str, Decimal]) -> None:
+        self.limits = limits
+        # API defaulting: a resource with a limit but no request requests its limit.
+        self.requests = {**limits, **requests}
+
+
+def _containers(
+    reader: _Reader, spec: Mapping[str, Any], key: str
+) -> list[tuple[Mapping[str, Any], _ContainerResources]]:
+    out: list[tuple[Mapping[str, Any], _ContainerResources]] = []
+    for index, container in enumerate(reader.sequence(spec, key, "spec")):
+        where = f"spec.{key}[{index}]"
+        resources = reader.mapping(container, "resources", where)
+        rpath = f"{where}.resources"
+        out.append(
+            (
+                container,
+                _ContainerResources(
+                    requests=_resource_list(reader, resources, "requests", rpath),
+                    limits=_resource_list(reader, resources, "limits", rpath),
+                ),
+            )
+        )
+    return out
+
+
+def _add(into: dict[str, Decimal], amounts: Mapping[str, Decimal]) -> None:
+    for name, amount in amounts.items():
+        into[name] = into.get(name, Decimal(0)) + amount
+
+
+def _max_into(into: dict[str, Decimal], amounts: Mapping[str, Decimal]) -> None:
+    for name, amount in amounts.items():
+        if amount > into.get(name, Decimal(0)):
+            into[name] = amount
+
+
+def _effective_requests(
+    reader: _Reader,
+    containers: Iterable[tuple[Mapping[str, Any], _ContainerResources]],
+    init_containers: Iterable[tuple[Mapping[str, Any], _ContainerResources]],
+    overhead: Mapping[str, Decimal],
+) -> dict[str, Decimal]:
+    """The scheduler's pod request (k8s.io/component-helpers resource.PodRequests).
+
+    Sum of the app containers plus restartable (sidecar) init containers, against the largest
+    one-shot init container together with the sidecars started before it; plus pod overhead.
+    """
+    total: dict[str, Decimal] = {}
+    for _, res in containers:
+        _add(total, res.requests)
+    sidecars: dict[str, Decimal] = {}
+    init_peak: dict[str, Decimal] = {}
+    for index, (container, res) in enumerate(init_containers):
+        policy = reader.string(container, "restartPolicy", f"spec.initContainers[{index}]")
+        if policy == "Always":
+            _add(total, res.requests)
+            _add(sidecars, res.requests)
+            _max_into(init_peak, sidecars)
+        else:
+            during = dict(sidecars)
+            _add(during, res.requests)
+            _max_into(init_peak, during)
+    _max_into(total, init_peak)
+    _add(total, overhead)
+    return total
+
+
+def _qos_class(all_containers: Iterable[_ContainerResources]) -> str:
+    """v1 QoS class from CPU and memory requests and limits (used when status.qosClass is absent)."""
+    compute = (CPU_RESOURCE, MEMORY_RESOURCE)
+    any_set = False
+    guaranteed = True
+    for res in all_containers:
+        for name in compute:
+            request, limit = res.requests.get(name), res.limits.get(name)
+            if (request is not None and request > 0) or (limit is not None and limit > 0):
+                any_set = True
+            if limit is None or request != limit:
+                guaranteed = False
+    if not any_set:
+        return "BestEffort"
+    return "Guaranteed" if guaranteed else "Burstable"
+
+
+def _gpu_request(requests: Mapping[str, int], sharing: GpuSharingConfig) -> GpuRequest:
+    """Whole GPUs from nvidia.com/gpu, else the first configured share resource (a share of one device)."""
+    if GPU_RESOURCE not in sharing.resources:
+        whole = requests.get(GPU_RESOURCE, 0)
+        if whole > 0:
+            return GpuRequest(count=whole, milli_per_device=MILLI_PER_GPU)
+    for name, resource in sharing.resources.items():
+        units = requests.get(name, 0)
+        if units > 0:
+            return GpuRequest(count=1, milli_per_device=min(units * resource.milli_per_unit, MILLI_PER_GPU))
+    return GpuRequest()
+
+
+def _gang(
+    namespace: str, labels: Mapping[str, str], annotations: Mapping[str, str], gangs: GangConfig
+) -> str | None:
+    for source in (labels, annotations):
+        for key in gangs.keys:
+            value = source.get(key)
+            if value:
+                return f"{namespace}/{value}"
+    return None
+
+
+def _volumes(reader: _Reader, spec: Mapping[str, Any]) -> tuple[Volume, ...]:
+    out: list[Volume] = []
+    for index, entry in enumerate(reader.sequence(spec, "volumes", "spec")):
+        where = f"spec.volumes[{index}]"
+        kinds = [k for k in entry if k != "name"]
+        kind = str(kinds[0]) if kinds else ""
+        medium = ""
+        if kind == "emptyDir":
+            medium = reader.string(reader.mapping(entry, "emptyDir", where), "medium", f"{where}.emptyDir")
+        out.append(Volume(name=reader.string(entry, "name", where), kind=kind, medium=medium))
+    return tuple(out)
+
+
+def _owner(reader: _Reader, meta: Mapping[str, Any]) -> OwnerRef | None:
+    for index, ref in enumerate(reader.sequence(meta, "ownerReferences", "metadata")):
+        where = f"metadata.ownerReferences[{index}]"
+        if reader.boolean(ref, "controller", where):
+            return OwnerRef(
+                kind=reader.string(ref, "kind", where),
+                name=reader.string(ref, "name", where),
+                api_version=reader.string(ref, "apiVersion", where),
+                controller=True,
+            )
+    return None
+
+
+def pod_from_json(obj: Mapping[str, Any], *, gangs: GangConfig, sharing: GpuSharingConfig) -> Pod:
+    """A v1 Pod dict -> Pod, with the scheduler's effective requests and the pod's GPU use.
+
+    A pod without status is `Pending` (what the API server sets on create). The owner is the controller
+    ownerReference only. The gang id is `<namespace>/<value>` of the first gang key found in the
+    labels, then in the annotations.
+    """
+    reader, meta = _metadata(obj, "Pod", namespaced=True)
+    namespace, _, name = reader.name.partition("/")
+    spec = reader.mapping(obj, "spec", "")
+    status = reader.mapping(obj, "status", "")
+    labels = reader.string_map(meta, "labels", "metadata")
+    annotations = reader.string_map(meta, "annotations", "metadata")
+
+    containers = _containers(reader, spec, "containers")
+    init_containers = _containers(reader, spec, "initContainers")
+    overhead = _resource_list(reader, spec, "overhead", "spec")
+    requests = _to_ints(_effective_requests(reader, containers, init_containers, overhead))
+    required, preferred = _node_affinity(reader, spec)
+    qos = reader.string(status, "qosClass", "status") or _qos_class(
+        res for _, res in (*containers, *init_containers)
+    )
+
+    return Pod(
+        namespace=namespace,
+        name=name,
+        uid=reader.string(meta, "uid", "metadata"),
+        node_name=reader.string(spec, "nodeName", "spec") or None,
+        phase=reader.string(status, "phase", "status") or "Pending",
+        scheduler_name=reader.string(spec, "schedulerName", "spec") or "default-scheduler",
+        priority=reader.integer(spec, "priority", "spec", 0) or 0,
+        priority_class_name=reader.string(spec, "priorityClassName", "spec"),
+        qos_class=qos,
+        labels=labels,
+        annotations=annotations,
+        owner=_owner(reader, meta),
+        requests=requests,
+        gpu=_gpu_request(requests, sharing),
+        volumes=_volumes(reader, spec),
+        node_selector=reader.string_map(spec, "nodeSelector", "spec"),
+        required_affinity=required,
+        preferred_affinity=preferred,
+        tolerations=_tolerations(reader, spec),
+        topology_spread=_spread_constraints(reader, spec, labels),
+        gang=_gang(namespace, labels, annotations, gangs),
+        created=reader.timestamp(meta, "creationTimestamp", "metadata"),
+        started=reader.timestamp(status, "startTime", "status"),
+    )
+
+
+def pod_uses_gpu(pod: Pod) -> bool:
+    """Whether the pod requests any GPU: whole devices, a share, or a MIG instance."""
+    if pod.gpu.count > 0:
+        return True
+    return any(v > 0 for k, v in pod.requests.items() if k.startswith(MIG_RESOURCE_PREFIX))
+
+
+# --------------------------------------------------------------------------- PDBs
+
+
+def pdb_from_json(obj: Mapping[str, Any]) -> Pdb:
+    """A policy/v1 PodDisruptionBudget dict -> Pdb.
+
+    `disruptions_allowed` is status.disruptionsAllowed; without a status it is 0 (the safe value). A null
+    selector matches no pods (policy/v1), an empty one every pod of the namespace.
+    """
+    reader, _meta = _metadata(obj, "PodDisruptionBudget", namespaced=True)
+    namespace, _, name = reader.name.partition("/")
+    spec = reader.mapping(obj, "spec", "")
+    status = reader.mapping(obj, "status", "")
+    raw_selector = spec.get("selector")
+    if raw_selector is None:
+        selector = MATCH_NOTHING
+    else:
+        selector = _label_selector(reader, reader.mapping(spec, "selector", "spec"), "spec.selector")
+    allowed = reader.integer(status, "disruptionsAllowed", "status", 0) or 0
+    return Pdb(namespace=namespace, name=name, selector=selector, disruptions_allowed=max(0, allowed))

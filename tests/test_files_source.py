@@ -1,0 +1,357 @@
+"""The snapshot-directory source: objects, metrics, `now`, and every way a directory can be unusable."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rebalancer.model import Finding, GpuRequest
+from rebalancer.policy import ConfiguredStrategy, LoadedPolicy, Policy, parse_policy
+from rebalancer.registry import StrategyArgs
+from rebalancer.sources.files import SnapshotError, load_snapshot_dir
+from tests.builders import NOW
+
+SAMPLES = Path(__file__).parent / "fixtures" / "snapshots" / "dcgm-samples"
+UUID = "GPU-11111111-2222-3333-4444-555555555555"
+T0 = int(NOW.timestamp())
+
+
+class WindowArgs(StrategyArgs):
+    window: int = 600
+
+    def telemetry_windows(self) -> frozenset[int]:
+        return frozenset({self.window, 60})
+
+
+def loaded(policy: dict[str, Any] | None = None) -> LoadedPolicy:
+    base = parse_policy(policy or {}, "<test>")
+    return LoadedPolicy(
+        policy=base.policy,
+        strategies=(ConfiguredStrategy(name="windows", args=WindowArgs()),),
+        source="<test>",
+    )
+
+
+def node(name: str, gpus: int = 8) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}},
+        "status": {
+            "allocatable": {"cpu": "96", "memory": "512Gi", "nvidia.com/gpu": str(gpus), "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def pod(name: str, node_name: str | None, gpus: int = 1, namespace: str = "ml") -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]
+    }
+    if node_name:
+        spec["nodeName"] = node_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
+        "spec": spec,
+        "status": {"phase": "Running"},
+    }
+
+
+PDB_YAML = """\
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: train
+  namespace: ml
+spec:
+  minAvailable: 1
+  selector:
+    matchLabels: {app: train-0}
+status:
+  disruptionsAllowed: 0
+"""
+
+
+def write(directory: Path, name: str, content: str | dict[str, Any]) -> Path:
+    path = directory / name
+    path.write_text(json.dumps(content, indent=2) if isinstance(content, dict) else content, encoding="utf-8")
+    return path
+
+
+def kube_list(*items: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "List", "items": list(items)}
+
+
+def problems_of(directory: Path, policy: LoadedPolicy | None = None) -> tuple[str, ...]:
+    with pytest.raises(SnapshotError) as info:
+        load_snapshot_dir(directory, policy or loaded())
+    return info.value.problems
+
+
+def kinds(findings: tuple[Finding, ...]) -> list[str]:
+    return [f.kind for f in findings]
+
+
+# --------------------------------------------------------------------------- a good snapshot
+
+
+def test_kubectl_list_yaml_and_openmetrics(tmp_path: Path) -> None:
+    write(
+        tmp_path, "cluster.json", kube_list(node("gpu-a-1"), pod("train-0", "gpu-a-1"), pod("pending", None))
+    )
+    write(tmp_path, "pdb.yaml", PDB_YAML)
+    write(
+        tmp_path,
+        "dcgm.om",
+        "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+        + "".join(
+            f'DCGM_FI_DEV_GPU_UTIL{{Hostname="gpu-a-1",UUID="{UUID}",exported_pod="train-0",'
+            f'exported_namespace="ml",pod="dcgm-exporter-1",namespace="gpu-operator"}} {value} {T0 - age}\n'
+            for age, value in ((600, 10), (300, 20), (0, 60))
+        )
+        + "# EOF\n",
+    )
+    snap = load_snapshot_dir(tmp_path, loaded())
+    assert snap.now == NOW  # newest sample: no snapshot.yaml
+    assert list(snap.nodes) == ["gpu-a-1"]
+    assert {p.name for p in snap.pods} == {"train-0", "pending"}
+    assert snap.pods_by_key[("ml", "train-0")].gpu == GpuRequest(1, 1000)
+    (pdb,) = snap.pdbs
+    assert (pdb.key, pdb.disruptions_allowed) == (("ml", "train"), 0)
+    assert snap.findings == ()
+    window = snap.telemetry.window(600)
+    assert window is not None
+    (row,) = window.gpus
+    assert row.pod_key == ("ml", "train-0")
+    assert (row.util_avg_percent, row.util_samples) == (30.0, 3)
+    short = snap.telemetry.window(60)
+    assert short is not None
+    assert short.gpus[0].util_avg_percent == 60.0
+
+
+def test_snapshot_yaml_now_and_typed_lists(tmp_path: Path) -> None:
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T13:00:00+01:00\n")
+    nodes = {
+        "apiVersion": "v1",
+        "kind": "NodeList",
+        "items": [{k: v for k, v in node("n1").items() if k != "kind"}],
+    }
+    write(tmp_path, "nodes.json", nodes)
+    write(
+        tmp_path,
+        "pods.yml",
+        "---\n" + json.dumps(pod("a", "n1")) + "\n---\n" + json.dumps(pod("b", "n1")) + "\n",
+    )
+    snap = load_snapshot_dir(tmp_path, loaded())
+    assert snap.now == NOW
+    assert snap.now.tzinfo == UTC
+    assert set(snap.nodes) == {"n1"}
+    assert len(snap.pods) == 2
+    assert snap.telemetry.problem is not None
+    assert snap.telemetry.problem.startswith("no DCGM series in snapshot")
+
+
+def test_real_samples_in_a_snapshot(tmp_path: Path) -> None:
+    shutil.copy(SAMPLES / "mig-a100.prom", tmp_path / "mig.prom")
+    shutil.copy(SAMPLES / "tesla-t4.prom", tmp_path / "t4.prom")
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    write(tmp_path, "nodes.json", kube_list(node("ub20-a100-k8s")))
+    snap = load_snapshot_dir(tmp_path, loaded())
+    window = snap.telemetry.window(600)
+    assert window is not None
+    assert sorted(g.node for g in window.gpus) == ["424773df46e0", "ub20-a100-k8s"]
+    # The T4 sample's Hostname is a container host name, not a node of this cluster.
+    (unknown,) = [f for f in snap.findings if f.kind == "telemetry-unknown-node"]
+    assert unknown.node == "424773df46e0"
+
+
+def test_telemetry_disabled_by_policy(tmp_path: Path) -> None:
+    write(tmp_path, "nodes.json", kube_list(node("n1")))
+    write(tmp_path, "m.prom", f'DCGM_FI_DEV_GPU_UTIL{{Hostname="n1",UUID="{UUID}"}} 5 {T0 * 1000}\n')
+    snap = load_snapshot_dir(tmp_path, loaded({"telemetry": None}))
+    assert snap.now == NOW  # timestamps still give `now`
+    assert not snap.telemetry.available
+    assert snap.telemetry.problem == "telemetry disabled by policy"
+
+
+def test_no_metric_files(tmp_path: Path) -> None:
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    snap = load_snapshot_dir(tmp_path, loaded())
+    assert not snap.telemetry.available
+    assert snap.telemetry.problem == (
+        "no DCGM series in snapshot (looked for DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_USED, "
+        "DCGM_FI_DEV_FB_FREE: no .prom / .om files)"
+    )
+
+
+def test_unknown_kinds_are_ignored_with_a_finding(tmp_path: Path) -> None:
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "y"}}
+    write(tmp_path, "all.json", kube_list(node("n1"), cm, cm, svc))
+    write(tmp_path, "notes.yaml", "strategies: []\ndry_run: true\n")  # e.g. a policy kept alongside
+    snap = load_snapshot_dir(tmp_path, loaded())
+    assert kinds(snap.findings) == ["ignored-objects", "ignored-objects"]
+    assert snap.findings[0].detail == (
+        "ignored 3 objects of kinds the rebalancer does not use: ConfigMap (2), Service (1)"
+    )
+    assert "notes.yaml" in snap.findings[1].detail
+
+
+def test_policy_file_in_use_and_hidden_files_are_skipped_silently(tmp_path: Path) -> None:
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    (tmp_path / "._nodes.json").write_bytes(b"\x00\x05\x16\x07\xff")  # macOS metadata, not UTF-8
+    policy_path = write(tmp_path, "policy.yaml", "dry_run: true\n")
+    base = loaded()
+    snap = load_snapshot_dir(
+        tmp_path, LoadedPolicy(policy=Policy(), strategies=base.strategies, source=str(policy_path))
+    )
+    assert snap.findings == ()
+
+
+def test_pod_on_unknown_node_is_dropped_with_a_finding(tmp_path: Path) -> None:
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    write(tmp_path, "c.json", kube_list(node("n1"), pod("ok", "n1"), pod("lost", "gone-node")))
+    snap = load_snapshot_dir(tmp_path, loaded())
+    assert [p.name for p in snap.pods] == ["ok"]
+    (finding,) = snap.findings
+    assert (finding.kind, finding.node, finding.namespace, finding.pod) == (
+        "unknown-node",
+        "gone-node",
+        "ml",
+        "lost",
+    )
+
+
+def test_bad_samples_become_findings(tmp_path: Path) -> None:
+    write(tmp_path, "c.json", kube_list(node("n1")))
+    lines = [
+        f'DCGM_FI_DEV_GPU_UTIL{{Hostname="n1",UUID="{UUID}"}} {v} {T0 - age}'
+        for age, v in ((20, "NaN"), (10, "-3"), (0, "40"))
+    ]
+    lines.append(f'DCGM_FI_DEV_FB_USED{{UUID="{UUID}"}} 100 {T0}')  # no node label
+    write(tmp_path, "m.om", "\n".join(lines) + "\n# EOF\n")
+    snap = load_snapshot_dir(tmp_path, loaded())
+    assert kinds(snap.findings) == ["bad-telemetry", "unusable-telemetry"]
+    assert "dropped 2 of 3 samples" in snap.findings[0].detail
+    assert str(tmp_path / "m.om") in snap.findings[0].detail
+    window = snap.telemetry.window(600)
+    assert window is not None
+    assert window.gpus[0].util_avg_percent == 40.0
+
+
+# --------------------------------------------------------------------------- unusable snapshots
+
+
+def test_missing_directory(tmp_path: Path) -> None:
+    assert problems_of(tmp_path / "nope") == (f"{tmp_path / 'nope'}: snapshot directory does not exist",)
+    file = write(tmp_path, "f.json", "{}")
+    assert "not a directory" in problems_of(file)[0]
+
+
+def test_invalid_json_names_file_and_line(tmp_path: Path) -> None:
+    write(tmp_path, "nodes.json", '{\n  "kind": "List",\n  "items": [,]\n}\n')
+    (problem,) = problems_of(tmp_path)
+    assert problem == f"{tmp_path / 'nodes.json'}:3:13: invalid JSON: Expecting value"
+
+
+def test_invalid_yaml_names_file_and_line(tmp_path: Path) -> None:
+    write(tmp_path, "pods.yaml", "apiVersion: v1\nkind: Pod\nmetadata:\n  name: [unclosed\n  namespace: ml\n")
+    (problem,) = problems_of(tmp_path)
+    assert problem.startswith(f"{tmp_path / 'pods.yaml'}:5: invalid YAML:")
+
+
+def test_unparseable_quantity(tmp_path: Path) -> None:
+    bad = pod("train-0", "n1")
+    bad["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "abc"}}
+    write(tmp_path, "c.json", kube_list(node("n1"), bad))
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    (problem,) = problems_of(tmp_path)
+    assert problem == (
+        f"{tmp_path / 'c.json'} items[1]: Pod ml/train-0: spec.containers[0].resources.requests.cpu: "
+        'invalid quantity "abc"'
+    )
+
+
+def test_duplicates_and_every_problem_reported(tmp_path: Path) -> None:
+    write(tmp_path, "a.json", kube_list(node("n1"), pod("p", "n1")))
+    write(tmp_path, "b.yaml", json.dumps(pod("p", "n1")))
+    write(tmp_path, "c.yaml", "- just\n- a list\n")
+    write(tmp_path, "d.json", {"apiVersion": "v1", "metadata": {"name": "x"}})
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    problems = problems_of(tmp_path)
+    assert problems == (
+        f"{tmp_path / 'b.yaml'}: duplicate Pod ml/p (first in {tmp_path / 'a.json'} items[1])",
+        f"{tmp_path / 'c.yaml'}: expected a Kubernetes object or List, got list",
+        f"{tmp_path / 'd.json'}: Kubernetes object without a kind",
+    )
+
+
+def test_invalid_exposition(tmp_path: Path) -> None:
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    write(tmp_path, "a.prom", 'DCGM_FI_DEV_GPU_UTIL{Hostname="n1" 5\n')
+    write(tmp_path, "b.om", "DCGM_FI_DEV_GPU_UTIL 5 100\n")  # OpenMetrics without # EOF: truncated
+    problems = problems_of(tmp_path)
+    assert problems[0].startswith(f"{tmp_path / 'a.prom'}:1: invalid Prometheus text format:")
+    assert problems[1] == f"{tmp_path / 'b.om'}: invalid OpenMetrics: Missing # EOF at end"
+
+
+def test_no_now(tmp_path: Path) -> None:
+    write(tmp_path, "c.json", kube_list(node("n1")))
+    write(tmp_path, "m.prom", f'DCGM_FI_DEV_GPU_UTIL{{Hostname="n1",UUID="{UUID}"}} 5\n')  # no timestamps
+    (problem,) = problems_of(tmp_path)
+    assert problem.startswith(
+        f"{tmp_path}: no `now` for this snapshot: add snapshot.yaml with a line such as"
+    )
+    assert "include DCGM samples with timestamps" in problem
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("now: 2026-11-29T12:00:00\n", "has no timezone"),
+        ("now: '2026-11-29 12:00'\n", "has no timezone"),
+        ("now: 2026-11-29\n", "is a date"),
+        ("now: soon\n", "invalid timestamp 'soon'"),
+        ("now: 5\n", "expected an RFC 3339 timestamp"),
+        ("- now\n", "expected a mapping"),
+        ("now: [\n", "invalid YAML"),
+    ],
+)
+def test_bad_now(tmp_path: Path, content: str, expected: str) -> None:
+    write(tmp_path, "snapshot.yaml", content)
+    (problem,) = problems_of(tmp_path)
+    assert problem.startswith(str(tmp_path / "snapshot.yaml"))
+    assert expected in problem
+
+
+def test_now_from_snapshot_yaml_wins_over_samples(tmp_path: Path) -> None:
+    write(tmp_path, "snapshot.yaml", 'now: "2026-11-29T11:59:00Z"\n')
+    write(tmp_path, "c.json", kube_list(node("n1")))
+    lines = [
+        f'DCGM_FI_DEV_GPU_UTIL{{Hostname="n1",UUID="{UUID}"}} {v} {T0 - age}'
+        for age, v in ((120, 10), (0, 90))
+    ]
+    write(tmp_path, "m.om", "\n".join(lines) + "\n# EOF\n")
+    snap = load_snapshot_dir(tmp_path, loaded())
+    assert snap.now == NOW - timedelta(minutes=1)
+    window = snap.telemetry.window(600)
+    assert window is not None
+    assert window.gpus[0].util_avg_percent == 10.0  # the later sample is after `now`
+    assert window.gpus[0].newest_sample == datetime(2026, 11, 29, 11, 58, tzinfo=UTC)
+
+
+def test_snapshot_error_message_lists_problems(tmp_path: Path) -> None:
+    write(tmp_path, "a.json", "{")
+    write(tmp_path, "b.json", "[")
+    with pytest.raises(SnapshotError) as info:
+        load_snapshot_dir(tmp_path, loaded())
+    assert str(info.value) == "\n".join(info.value.problems)
+    assert len(info.value.problems) == 2

@@ -1,0 +1,312 @@
+"""The `gpu-affinity` strategy: move pods off nodes their node affinity no longer allows.
+
+Owns the judgement "this pod sits on a node its required node affinity or nodeSelector rejects now
+(a relabelled GPU model, a changed pool label), and an allowed node can take it". Each candidate is
+re-placed in a placement simulation (`rebalancer.placement.ClusterState`) shared by the whole run, so
+reservations carry across this strategy's own proposals and two pods are never both sent to the same
+last free GPU. A gang moves whole, only when every member can be placed together. A violating pod no
+allowed node can take yields an `affinity-violation` finding instead of a proposal. With
+`preferred: true` it also moves pods whose node matches none of their preferred node affinity terms
+to a preferred node with room now; required violations always rank (and reserve) first.
+
+This module must stay pure: no I/O, no clock (it reads `snapshot.now`), no cluster clients. It must
+not apply safety guards (PDBs, opt-out annotations, limits): the planner does, and re-checks the
+predicted targets against its own ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from rebalancer.model import (
+    Finding,
+    Node,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    Pod,
+    Proposal,
+    Snapshot,
+    StrategyResult,
+)
+from rebalancer.placement import ClusterState
+from rebalancer.policy import Duration
+from rebalancer.registry import StrategyArgs, StrategyContext, strategy
+from rebalancer.selectors import (
+    node_selector_matches,
+    preferred_affinity_score,
+    required_affinity_matches,
+)
+
+NAME = "gpu-affinity"
+FINDING_KIND = "affinity-violation"
+# Required violations outrank every preferred move, whatever the GPUs or weights involved.
+REQUIRED_PRIORITY = 1000.0
+PREFERRED_PRIORITY_CAP = 999.0
+
+
+class GpuAffinityArgs(StrategyArgs):
+    """Arguments of `gpu-affinity`. Durations accept `30s`, `5m`, `1h30m` or seconds."""
+
+    # Also move pods whose node matches none of their preferred node affinity terms, when a node that
+    # matches a preferred term has room now.
+    preferred: bool = False
+    # Pods younger than this (since start, else creation; unknown counts as young) are left alone.
+    min_pod_age: Duration = 600
+
+
+@dataclass(frozen=True, slots=True)
+class _Violation:
+    pod: Pod
+    node: Node
+    what: str  # "nodeSelector a=b (node has c)" / "required affinity k In [v]"
+
+
+# --------------------------------------------------------------------------- descriptions
+
+
+def _requirement_text(requirement: NodeSelectorRequirement) -> str:
+    if requirement.operator in ("In", "NotIn"):
+        return f"{requirement.key} {requirement.operator} [{', '.join(requirement.values)}]"
+    if requirement.operator in ("Exists", "DoesNotExist"):
+        return f"{requirement.key} {requirement.operator}"
+    return f"{requirement.key} {requirement.operator} {' '.join(requirement.values)}".rstrip()
+
+
+def _term_text(term: NodeSelectorTerm) -> str:
+    parts = [_requirement_text(r) for r in term.match_expressions]
+    parts += [_requirement_text(r) for r in term.match_fields]
+    return " and ".join(parts) if parts else "(empty term)"
+
+
+def _terms_text(terms: Sequence[NodeSelectorTerm]) -> str:
+    texts = [_term_text(term) for term in terms]
+    if len(texts) == 1:
+        return texts[0]
+    return " or ".join(f"({text})" for text in texts)
+
+
+def _node_text(node: Node) -> str:
+    return f"node {node.name} ({node.gpu_model})" if node.gpu_model else f"node {node.name}"
+
+
+def _violation(pod: Pod, node: Node) -> _Violation | None:
+    problems: list[str] = []
+    if not node_selector_matches(pod, node):
+        pairs = [
+            f"{key}={value} (node has {node.labels.get(key, 'no such label')})"
+            for key, value in sorted(pod.node_selector.items())
+            if node.labels.get(key) != value
+        ]
+        problems.append(f"nodeSelector {', '.join(pairs)}")
+    if not required_affinity_matches(pod, node):
+        problems.append(f"required affinity {_terms_text(pod.required_affinity)}")
+    if not problems:
+        return None
+    return _Violation(pod=pod, node=node, what=" and ".join(problems))
+
+
+def _violation_text(violation: _Violation) -> str:
+    return f"{_node_text(violation.node)} no longer matches {violation.what}"
+
+
+def _allowed_nodes(pod: Pod, snapshot: Snapshot) -> list[str]:
+    return [
+        name
+        for name, node in snapshot.nodes.items()
+        if name != pod.node_name and node_selector_matches(pod, node) and required_affinity_matches(pod, node)
+    ]
+
+
+def _no_room_text(pod: Pod, snapshot: Snapshot) -> str:
+    allowed = _allowed_nodes(pod, snapshot)
+    if not allowed:
+        return "no other node matches its node affinity"
+    count = len(allowed)
+    return f"none of the {count} {'node' if count == 1 else 'nodes'} its affinity allows can take it now"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _old_enough(pod: Pod, snapshot: Snapshot, args: GpuAffinityArgs) -> bool:
+    start = pod.started or pod.created
+    return start is not None and snapshot.now - start >= timedelta(seconds=args.min_pod_age)
+
+
+def _candidates(snapshot: Snapshot, args: GpuAffinityArgs) -> Iterable[tuple[Pod, Node]]:
+    for pod in snapshot.pods:
+        if not pod.is_active or pod.node_name is None:
+            continue
+        node = snapshot.nodes.get(pod.node_name)
+        if node is None or not _old_enough(pod, snapshot, args):
+            continue
+        yield pod, node
+
+
+def _finding(violation: _Violation, detail: str) -> Finding:
+    pod = violation.pod
+    return Finding(
+        kind=FINDING_KIND,
+        node=violation.node.name,
+        namespace=pod.namespace,
+        pod=pod.name,
+        detail=f"{_violation_text(violation)}; {detail}",
+    )
+
+
+# --------------------------------------------------------------------------- required
+
+
+def _single(
+    violation: _Violation, state: ClusterState, snapshot: Snapshot
+) -> tuple[Proposal | None, Finding | None]:
+    pod = violation.pod
+    target = state.best_node(pod, exclude={violation.node.name})
+    if target is None:
+        return None, _finding(violation, _no_room_text(pod, snapshot))
+    state.place(pod, target)
+    proposal = Proposal(
+        strategy=NAME,
+        kind="pod",
+        pods=(pod,),
+        reason=f"{_violation_text(violation)}; predicted target {target}",
+        priority=REQUIRED_PRIORITY + pod.gpu.gpus,
+        node=violation.node.name,
+        targets={pod.key: target},
+    )
+    return proposal, None
+
+
+def _gang(
+    gang: str,
+    members: Sequence[Pod],
+    violations: Sequence[_Violation],
+    state: ClusterState,
+) -> tuple[Proposal | None, list[Finding]]:
+    exclude = {v.node.name for v in violations}
+    targets = state.place_all(members, exclude=exclude)
+    if targets is None:
+        detail = f"its gang {gang} ({len(members)} pods) cannot be re-placed together on allowed nodes"
+        return None, [_finding(v, detail) for v in violations]
+    moved = ", ".join(f"{pod.name} -> {targets[pod.key]}" for pod in members)
+    why = "; ".join(f"{v.pod.name}: {_violation_text(v)}" for v in violations)
+    proposal = Proposal(
+        strategy=NAME,
+        kind="gang",
+        pods=tuple(members),
+        reason=f"gang {gang}: {why}; predicted targets {moved}",
+        priority=REQUIRED_PRIORITY + sum(pod.gpu.gpus for pod in members),
+        group=gang,
+        targets=targets,
+    )
+    return proposal, []
+
+
+def _required(
+    snapshot: Snapshot, args: GpuAffinityArgs, state: ClusterState
+) -> tuple[list[Proposal], list[Finding], set[tuple[str, str]]]:
+    """Proposals and findings for required violations, and the pods they cover."""
+    violations = [v for pod, node in _candidates(snapshot, args) if (v := _violation(pod, node)) is not None]
+    by_gang: dict[str, list[_Violation]] = {}
+    for v in violations:
+        if v.pod.gang is not None:
+            by_gang.setdefault(v.pod.gang, []).append(v)
+
+    proposals: list[Proposal] = []
+    findings: list[Finding] = []
+    handled: set[tuple[str, str]] = set()
+    gangs_done: set[str] = set()
+    for v in violations:
+        gang = v.pod.gang
+        if gang is None:
+            proposal, finding = _single(v, state, snapshot)
+            proposals.extend([proposal] if proposal else [])
+            findings.extend([finding] if finding else [])
+            handled.add(v.pod.key)
+            continue
+        if gang in gangs_done:
+            continue
+        gangs_done.add(gang)
+        members = snapshot.gangs.get(gang, (v.pod,))
+        proposal, gang_findings = _gang(gang, members, by_gang[gang], state)
+        proposals.extend([proposal] if proposal else [])
+        findings.extend(gang_findings)
+        handled.update(pod.key for pod in members)
+    return proposals, findings, handled
+
+
+# --------------------------------------------------------------------------- preferred
+
+
+def _preferred_target(
+    pod: Pod, current: Node, state: ClusterState, snapshot: Snapshot
+) -> tuple[str, int] | None:
+    """The node matching the heaviest preferred terms that can take the pod now, and that weight.
+
+    Ties go to the fullest node (as a packed scheduler would choose), then to the first name.
+    """
+    ranked: list[tuple[int, float, str]] = []
+    for name, node in snapshot.nodes.items():
+        if name == current.name:
+            continue
+        weight = preferred_affinity_score(pod, node)
+        if weight > 0 and state.fits(pod, name).ok:
+            ranked.append((-weight, -state.score(pod, name), name))
+    if not ranked:
+        return None
+    weight, _, name = min(ranked)
+    return name, -weight
+
+
+def _preferred(
+    snapshot: Snapshot, args: GpuAffinityArgs, state: ClusterState, handled: set[tuple[str, str]]
+) -> list[Proposal]:
+    proposals: list[Proposal] = []
+    for pod, node in _candidates(snapshot, args):
+        # A whole gang is not moved for a soft preference.
+        if pod.key in handled or pod.gang is not None or not pod.preferred_affinity:
+            continue
+        if preferred_affinity_score(pod, node) > 0:
+            continue
+        found = _preferred_target(pod, node, state, snapshot)
+        if found is None:
+            continue
+        target, weight = found
+        state.place(pod, target)
+        terms = "; ".join(
+            f"weight {p.weight}: {_term_text(p.term)}"
+            for p in sorted(pod.preferred_affinity, key=lambda p: -p.weight)
+        )
+        proposals.append(
+            Proposal(
+                strategy=NAME,
+                kind="pod",
+                pods=(pod,),
+                reason=(
+                    f"{_node_text(node)} matches none of the preferred affinity terms ({terms}); "
+                    f"preferred node {target} (weight {weight}) has room now; predicted target {target}"
+                ),
+                priority=min(float(weight), PREFERRED_PRIORITY_CAP),
+                node=node.name,
+                targets={pod.key: target},
+            )
+        )
+    return proposals
+
+
+# --------------------------------------------------------------------------- strategy
+
+
+@strategy(
+    NAME,
+    GpuAffinityArgs,
+    "Evict pods whose node no longer satisfies their node affinity, when they fit elsewhere",
+)
+def gpu_affinity(snapshot: Snapshot, args: GpuAffinityArgs, ctx: StrategyContext) -> StrategyResult:
+    state = ClusterState.from_snapshot(snapshot)
+    proposals, findings, handled = _required(snapshot, args, state)
+    if args.preferred:
+        proposals.extend(_preferred(snapshot, args, state, handled))
+    return StrategyResult(proposals=tuple(proposals), findings=tuple(findings))

@@ -1,0 +1,453 @@
+"""The `gpu-consolidation` strategy: drain whole, lightly used GPU nodes so the autoscaler can remove them.
+
+Owns the judgement "this GPU node can be emptied now": which nodes are candidates (allocated GPU
+fraction, and DCGM utilisation when configured, below thresholds; old enough; not opted out,
+cordoned or static-pod pinned), in which order they are worth draining (fewest evictions first, then
+the most expensive node), and a simulation, with `rebalancer.placement`, showing that *every* pod of
+the node (plus every member of a gang it touches, wherever that member runs) can be re-placed at once
+by a packed (MostAllocated) scheduler, with reservations carried across pods and across every node
+drained in the same run, and never onto a node being drained. A node is proposed whole or not at
+all; the proposal names each pod's predicted destination.
+
+Better than the descheduler's HighNodeUtilization on every point: utilisation as well as requests,
+one shared what-if cluster instead of a static picture (two evicted pods never both "fit" the same
+free GPU), no half-drained nodes, gangs moved whole, per-device packing of GPU shares and MIG
+instances (placement's job: nothing here sums GPUs as a fluid), and only pods a packed scheduler
+will re-place are moved.
+
+This module must stay pure: no I/O, no clock (`snapshot.now` is the time), no cluster or Prometheus
+clients, no evictions. It consults the static per-pod guards through `StrategyContext.refusal` only to
+avoid proposing nodes it could never drain whole; PDBs, budgets and cooldowns are the planner's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from itertools import islice
+from typing import Annotated
+
+from pydantic import Field
+
+from rebalancer.guards import node_refusal
+from rebalancer.model import (
+    MIG_RESOURCE_PREFIX,
+    MILLI_PER_GPU,
+    Finding,
+    GpuTelemetry,
+    Node,
+    Pod,
+    Proposal,
+    Snapshot,
+    StrategyResult,
+    TelemetryWindow,
+)
+from rebalancer.placement import ClusterState, gpu_device_count
+from rebalancer.policy import Duration, Percent, format_duration
+from rebalancer.registry import StrategyArgs, StrategyContext, strategy
+
+NAME = "gpu-consolidation"
+BLOCKED_FINDING = "consolidation-blocked"
+STALE_FINDING = "stale-telemetry"
+# A MIG profile `<N>g.<memory>` holds N of a GPU's (usually 7) compute slices.
+MIG_SLICES_PER_GPU = 7
+_MIG_PROFILE = re.compile(r"(\d+)g\.")
+
+PodKey = tuple[str, str]
+
+
+class GpuConsolidationArgs(StrategyArgs):
+    """Arguments of `gpu-consolidation`. Durations accept `30s`, `5m`, `1h30m` or seconds."""
+
+    # A node is a candidate when strictly less than this share of its GPU capacity is allocated
+    # (shares count in milli-GPU, MIG instances by their compute slices).
+    max_allocated_percent: Percent = 50.0
+    # ... and its GPUs averaged strictly below this utilisation over `window`; null = allocation alone.
+    max_utilization_percent: Percent | None = 30.0
+    window: Annotated[Duration, Field(gt=0)] = 3600
+    # Nodes younger than this (unknown creation time counts as young) are left to settle.
+    min_node_age: Duration = 3600
+    max_nodes_per_cycle: int = Field(default=3, ge=1)
+    # Only pods placed by one of these scheduler profiles are moved: a spreading scheduler would
+    # spread them out again.
+    packed_schedulers: tuple[str, ...] = Field(default=("gpu-packed-scheduler",), min_length=1)
+    # A GPU series whose newest sample is older than this (relative to the snapshot's now) is stale.
+    max_telemetry_age: Annotated[Duration, Field(gt=0)] = 300
+
+    def telemetry_windows(self) -> frozenset[int]:
+        return frozenset({self.window}) if self.max_utilization_percent is not None else frozenset()
+
+    def needs_telemetry(self) -> bool:
+        return self.max_utilization_percent is not None
+
+
+# --------------------------------------------------------------------------- GPU accounting
+
+
+def _mig_gpus(resource: str) -> float:
+    """GPU-equivalents of one instance of a MIG resource (`nvidia.com/mig-3g.40gb` -> 3/7)."""
+    match = _MIG_PROFILE.match(resource.removeprefix(MIG_RESOURCE_PREFIX))
+    slices = int(match.group(1)) if match else 1
+    return min(slices, MIG_SLICES_PER_GPU) / MIG_SLICES_PER_GPU
+
+
+def _node_capacity_gpus(node: Node) -> float:
+    """GPU-equivalents of a node: its devices (as placement counts them), or, on a MIG node, its
+    whole GPUs plus its MIG instances by slices."""
+    mig = node.mig_resources
+    if not mig:
+        return float(gpu_device_count(node))
+    return node.gpu_count + sum(count * _mig_gpus(res) for res, count in mig.items())
+
+
+def _pod_gpus(pod: Pod) -> float:
+    """GPU-equivalents a pod holds: whole GPUs and shares from `pod.gpu`, MIG instances by slices."""
+    mig = sum(
+        count * _mig_gpus(res) for res, count in pod.requests.items() if res.startswith(MIG_RESOURCE_PREFIX)
+    )
+    if mig:
+        return mig
+    return pod.gpu.count * pod.gpu.milli_per_device / MILLI_PER_GPU
+
+
+def _num(value: float) -> str:
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def _pct(value: float) -> str:
+    return f"{value:.1f}".rstrip("0").rstrip(".") + "%"
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+# --------------------------------------------------------------------------- telemetry
+
+
+def _device_util(rows: Sequence[GpuTelemetry]) -> dict[tuple[str, str | None], float]:
+    """Average utilisation per device (GPU or MIG instance), weighting each series by its samples."""
+    totals: dict[tuple[str, str | None], float] = defaultdict(float)
+    weights: dict[tuple[str, str | None], float] = defaultdict(float)
+    for row in rows:
+        if row.util_avg_percent is None:
+            continue
+        weight = float(max(row.util_samples, 1))
+        totals[(row.uuid, row.mig_instance)] += row.util_avg_percent * weight
+        weights[(row.uuid, row.mig_instance)] += weight
+    return {key: totals[key] / weights[key] for key in totals}
+
+
+def _node_utilisation(
+    node: Node, window: TelemetryWindow, args: GpuConsolidationArgs, snapshot: Snapshot
+) -> float | Finding:
+    """The node's average GPU utilisation over the window, or a stale-telemetry finding."""
+    rows = window.by_node.get(node.name, ())
+    span = format_duration(args.window)
+
+    def stale(detail: str, gpu: str | None = None) -> Finding:
+        return Finding(kind=STALE_FINDING, node=node.name, gpu=gpu, detail=f"{NAME}: {detail}")
+
+    if not rows:
+        return stale(f"no GPU telemetry for the node in the {span} window; not consolidated")
+    max_age = timedelta(seconds=args.max_telemetry_age)
+    for row in rows:
+        if row.newest_sample is None or row.util_avg_percent is None:
+            return stale(f"GPU {row.uuid} has no utilisation sample in the {span} window", row.uuid)
+        age = snapshot.now - row.newest_sample
+        if age > max_age:
+            old = format_duration(max(0, int(age.total_seconds())))
+            return stale(
+                f"GPU {row.uuid}: newest sample is {old} old (max {format_duration(args.max_telemetry_age)})",
+                row.uuid,
+            )
+    per_device = _device_util(rows)
+    devices = gpu_device_count(node)
+    if not node.mig_resources and devices:
+        covered = len({uuid for uuid, _ in per_device})
+        if covered < devices:
+            return stale(f"telemetry covers {covered} of the node's {devices} GPUs")
+    return sum(per_device.values()) / len(per_device)
+
+
+# --------------------------------------------------------------------------- candidates
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    node: Node
+    allocated: float  # GPU-equivalents allocated
+    capacity: float
+    utilisation: float | None
+    pods: tuple[Pod, ...]  # everything that would move: the node's pods plus gang members elsewhere
+    on_node: frozenset[PodKey]  # the node's own non-DaemonSet pods
+    price: float  # hourly price of the whole node, 0 when unknown
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def moved_gpus(self) -> float:
+        return sum(_pod_gpus(pod) for pod in self.pods)
+
+    def order(self) -> tuple[int, float, float, float, str]:
+        """Fewest evictions (pods, then GPUs held) first, then the priciest node, then more GPUs."""
+        return (len(self.pods), self.moved_gpus, -self.price, -self.capacity, self.name)
+
+
+def _node_candidate(
+    node: Node,
+    snapshot: Snapshot,
+    args: GpuConsolidationArgs,
+    ctx: StrategyContext,
+    *,
+    window: TelemetryWindow | None,
+    findings: list[Finding],
+) -> _Candidate | None:
+    """The node as a candidate when it passes the node-level rules (pods are judged later)."""
+    if not node.is_gpu_node or node.unschedulable or node_refusal(node) is not None:
+        return None
+    if node.created is None or snapshot.now - node.created < timedelta(seconds=args.min_node_age):
+        return None
+    movable = [pod for pod in snapshot.pods_on(node.name) if not pod.is_daemonset]
+    if not movable:
+        return None  # nothing to move: the node is already free for the autoscaler
+    capacity = _node_capacity_gpus(node)
+    allocated = sum(_pod_gpus(pod) for pod in snapshot.pods_on(node.name))
+    if capacity <= 0 or allocated / capacity * 100 >= args.max_allocated_percent:
+        return None
+    utilisation: float | None = None
+    if window is not None and args.max_utilization_percent is not None:
+        measured = _node_utilisation(node, window, args, snapshot)
+        if isinstance(measured, Finding):
+            findings.append(measured)
+            return None
+        if measured >= args.max_utilization_percent:
+            return None
+        utilisation = measured
+    moving: dict[PodKey, Pod] = {pod.key: pod for pod in movable}
+    for pod in movable:
+        if pod.gang is not None:
+            for member in snapshot.gangs.get(pod.gang, ()):
+                moving.setdefault(member.key, member)
+    price = ctx.price_per_gpu_hour(node.gpu_model) or 0.0
+    return _Candidate(
+        node=node,
+        allocated=allocated,
+        capacity=capacity,
+        utilisation=utilisation,
+        pods=tuple(sorted(moving.values(), key=lambda p: p.key)),
+        on_node=frozenset(pod.key for pod in movable),
+        price=capacity * price,
+    )
+
+
+def _static_block(candidate: _Candidate, ctx: StrategyContext) -> Finding | None:
+    """A finding when some pod to move (a gang member elsewhere included) may never be evicted."""
+    for pod in candidate.pods:
+        if pod.is_mirror:
+            return _blocked(candidate, pod, "is a static pod")
+        refusal = ctx.refusal(pod)
+        if refusal is not None:
+            return _blocked(candidate, pod, f"may not be evicted ({refusal.guard}: {refusal.reason})")
+    return None
+
+
+def _has_mirror_pod(candidate: _Candidate) -> bool:
+    return any(pod.is_mirror and pod.key in candidate.on_node for pod in candidate.pods)
+
+
+def _blocked(candidate: _Candidate, pod: Pod | None, why: str) -> Finding:
+    subject = f"{pod.ref} " if pod is not None else ""
+    elsewhere = ""
+    if pod is not None and pod.key not in candidate.on_node:
+        elsewhere = f" (gang {pod.gang} member on {pod.node_name})"
+    return Finding(
+        kind=BLOCKED_FINDING,
+        node=candidate.name,
+        namespace=pod.namespace if pod is not None else None,
+        pod=pod.name if pod is not None else None,
+        detail=f"node {candidate.name} is under-used but {subject}{why}{elsewhere}",
+    )
+
+
+# --------------------------------------------------------------------------- simulation
+
+
+def _largest_first(pods: Iterable[Pod]) -> list[Pod]:
+    return sorted(pods, key=lambda p: (-_pod_gpus(p), p.key))
+
+
+def _no_fit(candidate: _Candidate, trial: ClusterState, exclude: Collection[str]) -> Finding:
+    """Name a pod that cannot be re-placed even alone, else say they cannot all fit at once."""
+    for pod in _largest_first(candidate.pods):
+        if trial.best_node(pod, exclude=exclude) is None:
+            return _blocked(candidate, pod, "cannot be re-placed on any other node")
+    return _blocked(
+        candidate, None, f"its {_plural(len(candidate.pods), 'pod')} cannot all be re-placed at once"
+    )
+
+
+def _reason(candidate: _Candidate, args: GpuConsolidationArgs, targets: Mapping[PodKey, str]) -> str:
+    share = candidate.allocated / candidate.capacity * 100
+    text = (
+        f"node {candidate.name}: {_num(candidate.allocated)}/{_num(candidate.capacity)} GPUs allocated "
+        f"({_pct(share)} < {_pct(args.max_allocated_percent)})"
+    )
+    if candidate.utilisation is not None:
+        text += f", avg util {_pct(candidate.utilisation)} over {format_duration(args.window)}"
+    elsewhere = len(candidate.pods) - len(candidate.on_node)
+    extra = f" (incl. {_plural(elsewhere, 'gang member')} on other nodes)" if elsewhere else ""
+    destinations = ", ".join(sorted(set(targets.values())))
+    return f"{text}; {_plural(len(candidate.pods), 'pod')}{extra} re-placed on {destinations}"
+
+
+def _scheduler_hint(skipped: Mapping[PodKey, Pod], nodes: int, args: GpuConsolidationArgs) -> str:
+    schedulers = ", ".join(sorted({pod.scheduler_name for pod in skipped.values()}))
+    count = len(skipped)
+    verb = "was" if count == 1 else "were"
+    return (
+        f"{_plural(count, 'pod')} on {_plural(nodes, 'candidate node')} {verb} placed by a non-packed "
+        f"scheduler ({schedulers}); point them at {' or '.join(args.packed_schedulers)} to let them "
+        "consolidate"
+    )
+
+
+@strategy(
+    NAME,
+    GpuConsolidationArgs,
+    "Drain whole under-used GPU nodes when every pod can be re-placed at once by the packed scheduler",
+)
+def gpu_consolidation(snapshot: Snapshot, args: GpuConsolidationArgs, ctx: StrategyContext) -> StrategyResult:
+    window: TelemetryWindow | None = None
+    if args.max_utilization_percent is not None:
+        window = snapshot.telemetry.window(args.window)
+        if window is None:
+            problem = (
+                snapshot.telemetry.problem
+                if not snapshot.telemetry.available and snapshot.telemetry.problem
+                else f"no {format_duration(args.window)} window in the snapshot"
+            )
+            return StrategyResult(
+                skipped=f"telemetry unavailable: {problem} "
+                "(set max_utilization_percent: null to consolidate on allocation alone)"
+            )
+
+    findings: list[Finding] = []
+    candidates: list[_Candidate] = []
+    for name in sorted(snapshot.nodes):
+        candidate = _node_candidate(
+            snapshot.nodes[name], snapshot, args, ctx, window=window, findings=findings
+        )
+        if candidate is not None:
+            candidates.append(candidate)
+
+    # Pod-level rules: every pod to move must be evictable and placed by a packed scheduler.
+    packed = set(args.packed_schedulers)
+    non_packed: dict[PodKey, Pod] = {}
+    non_packed_nodes = 0
+    drainable: list[_Candidate] = []
+    for candidate in candidates:
+        if _has_mirror_pod(candidate):
+            continue  # a static pod pins the node: it can never be freed
+        block = _static_block(candidate, ctx)
+        if block is not None:
+            findings.append(block)
+            continue
+        spreading = [pod for pod in candidate.pods if pod.scheduler_name not in packed]
+        if spreading:
+            non_packed.update((pod.key, pod) for pod in spreading)
+            non_packed_nodes += 1
+            continue
+        drainable.append(candidate)
+    drainable.sort(key=_Candidate.order)
+
+    proposals = _simulate(snapshot, args, drainable, findings)
+    hints = (_scheduler_hint(non_packed, non_packed_nodes, args),) if non_packed else ()
+    return StrategyResult(proposals=tuple(proposals), findings=tuple(findings), hints=hints)
+
+
+def _simulate(
+    snapshot: Snapshot,
+    args: GpuConsolidationArgs,
+    drainable: Sequence[_Candidate],
+    findings: list[Finding],
+) -> list[Proposal]:
+    """Greedy in order over one shared what-if cluster; stop at `max_nodes_per_cycle` proposals.
+
+    Nodes drained in this run are cordoned in the simulation. The candidates still to be tried that
+    could be drained in this run (as many as the per-cycle cap leaves) are excluded as targets too, as
+    long as the node's pods fit elsewhere; otherwise they may receive them, being earlier in the order
+    is worth more. A candidate that received pods, or whose pods already move, is no longer drained.
+    """
+    state = ClusterState.from_snapshot(snapshot)
+    proposals: list[Proposal] = []
+    moved: set[PodKey] = set()  # pods already in a proposal of this run
+    receivers: set[str] = set()  # nodes predicted to receive pods in this run
+    done: set[str] = set()  # nodes freed in this run
+    by_name = {c.name: c for c in drainable}
+
+    def viable(candidate: _Candidate) -> bool:
+        return (
+            candidate.name not in receivers
+            and candidate.name not in done
+            and not any(pod.key in moved for pod in candidate.pods)
+        )
+
+    for index, candidate in enumerate(drainable):
+        room = args.max_nodes_per_cycle - len(proposals)
+        if room <= 0:
+            break
+        if not viable(candidate):
+            continue
+        later = (c.name for c in drainable[index + 1 :] if viable(c))
+        upcoming = list(islice(later, room - 1))
+        trial = state.copy()
+        for pod in candidate.pods:
+            trial.remove(pod)
+        targets = trial.place_all(candidate.pods, exclude={candidate.name, *upcoming})
+        if targets is None and upcoming:
+            # Cheaper to drain this node onto later candidates than to drain neither of them.
+            targets = trial.place_all(candidate.pods, exclude={candidate.name})
+        if targets is None:
+            findings.append(_no_fit(candidate, trial, {candidate.name}))
+            continue
+        trial.cordon(candidate.name)
+        moving = {pod.key for pod in candidate.pods}
+        landed = set(targets.values())
+        freed = [candidate.name]
+        # Nodes whose only pods were gang members moved along are freed too.
+        for other in sorted({pod.node_name for pod in candidate.pods if pod.node_name is not None}):
+            extra = by_name.get(other)
+            if (
+                extra is not None
+                and other not in freed
+                and other not in landed
+                and extra.on_node <= moving
+                and viable(extra)
+            ):
+                trial.cordon(other)
+                freed.append(other)
+        state = trial
+        moved |= moving
+        receivers |= landed
+        done.update(freed)
+        gangs = {pod.gang for pod in candidate.pods if pod.gang is not None}
+        proposals.append(
+            Proposal(
+                strategy=NAME,
+                kind="node",
+                pods=candidate.pods,
+                reason=_reason(candidate, args, targets),
+                priority=float(args.max_nodes_per_cycle - len(proposals)),
+                node=candidate.name,
+                group=next(iter(gangs)) if len(gangs) == 1 else None,
+                targets={pod.key: targets[pod.key] for pod in candidate.pods},
+                nodes_freed=tuple(freed),
+            )
+        )
+    return proposals

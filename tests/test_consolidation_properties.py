@@ -1,0 +1,210 @@
+"""Property: applying a `gpu-consolidation` plan by its predicted placements leaves a valid cluster.
+
+For random clusters (GPU models, memory labels, taints, cordoned nodes, whole GPUs and shares, node
+selectors, `Gt` affinities, gangs, DaemonSets, protected pods and non-packed schedulers), every pod
+must end on a node that satisfies all its constraints, no node may be over capacity on any resource or
+GPU device, every drained node must end empty of non-DaemonSet pods, and gangs move whole.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, replace
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from rebalancer.model import (
+    GPU_RESOURCE,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    OwnerRef,
+    Pod,
+    Snapshot,
+    Taint,
+    Toleration,
+)
+from rebalancer.placement import ClusterState
+from rebalancer.registry import Refusal, StrategyContext
+from strategies.gpu_consolidation import GpuConsolidationArgs, gpu_consolidation
+from tests.builders import A100, GIB, H100, L4, node, pod, snapshot
+
+PodKey = tuple[str, str]
+MEMORY_LABEL = "nvidia.com/gpu.memory"
+MODELS = {A100: "81920", H100: "81920", L4: "24576"}
+TAINT = Taint(key="dedicated", value="training")
+AGENT = OwnerRef(kind="DaemonSet", name="dcgm-exporter")
+# Shares from a divisible set (250, 500), so first-fit decreasing is an exact per-device check.
+SHARES = (250, 500)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    snapshot: Snapshot
+    protected: frozenset[str]
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> Cluster:
+    nodes = []
+    for i in range(draw(st.integers(2, 7))):
+        model = draw(st.sampled_from(sorted(MODELS)))
+        nodes.append(
+            node(
+                f"n{i}",
+                gpus=draw(st.sampled_from((2, 4, 8))),
+                model=model,
+                cpu_milli=draw(st.sampled_from((16_000, 32_000, 96_000))),
+                memory=draw(st.sampled_from((64, 256))) * GIB,
+                labels={MEMORY_LABEL: MODELS[model]},
+                taints=[TAINT] if draw(st.integers(0, 5)) == 0 else [],
+            )
+        )
+    # Bind pods where they fit, as a scheduler would have.
+    state = ClusterState.from_snapshot(snapshot(nodes))
+    pods: list[Pod] = []
+    for j in range(draw(st.integers(1, 24))):
+        kind = draw(st.sampled_from(("whole", "whole", "share", "cpu", "daemon")))
+        gpus, milli = 0, 1000
+        if kind == "whole":
+            gpus = draw(st.sampled_from((1, 1, 2, 4)))
+        elif kind == "share":
+            gpus, milli = 1, draw(st.sampled_from(SHARES))
+        selector = {}
+        affinity = []
+        if draw(st.integers(0, 4)) == 0:
+            selector = {"nvidia.com/gpu.product": draw(st.sampled_from(sorted(MODELS)))}
+        if draw(st.integers(0, 4)) == 0:
+            requirement = NodeSelectorRequirement(MEMORY_LABEL, "Gt", ("40000",))
+            affinity = [NodeSelectorTerm(match_expressions=(requirement,))]
+        gang = draw(st.sampled_from((None, None, None, "ml/g1", "ml/g2")))
+        candidate = pod(
+            f"p{j}",
+            None,
+            gpus=gpus,
+            gpu_milli=milli,
+            cpu_milli=draw(st.sampled_from((500, 2_000, 8_000))),
+            memory=draw(st.sampled_from((1, 8, 32))) * GIB,
+            owner=AGENT if kind == "daemon" else OwnerRef(kind="ReplicaSet", name=f"rs-{j}"),
+            scheduler_name=draw(st.sampled_from(("gpu-packed-scheduler",) * 4 + ("default-scheduler",))),
+            node_selector=selector,
+            required_affinity=affinity,
+            tolerations=[Toleration(key="dedicated", operator="Exists")] if draw(st.booleans()) else [],
+            gang=None if kind == "daemon" else gang,
+        )
+        target = nodes[draw(st.integers(0, len(nodes) - 1))].name
+        if state.fits(candidate, target).ok:
+            state.place(candidate, target)
+            pods.append(replace(candidate, node_name=target))
+    # Some nodes are cordoned after the fact: their pods stay, nothing new may land there.
+    cordoned = {n.name for n in nodes if draw(st.integers(0, 6)) == 0}
+    nodes = [replace(n, unschedulable=n.name in cordoned) for n in nodes]
+    protected = frozenset(p.name for p in pods if draw(st.integers(0, 9)) == 0)
+    return Cluster(snapshot(nodes, pods), protected)
+
+
+def _final(snap: Snapshot, proposals_targets: list[dict[PodKey, str]]) -> dict[PodKey, str]:
+    where = {p.key: p.node_name for p in snap.pods if p.node_name is not None}
+    for targets in proposals_targets:
+        where.update(targets)
+    return where
+
+
+def _devices_hold(gpus: int, whole: int, shares: list[int]) -> bool:
+    """Independent per-device check: whole GPUs take free devices, shares pack first-fit decreasing."""
+    if whole > gpus:
+        return False
+    free = [1000] * (gpus - whole)
+    for share in sorted(shares, reverse=True):
+        for index, room in enumerate(free):
+            if room >= share:
+                free[index] -= share
+                break
+        else:
+            return False
+    return True
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cluster=clusters(),
+    threshold=st.sampled_from((30.0, 50.0, 80.0)),
+    cap=st.integers(1, 4),
+)
+def test_applying_the_plan_leaves_a_valid_cluster(cluster: Cluster, threshold: float, cap: int) -> None:
+    snap = cluster.snapshot
+    protected = cluster.protected
+
+    def refusal(p: Pod) -> Refusal | None:
+        return Refusal("opt-out", "protected") if p.name in protected else None
+
+    args = GpuConsolidationArgs(
+        max_utilization_percent=None, max_allocated_percent=threshold, max_nodes_per_cycle=cap
+    )
+    result = gpu_consolidation(snap, args, StrategyContext(refusal=refusal))
+    assert len(result.proposals) <= cap
+    event(f"proposals: {min(len(result.proposals), 2)}{'+' if len(result.proposals) >= 2 else ''}")
+    event(f"gang moved: {any(p.group for p in result.proposals)}")
+
+    # Proposals are disjoint, complete, and never move protected, DaemonSet or non-packed pods.
+    seen: Counter[PodKey] = Counter()
+    freed: set[str] = set()
+    for proposal in result.proposals:
+        assert proposal.kind == "node"
+        assert proposal.node in proposal.nodes_freed
+        assert set(proposal.targets) == {p.key for p in proposal.pods}
+        freed.update(proposal.nodes_freed)
+        for p in proposal.pods:
+            seen[p.key] += 1
+            assert p.name not in protected
+            assert not p.is_daemonset
+            assert p.scheduler_name in args.packed_schedulers
+        # Gangs move whole.
+        for gang in {p.gang for p in proposal.pods if p.gang is not None}:
+            assert {m.key for m in snap.gangs[gang]} <= {p.key for p in proposal.pods}
+    assert all(count == 1 for count in seen.values())
+    for proposal in result.proposals:
+        assert not set(proposal.targets.values()) & freed
+
+    where = _final(snap, [dict(p.targets) for p in result.proposals])
+    by_key = snap.pods_by_key
+
+    # Every drained node ends empty of non-DaemonSet pods.
+    for name in freed:
+        left = [k for k, n in where.items() if n == name and not by_key[k].is_daemonset]
+        assert left == [], f"{name} still holds {left}"
+
+    # Every moved pod fits where it lands (constraints and capacity), re-placing everything on an
+    # empty cluster; unmoved pods on cordoned nodes are judged as if the node were schedulable.
+    moved = set(seen)
+    for p in snap.pods:
+        if p.key in moved:
+            assert not snap.nodes[where[p.key]].unschedulable
+    open_nodes = [replace(n, unschedulable=False) for n in snap.nodes.values()]
+    check = ClusterState.from_snapshot(snapshot(open_nodes))
+    ordered = sorted(
+        snap.pods, key=lambda p: (p.gpu.milli_per_device < 1000, -p.gpu.milli_per_device, -p.gpu.count, p.key)
+    )
+    for p in ordered:
+        fit = check.fits(p, where[p.key])
+        assert fit.ok, f"{p.ref} on {where[p.key]}: {fit.reason}"
+        check.place(p, where[p.key])
+
+    # Independently of placement: no node over capacity on any resource or GPU device.
+    used: dict[str, Counter[str]] = defaultdict(Counter)
+    whole: Counter[str] = Counter()
+    shares: dict[str, list[int]] = defaultdict(list)
+    for p in snap.pods:
+        target = where[p.key]
+        used[target].update(p.requests)
+        used[target]["pods"] += 1
+        if p.gpu.is_shared:
+            shares[target].append(p.gpu.milli_per_device)
+        else:
+            whole[target] += p.gpu.count
+    for name, amounts in used.items():
+        allocatable = snap.nodes[name].allocatable
+        for resource, amount in amounts.items():
+            assert amount <= allocatable.get(resource, 0), f"{name} over capacity on {resource}"
+        gpus = allocatable.get(GPU_RESOURCE, 0)
+        assert _devices_hold(gpus, whole[name], shares[name]), f"{name} over capacity on a GPU device"

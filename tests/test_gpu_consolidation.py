@@ -1,0 +1,552 @@
+"""Behaviour of the `gpu-consolidation` strategy, one rule per test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
+
+import pytest
+from pydantic import ValidationError
+
+from rebalancer.model import (
+    NO_TELEMETRY,
+    Finding,
+    GpuTelemetry,
+    Node,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    OwnerRef,
+    Pod,
+    Snapshot,
+    StrategyResult,
+    Telemetry,
+)
+from rebalancer.placement import ClusterState
+from rebalancer.registry import Refusal, StrategyContext, get_strategy
+from strategies.gpu_consolidation import GpuConsolidationArgs, gpu_consolidation
+from tests.builders import A100, H100, L4, gpu_sample, node, pod, snapshot, telemetry
+
+ALLOCATION_ONLY = GpuConsolidationArgs(max_utilization_percent=None)
+PodKey = tuple[str, str]
+
+
+def run(
+    nodes: Iterable[Node],
+    pods: Iterable[Pod],
+    args: GpuConsolidationArgs = ALLOCATION_ONLY,
+    *,
+    ctx: StrategyContext | None = None,
+    tel: Telemetry = NO_TELEMETRY,
+) -> tuple[Snapshot, StrategyResult]:
+    snap = snapshot(nodes, pods, telemetry=tel)
+    return snap, gpu_consolidation(snap, args, ctx or StrategyContext())
+
+
+def busy(node_name: str, count: int, *, gpus: int = 1, prefix: str = "busy") -> list[Pod]:
+    """`count` pods of `gpus` whole GPUs each, bound to the node."""
+    return [pod(f"{prefix}-{node_name}-{i}", node_name, gpus=gpus) for i in range(count)]
+
+
+def drained(result: StrategyResult) -> list[str]:
+    return [p.node for p in result.proposals if p.node is not None]
+
+
+def kinds(result: StrategyResult, kind: str) -> list[Finding]:
+    return [f for f in result.findings if f.kind == kind]
+
+
+def refuse(*names: str, guard: str = "opt-out") -> Callable[[Pod], Refusal | None]:
+    def check(p: Pod) -> Refusal | None:
+        return Refusal(guard, f"{p.ref} is protected") if p.name in names else None
+
+    return check
+
+
+def final_positions(snap: Snapshot, result: StrategyResult) -> dict[PodKey, str]:
+    """Where every active pod is once the plan is applied by its predicted placements."""
+    where = {p.key: p.node_name for p in snap.pods if p.is_active and p.node_name is not None}
+    for proposal in result.proposals:
+        for moved in proposal.pods:
+            where[moved.key] = proposal.targets[moved.key]
+    return where
+
+
+def assert_plan_fits(snap: Snapshot, result: StrategyResult) -> None:
+    """Re-place every pod at its final position on an empty cluster: each must fit where it ends."""
+    where = final_positions(snap, result)
+    state = ClusterState.from_snapshot(snapshot(snap.nodes.values()))
+    ordered = sorted(
+        (p for p in snap.pods if p.key in where),
+        key=lambda p: (p.gpu.milli_per_device < 1000, -p.gpu.milli_per_device, -p.gpu.count, p.key),
+    )
+    for p in ordered:
+        fit = state.fits(p, where[p.key])
+        assert fit.ok, f"{p.ref} on {where[p.key]}: {fit.reason}"
+        state.place(p, where[p.key])
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def test_args_defaults_registration_and_telemetry_needs() -> None:
+    args = GpuConsolidationArgs()
+    assert args.max_allocated_percent == 50
+    assert args.max_utilization_percent == 30
+    assert (args.window, args.min_node_age, args.max_telemetry_age) == (3600, 3600, 300)
+    assert args.max_nodes_per_cycle == 3
+    assert args.packed_schedulers == ("gpu-packed-scheduler",)
+    assert args.needs_telemetry()
+    assert args.telemetry_windows() == frozenset({3600})
+    assert not ALLOCATION_ONLY.needs_telemetry()
+    assert ALLOCATION_ONLY.telemetry_windows() == frozenset()
+    spec = get_strategy("gpu-consolidation")
+    assert spec is not None
+    assert spec.args_model is GpuConsolidationArgs
+
+
+def test_args_parse_durations_and_reject_bad_values() -> None:
+    args = GpuConsolidationArgs.model_validate(
+        {"window": "30m", "min_node_age": "2h", "max_telemetry_age": "90s", "max_utilization_percent": None}
+    )
+    assert (args.window, args.min_node_age, args.max_telemetry_age) == (1800, 7200, 90)
+    assert args.max_utilization_percent is None
+    bad_values: list[dict[str, object]] = [
+        {"max_nodes_per_cycle": 0},
+        {"max_allocated_percent": 101},
+        {"max_utilization_percent": -1},
+        {"packed_schedulers": []},
+        {"window": "0s"},
+        {"window": "soon"},
+        {"unknown": 1},
+    ]
+    for bad in bad_values:
+        with pytest.raises(ValidationError):
+            GpuConsolidationArgs.model_validate(bad)
+
+
+# --------------------------------------------------------------------------- reservations
+
+
+def test_three_pods_that_each_fit_one_free_gpu_are_not_all_proposed() -> None:
+    # Three small nodes whose pods cannot go onto each other (CPU), and one free GPU elsewhere.
+    small = [node(n, cpu_milli=10_000) for n in ("gpu-a-1", "gpu-a-2", "gpu-a-3")]
+    lone = [pod(f"job-{n.name}", n.name, cpu_milli=6_000) for n in small]
+    receiver = node("gpu-b-1")
+    snap, result = run([*small, receiver], [*lone, *busy("gpu-b-1", 7)])
+
+    # Each pod alone fits the free GPU: a static picture would approve all three.
+    state = ClusterState.from_snapshot(snap)
+    assert all(state.fits(p, "gpu-b-1").ok for p in lone)
+
+    assert len(result.proposals) == 1
+    (proposal,) = result.proposals
+    assert set(proposal.targets.values()) == {"gpu-b-1"}
+    blocked = kinds(result, "consolidation-blocked")
+    assert {f.node for f in blocked} == {"gpu-a-1", "gpu-a-2", "gpu-a-3"} - {proposal.node}
+    assert all("cannot be re-placed" in f.detail for f in blocked)
+    assert_plan_fits(snap, result)
+
+
+def test_reservations_carry_across_pods_of_one_node() -> None:
+    # Two 1-GPU pods, one free GPU elsewhere: the node cannot be drained whole.
+    nodes = [node("gpu-a-1"), node("gpu-b-1")]
+    _, result = run(nodes, [*busy("gpu-a-1", 2, prefix="job"), *busy("gpu-b-1", 7)])
+    assert result.proposals == ()
+    assert [f.node for f in kinds(result, "consolidation-blocked")] == ["gpu-a-1"]
+
+
+def test_nodes_drained_in_the_same_run_never_receive_pods() -> None:
+    # gpu-a-2 is the fullest node a packed scheduler could pick for gpu-a-1's pod, but it is drained
+    # in the same run; gpu-c-1 (too young to drain, nearly empty) must take everything.
+    nodes = [node("gpu-a-1"), node("gpu-a-2"), node("gpu-c-1", age=timedelta(minutes=5))]
+    pods = [
+        *busy("gpu-a-1", 1, prefix="one"),
+        *busy("gpu-a-2", 3, prefix="three"),
+        *busy("gpu-c-1", 1, prefix="young"),
+    ]
+    snap, result = run(nodes, pods)
+    state = ClusterState.from_snapshot(snap)
+    first = snap.pods_on("gpu-a-1")[0]
+    assert state.best_node(first, exclude=("gpu-a-1",)) == "gpu-a-2"
+
+    assert drained(result) == ["gpu-a-1", "gpu-a-2"]
+    freed = {n for p in result.proposals for n in p.nodes_freed}
+    for proposal in result.proposals:
+        assert set(proposal.targets.values()) == {"gpu-c-1"}
+        assert not set(proposal.targets.values()) & freed
+    assert_plan_fits(snap, result)
+
+
+def test_a_candidate_that_received_pods_is_not_drained() -> None:
+    # Nowhere else to go: the cheaper candidate is drained onto the other one, which then stays.
+    nodes = [node("gpu-a-1"), node("gpu-a-2")]
+    pods = [*busy("gpu-a-1", 1, prefix="one"), *busy("gpu-a-2", 2, prefix="two")]
+    snap, result = run(nodes, pods)
+    assert drained(result) == ["gpu-a-1"]
+    assert set(result.proposals[0].targets.values()) == {"gpu-a-2"}
+    assert_plan_fits(snap, result)
+
+
+# --------------------------------------------------------------------------- protected pods
+
+
+def test_a_node_with_one_protected_pod_is_not_touched() -> None:
+    nodes = [node("gpu-a-1"), node("gpu-a-2"), node("gpu-b-1")]
+    pods = [
+        pod("free-1", "gpu-a-1"),
+        pod("keep", "gpu-a-1", gpus=0),
+        pod("free-2", "gpu-a-2"),
+        *busy("gpu-b-1", 6),
+    ]
+    ctx = StrategyContext(refusal=refuse("keep", guard="pdb"))
+    _, result = run(nodes, pods, ctx=ctx)
+    assert drained(result) == ["gpu-a-2"]
+    assert all(p.node_name != "gpu-a-1" for prop in result.proposals for p in prop.pods)
+    (finding,) = kinds(result, "consolidation-blocked")
+    assert (finding.node, finding.namespace, finding.pod) == ("gpu-a-1", "ml", "keep")
+    assert "pdb" in finding.detail
+
+
+def test_mirror_pods_pin_the_node_and_daemonset_pods_stay_behind() -> None:
+    agent = OwnerRef(kind="DaemonSet", name="dcgm-exporter")
+    nodes = [node("gpu-a-1"), node("gpu-a-2"), node("gpu-b-1")]
+    pods = [
+        pod("static", "gpu-a-1", gpus=0, annotations={"kubernetes.io/config.mirror": "x"}, owner=None),
+        pod("job-1", "gpu-a-1"),
+        pod("job-2", "gpu-a-2"),
+        pod("exporter", "gpu-a-2", gpus=0, owner=agent, scheduler_name="default-scheduler"),
+        *busy("gpu-b-1", 6),
+    ]
+    # DaemonSet pods would be refused by the static guards: they must never be asked about.
+    _, result = run(nodes, pods, ctx=StrategyContext(refusal=refuse("exporter", guard="daemonset")))
+    assert drained(result) == ["gpu-a-2"]
+    assert [p.name for p in result.proposals[0].pods] == ["job-2"]
+    assert result.hints == ()
+
+
+def test_empty_and_daemonset_only_gpu_nodes_are_not_candidates() -> None:
+    agent = OwnerRef(kind="DaemonSet", name="dcgm-exporter")
+    nodes = [node("gpu-a-1"), node("gpu-a-2"), node("gpu-b-1")]
+    pods = [pod("exporter", "gpu-a-2", gpus=0, owner=agent), *busy("gpu-b-1", 6)]
+    _, result = run(nodes, pods)
+    assert result.proposals == ()
+    assert result.findings == ()
+
+
+def test_a_gpu_node_holding_only_cpu_pods_is_drained() -> None:
+    nodes = [node("gpu-a-1"), node("gpu-b-1"), node("cpu-1", gpus=0, model=None)]
+    pods = [pod("web", "gpu-a-1", gpus=0), *busy("gpu-b-1", 6)]
+    _, result = run(nodes, pods)
+    assert drained(result) == ["gpu-a-1"]
+
+
+# --------------------------------------------------------------------------- gangs
+
+
+def gang_pods(gang: str, *where: str, gpus: int = 1) -> list[Pod]:
+    return [pod(f"{gang}-{i}", n, gpus=gpus, gang=f"ml/{gang}") for i, n in enumerate(where)]
+
+
+def test_a_gang_half_on_the_node_moves_whole() -> None:
+    nodes = [node("gpu-a-1"), node("gpu-b-1"), node("gpu-b-2")]
+    members = gang_pods("train", "gpu-a-1", "gpu-b-1")
+    pods = [*members, *busy("gpu-b-1", 5), *busy("gpu-b-2", 4)]
+    snap, result = run(nodes, pods)
+    (proposal,) = result.proposals
+    assert proposal.node == "gpu-a-1"
+    assert proposal.group == "ml/train"
+    assert {p.key for p in proposal.pods} == {p.key for p in members}
+    assert set(proposal.targets) == {p.key for p in members}
+    assert "gpu-a-1" not in proposal.targets.values()
+    assert "gang member" in proposal.reason
+    assert_plan_fits(snap, result)
+
+
+def test_a_gang_half_on_the_node_moves_not_at_all_when_a_member_is_protected() -> None:
+    nodes = [node("gpu-a-1"), node("gpu-b-1"), node("gpu-b-2")]
+    pods = [*gang_pods("train", "gpu-a-1", "gpu-b-1"), *busy("gpu-b-1", 5), *busy("gpu-b-2", 4)]
+    _, result = run(nodes, pods, ctx=StrategyContext(refusal=refuse("train-1")))
+    assert result.proposals == ()
+    (finding,) = kinds(result, "consolidation-blocked")
+    assert finding.pod == "train-1"
+    assert "gpu-b-1" in finding.detail
+
+
+def test_a_gang_that_cannot_be_re_placed_whole_is_not_moved() -> None:
+    # Even with the member on gpu-b-1 gone, there is no room for the whole gang: nothing moves.
+    nodes = [node("gpu-a-1"), node("gpu-b-1")]
+    pods = [*gang_pods("train", "gpu-a-1", "gpu-b-1", gpus=2), *busy("gpu-b-1", 5)]
+    _, result = run(nodes, pods)
+    assert result.proposals == ()
+    assert [f.node for f in kinds(result, "consolidation-blocked")] == ["gpu-a-1"]
+
+
+def test_a_node_holding_only_members_of_a_moved_gang_is_freed_too() -> None:
+    nodes = [node("gpu-a-1"), node("gpu-a-2"), node("gpu-b-1")]
+    pods = [*gang_pods("train", "gpu-a-1", "gpu-a-2"), *busy("gpu-b-1", 5)]
+    snap, result = run(nodes, pods)
+    (proposal,) = result.proposals
+    assert set(proposal.nodes_freed) == {"gpu-a-1", "gpu-a-2"}
+    assert set(proposal.targets.values()) == {"gpu-b-1"}
+    assert_plan_fits(snap, result)
+
+
+# --------------------------------------------------------------------------- constraints
+
+
+def test_a_gpu_memory_gt_affinity_only_targets_a_matching_node() -> None:
+    big = "nvidia.com/gpu.memory"
+    needs_big = NodeSelectorTerm(match_expressions=(NodeSelectorRequirement(big, "Gt", ("40000",)),))
+    nodes = [
+        node("gpu-a-1", labels={big: "81920"}),
+        node("gpu-l4-1", model=L4, labels={big: "24576"}),
+        node("gpu-a-2", labels={big: "81920"}),
+    ]
+    mover = pod("llm", "gpu-a-1", required_affinity=[needs_big])
+    pods = [mover, *busy("gpu-l4-1", 7), *busy("gpu-a-2", 4)]
+    snap, result = run(nodes, pods)
+    # The packed scheduler would prefer the fuller L4 node for an unconstrained pod.
+    plain = pod("plain", "gpu-a-1")
+    assert ClusterState.from_snapshot(snap).best_node(plain, exclude=("gpu-a-1",)) == "gpu-l4-1"
+    (proposal,) = result.proposals
+    assert proposal.targets[mover.key] == "gpu-a-2"
+
+
+def test_gpu_shares_are_packed_per_device() -> None:
+    # The receiver has 1800 free milli-GPU in total, but only one device with room for 600.
+    receiver_pods = [
+        *busy("gpu-b-1", 5),
+        pod("other-1", "gpu-b-1", gpu_milli=600),
+        pod("other-2", "gpu-b-1", gpu_milli=600),
+    ]
+    shares = [pod("share-1", "gpu-a-1", gpu_milli=600), pod("share-2", "gpu-a-1", gpu_milli=600)]
+    snap, result = run([node("gpu-a-1"), node("gpu-b-1")], [*shares, *receiver_pods])
+    assert sum(ClusterState.from_snapshot(snap).gpu_free_milli("gpu-b-1")) >= 1200
+    assert result.proposals == ()
+    assert [f.node for f in kinds(result, "consolidation-blocked")] == ["gpu-a-1"]
+
+    # With a second free device, both shares move.
+    roomier = [*busy("gpu-b-1", 4), *receiver_pods[5:]]
+    snap, result = run([node("gpu-a-1"), node("gpu-b-1")], [*shares, *roomier])
+    (proposal,) = result.proposals
+    assert set(proposal.targets.values()) == {"gpu-b-1"}
+    assert_plan_fits(snap, result)
+
+
+def test_allocation_counts_shares_in_milli() -> None:
+    # 4 devices each 900/1000 used by shares: 45% of 8 GPUs, below 50%; at 40% it is not a candidate.
+    shares = [pod(f"share-{i}", "gpu-a-1", gpu_milli=900) for i in range(4)]
+    nodes = [node("gpu-a-1"), node("gpu-b-1")]
+    _, result = run(nodes, [*shares, *busy("gpu-b-1", 4)])
+    assert drained(result) == ["gpu-a-1"]
+    strict = GpuConsolidationArgs(max_utilization_percent=None, max_allocated_percent=40)
+    _, result = run(nodes, [*shares, *busy("gpu-b-1", 4)], strict)
+    assert result.proposals == ()
+
+
+# --------------------------------------------------------------------------- schedulers
+
+
+def test_pods_of_a_non_packed_scheduler_block_the_node_with_a_hint() -> None:
+    nodes = [node("gpu-a-1"), node("gpu-a-2"), node("gpu-a-3"), node("gpu-b-1")]
+    pods = [
+        pod("spread-1", "gpu-a-1", scheduler_name="default-scheduler"),
+        pod("spread-2", "gpu-a-1", scheduler_name="default-scheduler"),
+        pod("spread-3", "gpu-a-2", scheduler_name="default-scheduler"),
+        pod("packed", "gpu-a-3"),
+        *busy("gpu-b-1", 4),
+    ]
+    _, result = run(nodes, pods)
+    assert drained(result) == ["gpu-a-3"]
+    (hint,) = result.hints
+    assert "3 pods on 2 candidate nodes" in hint
+    assert "(default-scheduler)" in hint
+    assert "gpu-packed-scheduler" in hint
+
+    args = GpuConsolidationArgs(
+        max_utilization_percent=None, packed_schedulers=("gpu-packed-scheduler", "default-scheduler")
+    )
+    _, result = run(nodes, pods, args)
+    assert set(drained(result)) == {"gpu-a-1", "gpu-a-2", "gpu-a-3"}
+    assert result.hints == ()
+
+
+# --------------------------------------------------------------------------- node exclusions
+
+
+@pytest.mark.parametrize(
+    "excluded",
+    [
+        node("gpu-a-1", annotations={"cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"}),
+        node("gpu-a-1", annotations={"karpenter.sh/do-not-disrupt": "true"}),
+        node("gpu-a-1", unschedulable=True),
+        node("gpu-a-1", age=timedelta(minutes=30)),
+        Node(name="gpu-a-1", labels={"nvidia.com/gpu.product": A100}, allocatable={"nvidia.com/gpu": 8}),
+    ],
+    ids=["scale-down-disabled", "do-not-disrupt", "unschedulable", "young", "unknown-age"],
+)
+def test_excluded_nodes_are_not_candidates(excluded: Node) -> None:
+    pods = [pod("job", "gpu-a-1", cpu_milli=0, memory=0), *busy("gpu-b-1", 4)]
+    _, control = run([node("gpu-a-1"), node("gpu-b-1")], pods)
+    assert drained(control) == ["gpu-a-1"]
+    _, result = run([excluded, node("gpu-b-1")], pods)
+    assert result.proposals == ()
+    assert result.findings == ()
+
+
+def test_node_age_threshold_is_configurable() -> None:
+    pods = [pod("job", "gpu-a-1"), *busy("gpu-b-1", 4)]
+    nodes = [node("gpu-a-1", age=timedelta(minutes=30)), node("gpu-b-1")]
+    args = GpuConsolidationArgs(max_utilization_percent=None, min_node_age="20m")
+    _, result = run(nodes, pods, args)
+    assert drained(result) == ["gpu-a-1"]
+
+
+def test_nodes_at_or_above_the_allocation_threshold_are_not_candidates() -> None:
+    nodes = [node("gpu-a-1"), node("gpu-b-1", gpus=16)]
+    _, result = run(nodes, [*busy("gpu-a-1", 4), *busy("gpu-b-1", 8)])
+    assert result.proposals == ()
+    _, result = run(nodes, [*busy("gpu-a-1", 3), *busy("gpu-b-1", 8)])
+    assert drained(result) == ["gpu-a-1"]
+
+
+# --------------------------------------------------------------------------- telemetry
+
+
+def node_rows(
+    node_name: str, util: float, *, gpus: int = 8, age: timedelta = timedelta(seconds=15)
+) -> list[GpuTelemetry]:
+    return [gpu_sample(node_name, f"GPU-{node_name}-{i}", util=util, age=age) for i in range(gpus)]
+
+
+UTIL = GpuConsolidationArgs()
+
+
+def test_utilisation_threshold() -> None:
+    nodes = [node("gpu-a-1"), node("gpu-a-2"), node("gpu-b-1")]
+    pods = [pod("idle", "gpu-a-1"), pod("hot", "gpu-a-2"), *busy("gpu-b-1", 5)]
+    rows = [*node_rows("gpu-a-1", 3.0), *node_rows("gpu-a-2", 45.0), *node_rows("gpu-b-1", 90.0)]
+    _, result = run(nodes, pods, UTIL, tel=telemetry(rows, UTIL.window))
+    assert drained(result) == ["gpu-a-1"]
+    reason = result.proposals[0].reason
+    assert "gpu-a-1" in reason
+    assert "avg util 3%" in reason
+    assert "over 1h" in reason
+    loose = GpuConsolidationArgs(max_utilization_percent=50)
+    _, result = run(nodes, pods, loose, tel=telemetry(rows, loose.window))
+    assert set(drained(result)) == {"gpu-a-1", "gpu-a-2"}
+
+
+def test_stale_or_missing_telemetry_is_never_read_as_idle() -> None:
+    nodes = [node(n) for n in ("gpu-a-1", "gpu-a-2", "gpu-a-3", "gpu-a-4", "gpu-b-1")]
+    pods = [pod(f"job-{n}", n) for n in ("gpu-a-1", "gpu-a-2", "gpu-a-3", "gpu-a-4")] + busy("gpu-b-1", 3)
+    rows = [
+        *node_rows("gpu-a-1", 1.0),
+        *node_rows("gpu-a-2", 1.0, age=timedelta(minutes=10)),  # stale
+        *node_rows("gpu-a-3", 1.0, gpus=6),  # two GPUs without telemetry
+        *node_rows("gpu-b-1", 90.0),
+    ]  # gpu-a-4: no telemetry at all
+    _, result = run(nodes, pods, UTIL, tel=telemetry(rows, UTIL.window))
+    assert drained(result) == ["gpu-a-1"]
+    stale = kinds(result, "stale-telemetry")
+    assert sorted(f.node or "" for f in stale) == ["gpu-a-2", "gpu-a-3", "gpu-a-4"]
+    assert any("10m old" in f.detail for f in stale)
+
+
+def test_telemetry_unavailable_skips_the_strategy() -> None:
+    nodes = [node("gpu-a-1"), node("gpu-b-1")]
+    pods = [pod("job", "gpu-a-1"), *busy("gpu-b-1", 3)]
+    down = Telemetry(available=False, problem="prometheus unreachable")
+    _, result = run(nodes, pods, UTIL, tel=down)
+    assert result.proposals == ()
+    assert result.skipped is not None
+    assert result.skipped.startswith("telemetry unavailable: prometheus unreachable")
+    assert "max_utilization_percent: null" in result.skipped
+    # Telemetry present but not over the window the strategy asked for.
+    _, result = run(nodes, pods, UTIL, tel=telemetry(node_rows("gpu-a-1", 1.0), 1800))
+    assert result.skipped is not None
+    assert result.skipped.startswith("telemetry unavailable")
+
+
+def test_allocation_only_mode_needs_no_telemetry() -> None:
+    nodes = [node("gpu-a-1"), node("gpu-b-1")]
+    pods = [pod("job", "gpu-a-1"), *busy("gpu-b-1", 3)]
+    _, result = run(nodes, pods, ALLOCATION_ONLY, tel=NO_TELEMETRY)
+    assert result.skipped is None
+    assert drained(result) == ["gpu-a-1"]
+    assert "avg util" not in result.proposals[0].reason
+
+
+# --------------------------------------------------------------------------- ordering
+
+
+def test_fewest_evictions_first_then_priciest_node() -> None:
+    nodes = [node("gpu-a-1"), node("gpu-a-2"), node("gpu-h-1", model=H100), node("gpu-b-1", gpus=16)]
+    pods = [
+        *busy("gpu-a-1", 2, prefix="two"),  # two evictions
+        *busy("gpu-a-2", 1, prefix="one"),  # one eviction, cheaper model
+        *busy("gpu-h-1", 1, prefix="one"),  # one eviction, pricier model
+        *busy("gpu-b-1", 9),
+    ]
+    prices = StrategyContext(gpu_prices={A100: 2.0, H100: 4.0})
+    args = GpuConsolidationArgs(max_utilization_percent=None, max_nodes_per_cycle=3)
+    _, result = run(nodes, pods, args, ctx=prices)
+    assert drained(result) == ["gpu-h-1", "gpu-a-2", "gpu-a-1"]
+    priorities = [p.priority for p in result.proposals]
+    assert priorities == sorted(priorities, reverse=True)
+    assert len(set(priorities)) == len(priorities)
+
+    # Prices reversed: the A100 node goes first.
+    cheap_h100 = StrategyContext(gpu_prices={A100: 4.0, H100: 2.0})
+    _, result = run(nodes, pods, args, ctx=cheap_h100)
+    assert drained(result)[:2] == ["gpu-a-2", "gpu-h-1"]
+
+
+def test_unknown_prices_order_by_gpus_then_name() -> None:
+    nodes = [node("gpu-a-2"), node("gpu-a-1"), node("gpu-big", gpus=16), node("gpu-b-1", gpus=16)]
+    pods = [p for n in ("gpu-a-1", "gpu-a-2", "gpu-big") for p in busy(n, 1, prefix="one")]
+    _, result = run(nodes, [*pods, *busy("gpu-b-1", 9)])
+    assert drained(result) == ["gpu-big", "gpu-a-1", "gpu-a-2"]
+
+
+def test_max_nodes_per_cycle() -> None:
+    nodes = [node(f"gpu-a-{i}") for i in range(1, 5)] + [node("gpu-b-1", gpus=16)]
+    pods = [p for i in range(1, 5) for p in busy(f"gpu-a-{i}", 1, prefix="one")] + busy("gpu-b-1", 8)
+    for cap in (1, 2, 4):
+        args = GpuConsolidationArgs(max_utilization_percent=None, max_nodes_per_cycle=cap)
+        snap, result = run(nodes, pods, args)
+        assert len(result.proposals) == cap
+        assert_plan_fits(snap, result)
+
+
+# --------------------------------------------------------------------------- proposals
+
+
+def test_proposal_shape() -> None:
+    nodes = [node("gpu-a-1"), node("gpu-b-1"), node("gpu-b-2")]
+    movers = [pod("big", "gpu-a-1", gpus=2)]
+    pods = [*movers, *busy("gpu-b-1", 7), *busy("gpu-b-2", 6)]
+    snap, result = run(nodes, pods)
+    (proposal,) = result.proposals
+    assert proposal.strategy == "gpu-consolidation"
+    assert proposal.kind == "node"
+    assert proposal.node == "gpu-a-1"
+    assert proposal.nodes_freed == ("gpu-a-1",)
+    assert proposal.group is None
+    assert proposal.targets == {movers[0].key: "gpu-b-2"}
+    assert "2/8 GPUs allocated (25% < 50%)" in proposal.reason
+    assert proposal.reason.endswith("1 pod re-placed on gpu-b-2")
+    # The snapshot is not changed by the simulation.
+    assert snap.pods_on("gpu-a-1") == tuple(movers)
+
+
+def test_is_deterministic() -> None:
+    nodes = [node(f"gpu-a-{i}") for i in range(1, 6)] + [node("gpu-b-1", gpus=16)]
+    pods = [pod(f"p{i}-{j}", f"gpu-a-{i}") for i in range(1, 6) for j in range(i % 3 + 1)]
+    pods += busy("gpu-b-1", 10)
+
+    def run_once() -> list[tuple[str | None, Mapping[PodKey, str]]]:
+        _, result = run(nodes, pods)
+        return [(p.node, dict(p.targets)) for p in result.proposals]
+
+    assert run_once() == run_once()

@@ -1,0 +1,508 @@
+"""Evictors carry out approved decisions, one Outcome per pod in the decision's order; tainters mark nodes.
+
+Owns talking to the Eviction API and turning its answers into Outcomes:
+
+- `DryRunEvictor`: no I/O at all; every pod `would-evict`. Dry-run is this choice of evictor.
+- `KubeEvictor`: POSTs a policy/v1 Eviction per pod with `deleteOptions.preconditions.uid` (a re-created
+  pod of the same name is never evicted), an optional grace period, and `rebalancer.gpu/requested-by` /
+  `rebalancer.gpu/reason` annotations. Optionally server-side dry-run (`dryRun=All`): the API server runs
+  its checks (PDBs included, one pod at a time) and persists nothing; pods come back `would-evict`.
+
+Answers: 200/201 `evicted` (`would-evict` in server dry-run); 429 from a disruption budget
+`blocked-by-pdb`, never retried, and that PDB (namespace + selector) is remembered until `begin_cycle()`
+so later pods it covers are not attempted ("PDB exhausted earlier this cycle"); 404 / 409 `gone` (the
+pod, or that incarnation of it, no longer exists); 5xx, 429 throttling, status 0, timeouts and dropped
+connections are retried a bounded number of times with backoff, then `error`; other answers (400, 403,
+422...) are an immediate `error`. A retry after a timeout is safe: the uid precondition turns an
+eviction that did land into `gone`.
+
+A multi-pod decision (gang or node) stops at the first pod that ends `blocked-by-pdb` or `error`: the
+pods after it are not attempted and get `error` with "not attempted: plan stopped after <ns/pod>
+<result>", so the report says exactly what was done; a pod already `gone` does not stop the plan. When
+a pod of the decision is covered by a PDB already exhausted this cycle, nothing of the decision is
+attempted.
+
+Node draining marks: `KubeTainter` adds or removes the `rebalancer.gpu/draining=<value>:NoSchedule`
+(or PreferNoSchedule) taint, touching no other taint (read, edit this key, JSON patch guarded by the
+resourceVersion), and lists the nodes that carry it so a start-up can clean marks no plan owns;
+`DryRunTainter` makes no request. When to taint and untaint is the caller's decision.
+
+It must not plan: no choosing, ordering or re-checking of guards and budgets beyond the API server's
+verdicts (the planner's ledger is the client-side PDB check). It never reads the clock except to sleep
+between retries, and it does not write Events (another edge does).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import urllib3
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from rebalancer.model import Decision, Mode, Outcome, OutcomeResult, Pdb, Pod
+from rebalancer.selectors import label_selector_matches
+from rebalancer.sources.kube import describe_transport_error
+from rebalancer.sources.kube_objects import ObjectError, pdb_from_json
+
+__all__ = [
+    "DRAINING_TAINT_KEY",
+    "PDB_EXHAUSTED",
+    "REASON_ANNOTATION",
+    "REQUESTED_BY_ANNOTATION",
+    "REQUESTER",
+    "Backoff",
+    "DryRunEvictor",
+    "DryRunTainter",
+    "Evictor",
+    "KubeEvictor",
+    "KubeTainter",
+    "NodeTainter",
+    "TaintChange",
+    "exponential_backoff",
+    "not_attempted",
+]
+
+REQUESTED_BY_ANNOTATION = "rebalancer.gpu/requested-by"
+REASON_ANNOTATION = "rebalancer.gpu/reason"
+REQUESTER = "gpu-rebalancer"
+PDB_EXHAUSTED = "PDB exhausted earlier this cycle"
+DRAINING_TAINT_KEY = "rebalancer.gpu/draining"
+# Annotation values may be large, but a reason is for humans: keep it to a readable size.
+MAX_REASON_CHARS = 1024
+
+_BUDGET_NAME = re.compile(r"^The disruption budget (?P<name>\S+) ")
+_STOPPING: frozenset[OutcomeResult] = frozenset({"blocked-by-pdb", "error"})
+
+log = logging.getLogger(__name__)
+
+Backoff = Callable[[int], float]
+"""Seconds to wait before retry number `attempt + 1` (attempt counts from 0)."""
+
+RequestTimeout = float | tuple[float, float]
+
+
+class Evictor(Protocol):
+    """Carries out an approved decision; one Outcome per pod of the decision, in order."""
+
+    mode: Mode
+
+    def evict(self, decision: Decision) -> tuple[Outcome, ...]: ...
+
+
+def exponential_backoff(base: float = 0.5, cap: float = 8.0) -> Backoff:
+    """base, 2*base, 4*base... seconds, at most `cap`."""
+
+    def backoff(attempt: int) -> float:
+        return float(min(base * 2**attempt, cap))
+
+    return backoff
+
+
+def not_attempted(after: Pod, result: OutcomeResult) -> str:
+    return f"not attempted: plan stopped after {after.ref} {result}"
+
+
+def _approved_pods(decision: Decision) -> tuple[Pod, ...]:
+    if not decision.approved:
+        raise ValueError(
+            f"refused decision handed to an evictor ({decision.proposal.strategy}: {decision.blocked_by})"
+        )
+    return decision.proposal.pods
+
+
+class DryRunEvictor:
+    """Evicts nothing and makes no request: every pod of an approved decision `would-evict`."""
+
+    mode: Mode = "dry-run"
+
+    def evict(self, decision: Decision) -> tuple[Outcome, ...]:
+        return tuple(Outcome(p.namespace, p.name, "would-evict") for p in _approved_pods(decision))
+
+
+class KubeEvictor:
+    """Evicts through the policy/v1 Eviction API. Call `begin_cycle()` at the start of every cycle."""
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        grace_period_seconds: int | None = None,
+        server_dry_run: bool = False,
+        retries: int = 3,
+        backoff: Backoff | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        request_timeout: RequestTimeout = (5.0, 30.0),
+        requested_by: str = REQUESTER,
+    ) -> None:
+        if grace_period_seconds is not None and grace_period_seconds < 0:
+            raise ValueError("grace_period_seconds must not be negative")
+        if retries < 0:
+            raise ValueError("retries must not be negative")
+        self._core = client.CoreV1Api(api_client)
+        self._policy = client.PolicyV1Api(api_client)
+        self._grace = grace_period_seconds
+        self._server_dry_run = server_dry_run
+        self._retries = retries
+        self._backoff = backoff or exponential_backoff()
+        self._sleep = sleep
+        self._timeout = request_timeout
+        self._requested_by = requested_by
+        self._known: dict[tuple[str, str], Pdb] = {}
+        self._exhausted: dict[tuple[str, str], Pdb] = {}
+        self.mode: Mode = "dry-run" if server_dry_run else "live"
+
+    def begin_cycle(self, pdbs: Iterable[Pdb] = ()) -> None:
+        """Forget the PDBs exhausted last cycle; `pdbs` (the snapshot's) saves a lookup after a 429."""
+        self._exhausted.clear()
+        self._known = {p.key: p for p in pdbs}
+
+    @property
+    def exhausted_pdbs(self) -> tuple[tuple[str, str], ...]:
+        """(namespace, name) of the PDBs that refused an eviction this cycle."""
+        return tuple(self._exhausted)
+
+    def evict(self, decision: Decision) -> tuple[Outcome, ...]:
+        pods = _approved_pods(decision)
+        blocked = next((p for p in pods if self._covered_by_exhausted_pdb(p)), None)
+        if blocked is not None:
+            stop = not_attempted(blocked, "blocked-by-pdb")
+            return tuple(
+                Outcome(p.namespace, p.name, "blocked-by-pdb", PDB_EXHAUSTED)
+                if p is blocked
+                else Outcome(p.namespace, p.name, "error", stop)
+                for p in pods
+            )
+        reason = f"{decision.proposal.strategy}: {decision.proposal.reason}"[:MAX_REASON_CHARS]
+        outcomes: list[Outcome] = []
+        for index, pod in enumerate(pods):
+            outcome = self._evict_pod(pod, reason)
+            log.info("eviction %s %s %s", pod.ref, outcome.result, outcome.detail)
+            outcomes.append(outcome)
+            if outcome.result in _STOPPING:
+                stop = not_attempted(pod, outcome.result)
+                outcomes.extend(Outcome(p.namespace, p.name, "error", stop) for p in pods[index + 1 :])
+                break
+        return tuple(outcomes)
+
+    # ---- one pod
+
+    def _body(self, pod: Pod, reason: str) -> client.V1Eviction:
+        options = client.V1DeleteOptions(
+            preconditions=client.V1Preconditions(uid=pod.uid),
+            grace_period_seconds=self._grace,
+            dry_run=["All"] if self._server_dry_run else None,
+        )
+        metadata = client.V1ObjectMeta(
+            name=pod.name,
+            namespace=pod.namespace,
+            annotations={REQUESTED_BY_ANNOTATION: self._requested_by, REASON_ANNOTATION: reason},
+        )
+        return client.V1Eviction(
+            api_version="policy/v1", kind="Eviction", metadata=metadata, delete_options=options
+        )
+
+    def _evict_pod(self, pod: Pod, reason: str) -> Outcome:
+        def outcome(result: OutcomeResult, detail: str = "") -> Outcome:
+            return Outcome(pod.namespace, pod.name, result, detail)
+
+        if not pod.uid:
+            return outcome("error", "pod has no uid: refusing to evict without a uid precondition")
+        body = self._body(pod, reason)
+        attempt = 0
+        while True:
+            try:
+                response = cast(
+                    "urllib3.BaseHTTPResponse",
+                    self._core.create_namespaced_pod_eviction(
+                        pod.name,
+                        pod.namespace,
+                        body,
+                        dry_run="All" if self._server_dry_run else None,
+                        _preload_content=False,
+                        _request_timeout=self._timeout,
+                    ),
+                )
+                # The answer was 2xx: it is in. Drain so the pooled connection keeps no stale bytes.
+                with suppress(urllib3.exceptions.HTTPError, OSError):
+                    response.drain_conn()
+                response.release_conn()
+                if self._server_dry_run:
+                    return outcome("would-evict", "server dry-run: the API server accepted the eviction")
+                return outcome("evicted")
+            except ApiException as exc:
+                status = exc.status or 0
+                message = _message(exc)
+                if status == 429 and _is_budget_refusal(exc):
+                    self._remember_exhausted(pod, exc)
+                    return outcome("blocked-by-pdb", _budget_detail(exc) or message)
+                if status == 404:
+                    return outcome("gone", f"pod no longer exists (404: {message})")
+                if status == 409:
+                    return outcome("gone", f"pod was replaced or changed (409: {message})")
+                if not (status in (0, 429) or status >= 500):
+                    return outcome("error", f"HTTP {status}: {message}")
+                problem = f"HTTP {status}: {message}" if status else f"no valid answer: {message}"
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                problem = describe_transport_error(exc)
+                if isinstance(exc, urllib3.exceptions.TimeoutError | TimeoutError):
+                    problem += "; the eviction may still have happened"
+            if attempt >= self._retries:
+                return outcome("error", f"{problem} (after {attempt + 1} attempts)")
+            log.warning("eviction of %s failed (%s); retrying", pod.ref, problem)
+            self._sleep(self._backoff(attempt))
+            attempt += 1
+
+    # ---- PDB memory
+
+    def _covered_by_exhausted_pdb(self, pod: Pod) -> bool:
+        return any(
+            ns == pod.namespace and label_selector_matches(pdb.selector, pod.labels)
+            for (ns, _), pdb in self._exhausted.items()
+        )
+
+    def _remember_exhausted(self, pod: Pod, exc: ApiException) -> None:
+        name = _budget_name(exc)
+        if name is None:
+            # No name in the answer: every known PDB of the namespace that covers the pod is suspect.
+            for pdb in self._known.values():
+                if pdb.namespace == pod.namespace and label_selector_matches(pdb.selector, pod.labels):
+                    self._exhausted[pdb.key] = pdb
+            return
+        found = self._known.get((pod.namespace, name)) or self._read_pdb(pod.namespace, name)
+        if found is not None:
+            self._exhausted[found.key] = found
+
+    def _read_pdb(self, namespace: str, name: str) -> Pdb | None:
+        try:
+            response = cast(
+                "urllib3.BaseHTTPResponse",
+                self._policy.read_namespaced_pod_disruption_budget(
+                    name, namespace, _preload_content=False, _request_timeout=self._timeout
+                ),
+            )
+            try:
+                data = response.data
+            finally:
+                response.release_conn()
+            pdb = pdb_from_json(json.loads(data))
+        except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError, ObjectError) as exc:
+            log.warning("cannot read PodDisruptionBudget %s/%s after a 429: %s", namespace, name, exc)
+            return None
+        self._known[pdb.key] = pdb
+        return pdb
+
+
+# --------------------------------------------------------------------------- node draining marks
+
+
+@dataclass(frozen=True, slots=True)
+class TaintChange:
+    """What marking or unmarking one node did. `changed` is False when nothing needed writing."""
+
+    node: str
+    ok: bool
+    changed: bool = False
+    detail: str = ""
+
+
+class NodeTainter(Protocol):
+    """Marks nodes being drained so evicted pods do not land back, and removes the mark again."""
+
+    def taint(self, node: str, value: str) -> TaintChange: ...
+
+    def untaint(self, node: str) -> TaintChange: ...
+
+    def tainted(self) -> Mapping[str, str]: ...
+
+
+class DryRunTainter:
+    """Marks nothing and makes no request; reports every change as done."""
+
+    def taint(self, node: str, value: str) -> TaintChange:
+        return TaintChange(node, ok=True, detail="dry-run: not tainted")
+
+    def untaint(self, node: str) -> TaintChange:
+        return TaintChange(node, ok=True, detail="dry-run: not untainted")
+
+    def tainted(self) -> Mapping[str, str]:
+        return {}
+
+
+class KubeTainter:
+    """Adds / removes the `key=<value>:<effect>` taint with a JSON patch guarded by the resourceVersion.
+
+    Other taints are never touched: each change reads the node, edits only this key in the list, and
+    writes it back with a `test` on `metadata.resourceVersion`, re-reading when another writer got in
+    between (409 / 422). Transient failures are retried like evictions.
+    """
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        key: str = DRAINING_TAINT_KEY,
+        effect: str = "NoSchedule",
+        retries: int = 3,
+        backoff: Backoff | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        request_timeout: RequestTimeout = (5.0, 30.0),
+    ) -> None:
+        if effect not in ("NoSchedule", "PreferNoSchedule"):
+            raise ValueError(f"draining taint effect must be NoSchedule or PreferNoSchedule, got {effect!r}")
+        self._core = client.CoreV1Api(api_client)
+        self.key = key
+        self.effect = effect
+        self._retries = retries
+        self._backoff = backoff or exponential_backoff()
+        self._sleep = sleep
+        self._timeout = request_timeout
+
+    def taint(self, node: str, value: str) -> TaintChange:
+        wanted = {"key": self.key, "value": value, "effect": self.effect}
+
+        def edit(taints: list[Mapping[str, Any]]) -> list[Mapping[str, Any]] | None:
+            if any(dict(t) == wanted for t in taints):
+                return None
+            return [t for t in taints if t.get("key") != self.key] + [wanted]
+
+        return self._change(node, edit, missing_ok=False)
+
+    def untaint(self, node: str) -> TaintChange:
+        def edit(taints: list[Mapping[str, Any]]) -> list[Mapping[str, Any]] | None:
+            kept = [t for t in taints if t.get("key") != self.key]
+            return kept if len(kept) != len(taints) else None
+
+        return self._change(node, edit, missing_ok=True)
+
+    def tainted(self) -> Mapping[str, str]:
+        """Every node carrying this taint key, with the taint's value (which plan put it there)."""
+        out: dict[str, str] = {}
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {
+                "limit": 500,
+                "_preload_content": False,
+                "_request_timeout": self._timeout,
+            }
+            if token:
+                kwargs["_continue"] = token
+            page = _read_json(cast("urllib3.BaseHTTPResponse", self._core.list_node(**kwargs)))
+            for item in page.get("items") or ():
+                for taint in (item.get("spec") or {}).get("taints") or ():
+                    if taint.get("key") == self.key:
+                        out[item["metadata"]["name"]] = str(taint.get("value", ""))
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return out
+
+    def _change(
+        self,
+        node: str,
+        edit: Callable[[list[Mapping[str, Any]]], list[Mapping[str, Any]] | None],
+        *,
+        missing_ok: bool,
+    ) -> TaintChange:
+        attempt = 0
+        while True:
+            try:
+                current = _read_json(
+                    cast(
+                        "urllib3.BaseHTTPResponse",
+                        self._core.read_node(node, _preload_content=False, _request_timeout=self._timeout),
+                    )
+                )
+                spec = current.get("spec") or {}
+                taints = list(spec.get("taints") or ())
+                new = edit(taints)
+                if new is None:
+                    return TaintChange(node, ok=True)
+                # `add` replaces an existing member; a node without any spec gets one.
+                write: dict[str, Any] = {"op": "add", "path": "/spec/taints", "value": new}
+                if not spec:
+                    write = {"op": "add", "path": "/spec", "value": {"taints": new}}
+                version = current["metadata"]["resourceVersion"]
+                ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}, write]
+                response = cast(
+                    "urllib3.BaseHTTPResponse",
+                    self._core.patch_node(node, ops, _preload_content=False, _request_timeout=self._timeout),
+                )
+                _read_json(response)
+                return TaintChange(node, ok=True, changed=True)
+            except ApiException as exc:
+                status = exc.status or 0
+                if status == 404:
+                    return TaintChange(node, ok=missing_ok, detail="node no longer exists")
+                if not (status in (0, 409, 422, 429) or status >= 500):
+                    return TaintChange(node, ok=False, detail=f"HTTP {status}: {_message(exc)}")
+                problem = f"HTTP {status}: {_message(exc)}"
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                problem = describe_transport_error(exc)
+            if attempt >= self._retries:
+                return TaintChange(node, ok=False, detail=f"{problem} (after {attempt + 1} attempts)")
+            self._sleep(self._backoff(attempt))
+            attempt += 1
+
+
+def _read_json(response: urllib3.BaseHTTPResponse) -> Mapping[str, Any]:
+    try:
+        data = response.data
+    finally:
+        response.release_conn()
+    doc = json.loads(data)
+    return doc if isinstance(doc, dict) else {}
+
+
+# --------------------------------------------------------------------------- reading Status answers
+
+
+def _status_body(exc: ApiException) -> Mapping[str, Any]:
+    try:
+        body = json.loads(exc.body or "")
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _message(exc: ApiException) -> str:
+    message = _status_body(exc).get("message")
+    if isinstance(message, str) and message:
+        return message
+    return str(exc.reason or (exc.body or "").strip()[:200] or "no message")
+
+
+def _causes(exc: ApiException) -> list[Mapping[str, Any]]:
+    details = _status_body(exc).get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return [c for c in causes if isinstance(c, dict)] if isinstance(causes, list) else []
+
+
+def _is_budget_refusal(exc: ApiException) -> bool:
+    """A PDB's 429, as opposed to API priority-and-fairness throttling (which is worth a retry)."""
+    if any(c.get("reason") == "DisruptionBudget" for c in _causes(exc)):
+        return True
+    return "disruption budget" in _message(exc)
+
+
+def _budget_detail(exc: ApiException) -> str:
+    return "; ".join(
+        str(c.get("message"))
+        for c in _causes(exc)
+        if c.get("reason") == "DisruptionBudget" and c.get("message")
+    )
+
+
+def _budget_name(exc: ApiException) -> str | None:
+    for cause in _causes(exc):
+        if cause.get("reason") == "DisruptionBudget":
+            match = _BUDGET_NAME.match(str(cause.get("message", "")))
+            if match:
+                return match["name"]
+    return None

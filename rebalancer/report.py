@@ -1,0 +1,190 @@
+"""Render a CycleReport as JSON (the contract of DESIGN §7), a text table, or markdown.
+
+Owns presentation only: it never decides, evicts or reads the clock, and it must keep the JSON keys
+stable (additions only) because operators and dashboards parse them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from rebalancer.model import CycleReport, ReportedDecision
+
+OutputFormat = Literal["text", "json", "markdown"]
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def to_dict(report: CycleReport) -> dict[str, Any]:
+    s = report.summary
+    return {
+        "mode": report.mode,
+        "now": _rfc3339(report.now),
+        "summary": {
+            "nodes": s.nodes,
+            "gpus": s.gpus,
+            "pods": s.pods,
+            "proposals": s.proposals,
+            "evictions": s.evictions,
+            "blocked": s.blocked,
+            "nodes_freed": s.nodes_freed,
+            "gpus_freed": s.gpus_freed,
+            "estimated_savings_per_hour": s.estimated_savings_per_hour,
+        },
+        "decisions": [
+            {
+                "strategy": d.strategy,
+                "namespace": d.namespace,
+                "pod": d.pod,
+                "node": d.node,
+                "action": d.action,
+                "outcome": d.outcome,
+                "reason": d.reason,
+                "blocked_by": d.blocked_by,
+                "group": d.group,
+                "target_node": d.target_node,
+            }
+            for d in report.decisions
+        ],
+        "findings": [
+            {
+                "kind": f.kind,
+                "node": f.node,
+                "gpu": f.gpu,
+                "namespace": f.namespace,
+                "pod": f.pod,
+                "detail": f.detail,
+            }
+            for f in report.findings
+        ],
+        "skipped_strategies": [
+            {"strategy": s.strategy, "reason": s.reason} for s in report.skipped_strategies
+        ],
+        "freed_nodes": list(report.freed_nodes),
+        "hints": list(report.hints),
+    }
+
+
+def to_json(report: CycleReport) -> str:
+    return json.dumps(to_dict(report), indent=2)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    line = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [line.format(*headers).rstrip(), *(line.format(*row).rstrip() for row in rows)]
+
+
+def _verdict(d: ReportedDecision) -> str:
+    if d.action == "skip":
+        return f"skip ({d.blocked_by})"
+    return d.outcome or "approved"
+
+
+def _money(value: float | None) -> str:
+    return "n/a (no GPU prices in policy)" if value is None else f"${value:,.2f}/h"
+
+
+def _summary_lines(report: CycleReport) -> list[str]:
+    s = report.summary
+    blocked_by = Counter(d.blocked_by or d.outcome for d in report.decisions if d.action == "skip")
+    blocked_text = ", ".join(f"{k}: {v}" for k, v in sorted(blocked_by.items(), key=lambda kv: str(kv[0])))
+    lines = [
+        f"{s.nodes} nodes, {s.gpus} GPUs, {s.pods} pods; {s.proposals} proposals",
+        f"evictions: {s.evictions}   blocked: {s.blocked}" + (f" ({blocked_text})" if blocked_text else ""),
+        f"nodes freed: {s.nodes_freed}"
+        + (f" ({', '.join(report.freed_nodes)})" if report.freed_nodes else "")
+        + f"   GPUs freed: {s.gpus_freed}   estimated savings: {_money(s.estimated_savings_per_hour)}",
+    ]
+    if report.findings:
+        kinds = Counter(f.kind for f in report.findings)
+        lines.append("findings: " + ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items())))
+    return lines
+
+
+def render_text(report: CycleReport) -> str:
+    out = [f"gpu-rebalancer {report.mode} report at {_rfc3339(report.now)}", ""]
+    if report.decisions:
+        rows = [
+            [
+                d.strategy,
+                f"{d.namespace}/{d.pod}",
+                d.node or "-",
+                _verdict(d),
+                d.target_node or "-",
+                d.reason,
+            ]
+            for d in report.decisions
+        ]
+        out += _table(["STRATEGY", "POD", "NODE", "VERDICT", "TARGET", "REASON"], rows)
+    else:
+        out.append("No evictions proposed.")
+    if report.findings:
+        out += ["", "Findings:"]
+        for f in report.findings:
+            where = " ".join(x for x in (f.node, f.gpu, f"{f.namespace}/{f.pod}" if f.pod else None) if x)
+            out.append(f"  [{f.kind}] {where}: {f.detail}")
+    if report.skipped_strategies:
+        out += ["", "Skipped strategies:"]
+        out += [f"  {s.strategy}: {s.reason}" for s in report.skipped_strategies]
+    if report.hints:
+        out += ["", "Hints:"]
+        out += [f"  {h}" for h in report.hints]
+    out += ["", "Summary:"]
+    out += [f"  {line}" for line in _summary_lines(report)]
+    return "\n".join(out) + "\n"
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(report: CycleReport) -> str:
+    out = [f"## gpu-rebalancer {report.mode} report, {_rfc3339(report.now)}", ""]
+    out += [f"- {line}" for line in _summary_lines(report)]
+    if report.decisions:
+        out += ["", "| strategy | pod | node | verdict | target | reason |", "|---|---|---|---|---|---|"]
+        out += [
+            "| "
+            + " | ".join(
+                _md_cell(c)
+                for c in (
+                    d.strategy,
+                    f"{d.namespace}/{d.pod}",
+                    d.node or "-",
+                    _verdict(d),
+                    d.target_node or "-",
+                    d.reason,
+                )
+            )
+            + " |"
+            for d in report.decisions
+        ]
+    if report.findings:
+        out += ["", "### Findings", ""]
+        for f in report.findings:
+            where = " ".join(x for x in (f.node, f.gpu, f"{f.namespace}/{f.pod}" if f.pod else None) if x)
+            out.append(f"- **{f.kind}** {_md_cell(where)}: {_md_cell(f.detail)}")
+    if report.skipped_strategies:
+        out += ["", "### Skipped strategies", ""]
+        out += [f"- `{s.strategy}`: {_md_cell(s.reason)}" for s in report.skipped_strategies]
+    if report.hints:
+        out += ["", "### Hints", ""]
+        out += [f"- {_md_cell(h)}" for h in report.hints]
+    return "\n".join(out) + "\n"
+
+
+def render(report: CycleReport, fmt: OutputFormat) -> str:
+    if fmt == "json":
+        return to_json(report) + "\n"
+    if fmt == "markdown":
+        return render_markdown(report)
+    return render_text(report)

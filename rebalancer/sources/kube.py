@@ -1,0 +1,367 @@
+"""The live cluster source: the Kubernetes API (official client) -> Snapshot.
+
+Owns connecting to a cluster (`--kubeconfig` / `--context`, else in-cluster config inside a pod, else the
+default kubeconfig) and reading the three kinds a cycle needs, each listed with pagination (`limit` +
+`continue`, restarting the list when a continue token expires) and raw JSON responses
+(`_preload_content=False`), which go straight through `kube_objects` into the model: no client model
+objects are built for thousands of pods.
+
+- nodes: every node;
+- pods: every namespace (default) or the given ones, skipping finished pods on the server
+  (`status.phase!=Succeeded,status.phase!=Failed`). Placement needs every pod that holds resources, so a
+  namespace-restricted source says in a `partial-cluster-view` finding that free capacity may be
+  overstated. Owner resolution is the pod's controller ownerReference (`kube_objects`): ReplicaSet,
+  StatefulSet, Job, JobSet or any custom controller sets `Pod.owner`, which is all the bare-pod guard
+  needs; nothing walks further up (Deployment, CronJob);
+- PodDisruptionBudgets (policy/v1).
+
+Telemetry comes from a separate source and is passed in (a `Telemetry`, or a callable given `now` and
+the pods for attribution). A pod bound to a node that is not in the node list (deleted between the
+lists) becomes an `unknown-node` finding, as in the snapshot-directory source.
+
+It must not read the clock (`now` is given), write to the cluster, or decide anything: it reports what
+the API server said. Any object it cannot translate, and any API error left after bounded retries of
+transient failures (5xx, 429 throttling, timeouts, dropped connections), raises `KubeSourceError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol, cast
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from rebalancer.model import NO_TELEMETRY, Finding, Node, Pdb, Pod, Snapshot, Telemetry
+from rebalancer.policy import LoadedPolicy
+from rebalancer.sources.dcgm import unknown_node_findings
+from rebalancer.sources.kube_objects import (
+    ObjectError,
+    node_from_json,
+    pdb_from_json,
+    pod_from_json,
+)
+
+__all__ = [
+    "ACTIVE_PODS",
+    "KubeSource",
+    "KubeSourceError",
+    "TelemetryProvider",
+    "describe_transport_error",
+    "load_api_client",
+]
+
+# Finished pods hold no resources; the API server filters them out for us.
+ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+DEFAULT_PAGE_SIZE = 500
+# (connect, read) seconds for one list page.
+DEFAULT_TIMEOUT: tuple[float, float] = (5.0, 60.0)
+
+RequestTimeout = float | tuple[float, float]
+JsonObj = Mapping[str, Any]
+
+
+class KubeSourceError(Exception):
+    """The cluster could not be read into a snapshot; `problems` holds one line per problem."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = tuple(problems)
+
+
+class TelemetryProvider(Protocol):
+    """Live telemetry for `now`, given the snapshot's pods (to attribute GPU series to pods).
+
+    May return the telemetry alone or with findings (as `dcgm.aggregate` does).
+    """
+
+    def __call__(
+        self, now: datetime, pods: Mapping[tuple[str, str], Pod]
+    ) -> Telemetry | tuple[Telemetry, Sequence[Finding]]: ...
+
+
+def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
+    """An ApiClient from a kubeconfig file / context, else in-cluster config, else the default kubeconfig.
+
+    In-cluster config is used only when neither a kubeconfig nor a context is given and the pod's service
+    environment (`KUBERNETES_SERVICE_HOST`) is present. Raises KubeSourceError naming what failed.
+    """
+    if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        configuration = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except (ConfigException, OSError, ValueError) as exc:
+            raise KubeSourceError([f"cannot load in-cluster Kubernetes config: {exc}"]) from None
+        return client.ApiClient(configuration)
+    try:
+        api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, context=context, persist_config=False
+        )
+    except (ConfigException, OSError, ValueError, TypeError) as exc:
+        where = kubeconfig or "the default kubeconfig"
+        suffix = f" (context {context!r})" if context else ""
+        raise KubeSourceError([f"cannot load Kubernetes config from {where}{suffix}: {exc}"]) from None
+    return cast("client.ApiClient", api_client)
+
+
+def _is_transient(exc: Exception) -> bool:
+    if isinstance(exc, ApiException):
+        status = exc.status or 0
+        return status in (0, 429) or status >= 500
+    return isinstance(exc, urllib3.exceptions.HTTPError | OSError)
+
+
+def _describe(exc: Exception) -> str:
+    """One line for an API or transport error: `HTTP 500 Internal Server Error: <message>`, `timed out`..."""
+    if isinstance(exc, ApiException):
+        message = ""
+        try:
+            body = json.loads(exc.body or "")
+            message = body.get("message", "") if isinstance(body, dict) else ""
+        except ValueError:
+            message = (exc.body or "").strip()[:200]
+        return f"HTTP {exc.status} {exc.reason or ''}".rstrip() + (f": {message}" if message else "")
+    return describe_transport_error(exc)
+
+
+def describe_transport_error(exc: BaseException) -> str:
+    """A timeout, a dropped connection or a refused one, as an operator would say it."""
+    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+        exc = exc.reason
+    if isinstance(exc, urllib3.exceptions.TimeoutError | TimeoutError):
+        return f"timed out ({exc})"
+    if isinstance(exc, urllib3.exceptions.ProtocolError):
+        cause = exc.args[1] if len(exc.args) > 1 else exc
+        return f"connection dropped ({cause})"
+    if isinstance(exc, urllib3.exceptions.NewConnectionError | ConnectionError):
+        return f"cannot connect ({exc})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class KubeSource:
+    """Builds Snapshots from a live cluster. One instance per client; `snapshot()` is safe to call again."""
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        loaded: LoadedPolicy,
+        *,
+        namespaces: Sequence[str] | None = None,
+        telemetry: Telemetry | TelemetryProvider | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        request_timeout: RequestTimeout = DEFAULT_TIMEOUT,
+        retries: int = 2,
+        backoff: Callable[[int], float] = lambda attempt: min(0.5 * 2**attempt, 5.0),
+        sleep: Callable[[float], None] = time.sleep,
+        list_restarts: int = 2,
+    ) -> None:
+        if page_size < 1:
+            raise ValueError("page_size must be at least 1")
+        self._core = client.CoreV1Api(api_client)
+        self._policy_api = client.PolicyV1Api(api_client)
+        self._loaded = loaded
+        self._namespaces = tuple(dict.fromkeys(namespaces)) if namespaces is not None else None
+        self._telemetry = telemetry
+        self._page_size = page_size
+        self._timeout = request_timeout
+        self._retries = retries
+        self._backoff = backoff
+        self._sleep = sleep
+        self._list_restarts = list_restarts
+
+    @classmethod
+    def from_kubeconfig(
+        cls,
+        loaded: LoadedPolicy,
+        *,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        **kwargs: Any,
+    ) -> KubeSource:
+        """A source for the cluster `load_api_client(kubeconfig, context)` reaches."""
+        return cls(load_api_client(kubeconfig, context), loaded, **kwargs)
+
+    # ---- the snapshot
+
+    def snapshot(self, now: datetime, telemetry: Telemetry | TelemetryProvider | None = None) -> Snapshot:
+        """List nodes, pods and PDBs and assemble them with `telemetry` (or the one given at construction)."""
+        raw_nodes = self.list_nodes()
+        raw_pods = self.list_pods()
+        raw_pdbs = self.list_pdbs()
+
+        problems: list[str] = []
+        policy = self._loaded.policy
+        nodes: dict[str, Node] = {}
+        for obj in raw_nodes:
+            try:
+                node = node_from_json(obj)
+            except ObjectError as exc:
+                problems.append(str(exc))
+                continue
+            nodes[node.name] = node
+        pods: dict[tuple[str, str], Pod] = {}
+        for obj in raw_pods:
+            try:
+                pod = pod_from_json(obj, gangs=policy.gangs, sharing=policy.gpu_sharing)
+            except ObjectError as exc:
+                problems.append(str(exc))
+                continue
+            pods[pod.key] = pod
+        pdbs: list[Pdb] = []
+        for obj in raw_pdbs:
+            try:
+                pdbs.append(pdb_from_json(obj))
+            except ObjectError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise KubeSourceError(problems)
+
+        findings: list[Finding] = []
+        if self._namespaces is not None:
+            findings.append(
+                Finding(
+                    kind="partial-cluster-view",
+                    detail=(
+                        f"pods listed only in namespaces {', '.join(self._namespaces)}: pods of other "
+                        "namespaces are not seen, so free node capacity may be overstated"
+                    ),
+                )
+            )
+        kept: list[Pod] = []
+        for pod in pods.values():
+            if pod.node_name is not None and pod.node_name not in nodes:
+                findings.append(
+                    Finding(
+                        kind="unknown-node",
+                        node=pod.node_name,
+                        namespace=pod.namespace,
+                        pod=pod.name,
+                        detail=(
+                            f"pod {pod.ref} is bound to node {pod.node_name}, which the API did not list; "
+                            "ignored"
+                        ),
+                    )
+                )
+                continue
+            kept.append(pod)
+
+        resolved, telemetry_findings = self._resolve_telemetry(
+            telemetry if telemetry is not None else self._telemetry, now, {p.key: p for p in kept}
+        )
+        findings.extend(telemetry_findings)
+        if resolved.available:
+            findings.extend(unknown_node_findings(resolved, nodes))
+        return Snapshot(
+            now=now,
+            nodes=nodes,
+            pods=tuple(kept),
+            pdbs=tuple(pdbs),
+            telemetry=resolved,
+            findings=tuple(findings),
+        )
+
+    @staticmethod
+    def _resolve_telemetry(
+        given: Telemetry | TelemetryProvider | None, now: datetime, pods: Mapping[tuple[str, str], Pod]
+    ) -> tuple[Telemetry, tuple[Finding, ...]]:
+        if given is None:
+            return NO_TELEMETRY, ()
+        if isinstance(given, Telemetry):
+            return given, ()
+        try:
+            result = given(now, pods)
+        except Exception as exc:  # the telemetry edge failing must not hide the cluster
+            return Telemetry(
+                available=False, problem=f"telemetry source failed: {type(exc).__name__}: {exc}"
+            ), ()
+        if isinstance(result, Telemetry):
+            return result, ()
+        telemetry, findings = result
+        return telemetry, tuple(findings)
+
+    # ---- raw lists
+
+    def list_nodes(self) -> list[JsonObj]:
+        return self._list_all("nodes", self._core.list_node)
+
+    def list_pods(self) -> list[JsonObj]:
+        if self._namespaces is None:
+            return self._list_all("pods", self._core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS)
+        items: list[JsonObj] = []
+        for namespace in self._namespaces:
+            items += self._list_all(
+                f"pods in {namespace}", self._core.list_namespaced_pod, namespace, field_selector=ACTIVE_PODS
+            )
+        return items
+
+    def list_pdbs(self) -> list[JsonObj]:
+        api = self._policy_api
+        if self._namespaces is None:
+            return self._list_all("poddisruptionbudgets", api.list_pod_disruption_budget_for_all_namespaces)
+        items: list[JsonObj] = []
+        for namespace in self._namespaces:
+            items += self._list_all(
+                f"poddisruptionbudgets in {namespace}", api.list_namespaced_pod_disruption_budget, namespace
+            )
+        return items
+
+    def _list_all(self, what: str, call: Callable[..., Any], *args: str, **params: str) -> list[JsonObj]:
+        """Every item of a list, page by page; a whole new list when a continue token expires (410)."""
+        for restart in range(self._list_restarts + 1):
+            items: list[JsonObj] = []
+            token: str | None = None
+            try:
+                while True:
+                    page = self._page(what, call, args, params, token)
+                    items.extend(page.get("items") or ())
+                    token = (page.get("metadata") or {}).get("continue") or None
+                    if token is None:
+                        return items
+            except ApiException as exc:
+                if exc.status == 410 and restart < self._list_restarts:
+                    continue
+                raise KubeSourceError([f"cannot list {what}: {_describe(exc)}"]) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _page(
+        self,
+        what: str,
+        call: Callable[..., Any],
+        args: Iterable[str],
+        params: Mapping[str, str],
+        token: str | None,
+    ) -> JsonObj:
+        kwargs: dict[str, Any] = dict(params, limit=self._page_size, _preload_content=False)
+        kwargs["_request_timeout"] = self._timeout
+        if token is not None:
+            kwargs["_continue"] = token
+        attempt = 0
+        while True:
+            try:
+                response = cast("urllib3.BaseHTTPResponse", call(*args, **kwargs))
+                try:
+                    data = response.data
+                finally:
+                    response.release_conn()
+                page = json.loads(data)
+                if not isinstance(page, dict):
+                    raise KubeSourceError([f"cannot list {what}: the API answered {type(page).__name__}"])
+                return page
+            except ApiException as exc:
+                if not _is_transient(exc) or attempt >= self._retries:
+                    raise
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                if attempt >= self._retries:
+                    raise KubeSourceError(
+                        [f"cannot list {what}: {_describe(exc)} (after {attempt + 1} attempts)"]
+                    ) from None
+            except ValueError as exc:
+                raise KubeSourceError([f"cannot list {what}: the API answered invalid JSON: {exc}"]) from None
+            self._sleep(self._backoff(attempt))
+            attempt += 1

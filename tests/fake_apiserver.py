@@ -1,0 +1,1334 @@
+"""A small, stateful fake Kubernetes API server over real HTTP, for tests only.
+
+The official `kubernetes` client talks to it unchanged (a `Configuration` whose host is this server), so
+the code under test runs its real request building, serialisation and error handling. It serves:
+
+- core/v1 `nodes` (cluster-scoped), `pods`, `events`; `policy/v1` `poddisruptionbudgets`;
+  `events.k8s.io/v1` `events`; `coordination.k8s.io/v1` `leases`;
+- list (all namespaces or one), with `labelSelector`, `fieldSelector` (`=`, `==`, `!=`) and pagination
+  (`limit` / `continue` over a consistent snapshot, `metadata.continue` in the List; a token can be
+  expired to get the API server's 410); get; create; update (PUT, with the `resourceVersion` conflict
+  check); patch (strategic merge, JSON merge, JSON patch); delete (with uid / resourceVersion
+  preconditions); `dryRun=All` on every write;
+- `POST .../pods/{name}/eviction` with the API server's rules: 404 for a missing pod; PDBs of the
+  namespace that select the pod: none -> delete; more than one -> 500; `disruptionsAllowed` 0 -> 429 with
+  the real message and a `DisruptionBudget` cause; otherwise decrement and delete; a uid precondition
+  that does not hold -> 409; terminal or Pending pods skip the PDB check, and not-ready pods do not spend
+  the budget (as the API server does).
+
+Every response is JSON with `Content-Type: application/json` (the client turns anything else into
+`ApiException(status=0)`); errors are `Status` objects shaped like the API server's. Every request is
+recorded (method, path, query, parsed body) so a test can assert, for example, that a dry run wrote
+nothing; faults (a status code, a delay, a dropped connection) can be injected per path pattern for the
+next N matching requests.
+
+This module must stay a test double: no project code imports it, it never grows scheduling or
+controller behaviour (no ReplicaSet re-creating evicted pods, no disruption controller recomputing
+budgets); tests change state through `add()` / `remove()` or the HTTP API.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import fnmatch
+import itertools
+import json
+import re
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from kubernetes import client
+
+JsonObj = dict[str, Any]
+
+EVICTION_REFUSED = "Cannot evict pod as it would violate the pod's disruption budget."
+MULTIPLE_PDBS = (
+    "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
+)
+CONTINUE_EXPIRED = (
+    "The provided continue parameter is too old to display a consistent list result. You can start a new "
+    "list without the continue parameter, or use the continue token in this response to retrieve the "
+    "remainder of the results. Continuing with the provided token results in an inconsistent list - objects "
+    "that were created, modified, or deleted between the time the first chunk was returned and now may "
+    "show up in the list."
+)
+
+_REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    410: "Expired",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+# --------------------------------------------------------------------------- resources
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    group: str
+    version: str
+    resource: str
+    kind: str
+    namespaced: bool
+    # Fields a fieldSelector may name beyond metadata.name / metadata.namespace, with their JSON paths.
+    fields: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def qualified(self) -> str:
+        """`pods`, `poddisruptionbudgets.policy`: how the API server names the resource in messages."""
+        return f"{self.resource}.{self.group}" if self.group else self.resource
+
+
+_EVENT_FIELDS = {
+    "involvedObject.kind": ("involvedObject", "kind"),
+    "involvedObject.name": ("involvedObject", "name"),
+    "involvedObject.namespace": ("involvedObject", "namespace"),
+    "involvedObject.uid": ("involvedObject", "uid"),
+    "reason": ("reason",),
+    "type": ("type",),
+}
+
+_KINDS: tuple[_Kind, ...] = (
+    _Kind("", "v1", "nodes", "Node", False, {"spec.unschedulable": ("spec", "unschedulable")}),
+    _Kind(
+        "",
+        "v1",
+        "pods",
+        "Pod",
+        True,
+        {
+            "spec.nodeName": ("spec", "nodeName"),
+            "spec.schedulerName": ("spec", "schedulerName"),
+            "spec.serviceAccountName": ("spec", "serviceAccountName"),
+            "spec.restartPolicy": ("spec", "restartPolicy"),
+            "status.phase": ("status", "phase"),
+            "status.podIP": ("status", "podIP"),
+            "status.nominatedNodeName": ("status", "nominatedNodeName"),
+        },
+    ),
+    _Kind("", "v1", "events", "Event", True, _EVENT_FIELDS),
+    _Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
+    _Kind(
+        "events.k8s.io",
+        "v1",
+        "events",
+        "Event",
+        True,
+        {
+            "regarding.kind": ("regarding", "kind"),
+            "regarding.name": ("regarding", "name"),
+            "reason": ("reason",),
+        },
+    ),
+    _Kind("coordination.k8s.io", "v1", "leases", "Lease", True),
+)
+_BY_PATH = {(k.group, k.version, k.resource): k for k in _KINDS}
+_BY_KIND = {(k.api_version, k.kind): k for k in _KINDS}
+
+_CORE_PATH = re.compile(
+    r"^/api/(?P<version>[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)"
+    r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$"
+)
+_GROUP_PATH = re.compile(
+    r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)"
+    r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$"
+)
+
+
+class ApiError(Exception):
+    """An error response: raised inside handlers, rendered as a `Status` object."""
+
+    def __init__(
+        self,
+        code: int,
+        message: str,
+        *,
+        reason: str | None = None,
+        kind: _Kind | None = None,
+        name: str | None = None,
+        causes: Sequence[Mapping[str, str]] = (),
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reason = reason or _REASONS.get(code, "Unknown")
+        self.kind = kind
+        self.name = name
+        self.causes = tuple(causes)
+        self.retry_after = retry_after
+
+    def status(self) -> JsonObj:
+        details: JsonObj = {}
+        if self.name is not None:
+            details["name"] = self.name
+        if self.kind is not None:
+            if self.kind.group:
+                details["group"] = self.kind.group
+            details["kind"] = self.kind.resource
+        if self.causes:
+            details["causes"] = [dict(c) for c in self.causes]
+        if self.retry_after:
+            details["retryAfterSeconds"] = self.retry_after
+        body: JsonObj = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+        if details:
+            body["details"] = details
+        return body
+
+
+def _not_found(kind: _Kind, name: str) -> ApiError:
+    return ApiError(404, f'{kind.qualified} "{name}" not found', kind=kind, name=name)
+
+
+def _conflict(kind: _Kind, name: str, why: str) -> ApiError:
+    return ApiError(
+        409, f'Operation cannot be fulfilled on {kind.qualified} "{name}": {why}', kind=kind, name=name
+    )
+
+
+_MODIFIED = "the object has been modified; please apply your changes to the latest version and try again"
+
+
+# --------------------------------------------------------------------------- selectors
+
+
+@dataclass(frozen=True, slots=True)
+class _Requirement:
+    key: str
+    op: str  # = != in notin exists !exists
+    values: frozenset[str] = frozenset()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        present = self.key in labels
+        value = labels.get(self.key)
+        if self.op == "=":
+            return present and value in self.values
+        if self.op == "!=":
+            return not present or value not in self.values
+        if self.op == "in":
+            return present and value in self.values
+        if self.op == "notin":
+            return not present or value not in self.values
+        if self.op == "exists":
+            return present
+        return not present  # !exists
+
+
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_SET_TERM = re.compile(r"^(?P<key>\S+)\s+(?P<op>in|notin)\s*\((?P<values>[^)]*)\)$")
+_EQ_TERM = re.compile(r"^(?P<key>[^=!\s]+)\s*(?P<op>==|=|!=)\s*(?P<value>\S*)$")
+
+
+def _split_terms(text: str) -> list[str]:
+    """Split a label selector on the commas that are not inside `( )`."""
+    terms, depth, current = [], 0, ""
+    for char in text:
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        if char == "," and depth == 0:
+            terms.append(current.strip())
+            current = ""
+        else:
+            current += char
+    if current.strip():
+        terms.append(current.strip())
+    return terms
+
+
+def parse_label_selector(text: str) -> tuple[_Requirement, ...]:
+    """The `labelSelector` query syntax (`a=b`, `a!=b`, `a in (x,y)`, `a notin (x)`, `a`, `!a`)."""
+    requirements: list[_Requirement] = []
+    for term in _split_terms(text):
+        if match := _SET_TERM.match(term):
+            values = frozenset(v.strip() for v in match["values"].split(",") if v.strip())
+            key, op = match["key"], match["op"]
+        elif match := _EQ_TERM.match(term):
+            key, op = match["key"], "!=" if match["op"] == "!=" else "="
+            values = frozenset({match["value"]})
+        elif term.startswith("!"):
+            key, op, values = term[1:].strip(), "!exists", frozenset()
+        else:
+            key, op, values = term, "exists", frozenset()
+        if not _LABEL_KEY.match(key) or not all(_LABEL_VALUE.match(v) for v in values):
+            raise ApiError(400, f"unable to parse requirement: invalid label selector term {term!r}")
+        requirements.append(_Requirement(key, op, values))
+    return tuple(requirements)
+
+
+def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """A structured metav1.LabelSelector against labels: null matches nothing, `{}` everything."""
+    if selector is None:
+        return False
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or ():
+        op = {"In": "in", "NotIn": "notin", "Exists": "exists", "DoesNotExist": "!exists"}[expr["operator"]]
+        if not _Requirement(expr["key"], op, frozenset(expr.get("values") or ())).matches(labels):
+            return False
+    return True
+
+
+def _field_value(obj: Mapping[str, Any], path: tuple[str, ...]) -> str:
+    value: Any = obj
+    for part in path:
+        value = value.get(part) if isinstance(value, Mapping) else None
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _parse_field_selector(text: str, kind: _Kind) -> list[tuple[tuple[str, ...], bool, str]]:
+    """`a=b,c!=d` -> [(json path, equal?, value)]; unknown fields are a 400, as in the API server."""
+    out: list[tuple[tuple[str, ...], bool, str]] = []
+    known: dict[str, tuple[str, ...]] = {
+        "metadata.name": ("metadata", "name"),
+        "metadata.namespace": ("metadata", "namespace"),
+        **kind.fields,
+    }
+    for term in (t.strip() for t in text.split(",")):
+        if not term:
+            continue
+        match = re.match(r"^(?P<field>[^=!]+)(?P<op>!=|==|=)(?P<value>.*)$", term)
+        if match is None:
+            raise ApiError(400, f"invalid selector: '{text}'; can't understand '{term}'")
+        name = match["field"].strip()
+        if name not in known:
+            raise ApiError(400, f'"{name}" is not a known field selector: only "{", ".join(sorted(known))}"')
+        out.append((known[name], match["op"] != "!=", match["value"].strip()))
+    return out
+
+
+# --------------------------------------------------------------------------- patches
+
+# Lists that strategic merge patch merges by a key (everything else, e.g. node taints and tolerations,
+# is atomic and replaced whole, as `+listType=atomic` fields are in the real API).
+_MERGE_KEYS = {
+    "ownerReferences": "uid",
+    "containers": "name",
+    "initContainers": "name",
+    "ephemeralContainers": "name",
+    "volumes": "name",
+    "env": "name",
+    "volumeMounts": "mountPath",
+    "ports": "containerPort",
+    "imagePullSecrets": "name",
+    "conditions": "type",
+    "addresses": "type",
+    "hostAliases": "ip",
+}
+_MERGED_PRIMITIVE_LISTS = {"finalizers", "podCIDRs"}
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def strategic_merge_patch(target: Any, patch: Any) -> Any:
+    """Kubernetes strategic merge patch, for the built-in fields this fake serves."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    if patch.get("$patch") == "replace":
+        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+    if patch.get("$patch") == "delete":
+        return None
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if key.startswith("$setElementOrder/") or key in ("$retainKeys", "$patch"):
+            continue
+        if key.startswith("$deleteFromPrimitiveList/"):
+            name = key.split("/", 1)[1]
+            result[name] = [v for v in result.get(name) or [] if v not in value]
+            continue
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, list) and key in _MERGE_KEYS:
+            result[key] = _merge_keyed_list(result.get(key) or [], value, _MERGE_KEYS[key])
+        elif isinstance(value, list) and key in _MERGED_PRIMITIVE_LISTS:
+            existing = list(result.get(key) or [])
+            result[key] = existing + [v for v in value if v not in existing]
+        else:
+            merged = strategic_merge_patch(result.get(key), value)
+            if merged is None:
+                result.pop(key, None)
+            else:
+                result[key] = merged
+    return result
+
+
+def _merge_keyed_list(current: list[Any], patch: list[Any], merge_key: str) -> list[Any]:
+    if any(isinstance(item, dict) and item.get("$patch") == "replace" for item in patch):
+        return [copy.deepcopy(i) for i in patch if not (isinstance(i, dict) and "$patch" in i)]
+    result = copy.deepcopy(current)
+    for item in patch:
+        if not isinstance(item, dict) or merge_key not in item:
+            raise ApiError(400, f"map: {item!r} does not contain declared merge key: {merge_key}")
+        index = next((i for i, e in enumerate(result) if e.get(merge_key) == item[merge_key]), None)
+        if item.get("$patch") == "delete":
+            if index is not None:
+                del result[index]
+        elif index is None:
+            result.append(copy.deepcopy(item))
+        else:
+            result[index] = strategic_merge_patch(result[index], item)
+    return result
+
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise ApiError(422, f"invalid JSON pointer {path!r}")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def _resolve(doc: Any, parts: list[str]) -> Any:
+    for part in parts:
+        if isinstance(doc, dict) and part in doc:
+            doc = doc[part]
+        elif isinstance(doc, list) and part.isdigit() and int(part) < len(doc):
+            doc = doc[int(part)]
+        else:
+            raise ApiError(422, f"doc is missing path: /{'/'.join(parts)}")
+    return doc
+
+
+def json_patch(target: Any, operations: Any) -> Any:
+    """RFC 6902 JSON patch (add, remove, replace, move, copy, test); a failing op is a 422."""
+    if not isinstance(operations, list):
+        raise ApiError(400, "json: cannot unmarshal object into Go value of type jsonpatch.Patch")
+    doc = copy.deepcopy(target)
+    for op in operations:
+        kind, parts = op.get("op"), _pointer(op.get("path", ""))
+        if kind == "test":
+            if _resolve(doc, parts) != op.get("value"):
+                raise ApiError(422, f"testing value /{'/'.join(parts)} failed: test failed")
+            continue
+        if kind in ("move", "copy"):
+            source = _pointer(op.get("from", ""))
+            value = copy.deepcopy(_resolve(doc, source))
+            if kind == "move":
+                doc = _remove(doc, source)
+            doc = _add(doc, parts, value, replace=False)
+        elif kind == "add":
+            doc = _add(doc, parts, copy.deepcopy(op.get("value")), replace=False)
+        elif kind == "replace":
+            _resolve(doc, parts)
+            doc = _add(doc, parts, copy.deepcopy(op.get("value")), replace=True)
+        elif kind == "remove":
+            doc = _remove(doc, parts)
+        else:
+            raise ApiError(400, f"Unexpected kind: {kind}")
+    return doc
+
+
+def _add(doc: Any, parts: list[str], value: Any, *, replace: bool) -> Any:
+    if not parts:
+        return value
+    parent = _resolve(doc, parts[:-1])
+    last = parts[-1]
+    if isinstance(parent, dict):
+        parent[last] = value
+    elif isinstance(parent, list):
+        if last == "-":
+            parent.append(value)
+        elif last.isdigit() and int(last) <= len(parent):
+            if replace:
+                parent[int(last)] = value
+            else:
+                parent.insert(int(last), value)
+        else:
+            raise ApiError(422, f"add operation does not apply: index {last} out of bounds")
+    else:
+        raise ApiError(422, f"doc is missing path: /{'/'.join(parts)}")
+    return doc
+
+
+def _remove(doc: Any, parts: list[str]) -> Any:
+    _resolve(doc, parts)
+    parent = _resolve(doc, parts[:-1])
+    if isinstance(parent, dict):
+        del parent[parts[-1]]
+    else:
+        del parent[int(parts[-1])]
+    return doc
+
+
+# --------------------------------------------------------------------------- requests and faults
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    """One request as the server saw it. `body` is the parsed JSON (None when there was none)."""
+
+    method: str
+    path: str
+    query: Mapping[str, tuple[str, ...]]
+    body: Any
+    content_type: str = ""
+    fault: str | None = None
+
+    @property
+    def is_write(self) -> bool:
+        return self.method not in ("GET", "HEAD")
+
+    def param(self, name: str) -> str | None:
+        values = self.query.get(name)
+        return values[-1] if values else None
+
+
+@dataclass(slots=True)
+class Fault:
+    """Applies to `times` requests (None: all) matching `pattern` (fnmatch on the path), after `skip`."""
+
+    pattern: str
+    method: str | None = None
+    status: int | None = None
+    message: str = "injected fault"
+    delay: float = 0.0
+    drop: bool = False
+    times: int | None = 1
+    skip: int = 0
+
+    def matches(self, method: str, path: str) -> bool:
+        if self.times is not None and self.times <= 0:
+            return False
+        if self.method is not None and self.method != method:
+            return False
+        return fnmatch.fnmatchcase(path, self.pattern)
+
+    def consume(self) -> bool:
+        """Count one matching request; True when the fault applies to it."""
+        if self.skip > 0:
+            self.skip -= 1
+            return False
+        if self.times is not None:
+            self.times -= 1
+        return True
+
+    def describe(self) -> str:
+        parts = [f"status={self.status}"] if self.status else []
+        if self.delay:
+            parts.append(f"delay={self.delay}")
+        if self.drop:
+            parts.append("drop")
+        return " ".join(parts) or "none"
+
+
+@dataclass(slots=True)
+class _ListSnapshot:
+    items: list[JsonObj]
+    resource_version: str
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class FakeApiServer:
+    """The fake API server. Use as a context manager; `url` is `http://127.0.0.1:<port>`."""
+
+    def __init__(self, *, clock: Callable[[], datetime] | None = None) -> None:
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._stores: dict[tuple[str, str], dict[tuple[str, str], JsonObj]] = {}
+        self._rv = itertools.count(1000)
+        self._last_rv = 999
+        self._requests: list[RecordedRequest] = []
+        self._faults: list[Fault] = []
+        self._snapshots: dict[int, _ListSnapshot] = {}
+        self._snapshot_ids = itertools.count(1)
+        self._clock = clock or (lambda: datetime.now(UTC))
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle
+
+    def start(self) -> FakeApiServer:
+        handler = type("_BoundHandler", (_Handler,), {"fake": self})
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05})
+        self._thread.daemon = True
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._httpd = None
+        self._thread = None
+
+    def __enter__(self) -> FakeApiServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._httpd is not None, "server not started"
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def configuration(self) -> client.Configuration:
+        """A client Configuration pointing at this server (no auth, no proxy)."""
+        config = client.Configuration(host=self.url)
+        config.proxy = None
+        return config
+
+    def api_client(self) -> client.ApiClient:
+        return client.ApiClient(self.configuration())
+
+    # ---- state, for tests
+
+    def add(self, obj: Mapping[str, Any]) -> JsonObj:
+        """Store an object (by its kind and apiVersion), filling uid / resourceVersion; returns the copy."""
+        kind = _BY_KIND.get((str(obj.get("apiVersion", "")), str(obj.get("kind", ""))))
+        if kind is None:
+            raise ValueError(f"unsupported object {obj.get('apiVersion')}/{obj.get('kind')}")
+        stored = copy.deepcopy(dict(obj))
+        meta = stored.setdefault("metadata", {})
+        if kind.namespaced:
+            meta.setdefault("namespace", "default")
+        else:
+            meta.pop("namespace", None)
+        with self._lock:
+            self._fill_new(kind, stored)
+            self._store(kind)[self._key(kind, meta.get("namespace"), meta["name"])] = stored
+            return copy.deepcopy(stored)
+
+    def remove(self, kind: str, name: str, namespace: str | None = None, api_version: str = "v1") -> None:
+        resolved = self._kind_of(kind, api_version)
+        with self._lock:
+            self._store(resolved).pop(self._key(resolved, namespace, name), None)
+
+    def get(
+        self, kind: str, name: str, namespace: str | None = None, api_version: str = "v1"
+    ) -> JsonObj | None:
+        resolved = self._kind_of(kind, api_version)
+        with self._lock:
+            found = self._store(resolved).get(self._key(resolved, namespace, name))
+            return copy.deepcopy(found) if found is not None else None
+
+    def objects(self, kind: str, api_version: str = "v1") -> list[JsonObj]:
+        resolved = self._kind_of(kind, api_version)
+        with self._lock:
+            return [copy.deepcopy(o) for _, o in sorted(self._store(resolved).items())]
+
+    def pod(self, namespace: str, name: str) -> JsonObj | None:
+        return self.get("Pod", name, namespace)
+
+    def node(self, name: str) -> JsonObj | None:
+        return self.get("Node", name)
+
+    def pdb(self, namespace: str, name: str) -> JsonObj | None:
+        return self.get("PodDisruptionBudget", name, namespace, "policy/v1")
+
+    def events(self) -> list[JsonObj]:
+        """Events of both APIs (core/v1 and events.k8s.io/v1)."""
+        return self.objects("Event") + self.objects("Event", "events.k8s.io/v1")
+
+    def expire_continue_tokens(self) -> None:
+        """Make every outstanding `continue` token answer 410 Expired (as after an etcd compaction)."""
+        with self._lock:
+            self._snapshots.clear()
+
+    # ---- request log and faults
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        with self._lock:
+            return list(self._requests)
+
+    def writes(self) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.is_write]
+
+    def requests_to(self, pattern: str, method: str | None = None) -> list[RecordedRequest]:
+        return [
+            r
+            for r in self.requests
+            if fnmatch.fnmatchcase(r.path, pattern) and (method is None or r.method == method)
+        ]
+
+    def clear_requests(self) -> None:
+        with self._lock:
+            self._requests.clear()
+
+    def inject(
+        self,
+        pattern: str,
+        *,
+        status: int | None = None,
+        delay: float = 0.0,
+        drop: bool = False,
+        times: int | None = 1,
+        skip: int = 0,
+        method: str | None = None,
+        message: str = "injected fault",
+    ) -> Fault:
+        """Fault the next `times` requests (None: every one) whose path matches the fnmatch `pattern`,
+        after letting `skip` of them through.
+
+        `status`: answer with this code and a Status body; `delay`: wait this long first (then fault or
+        serve normally); `drop`: close the connection without an answer.
+        """
+        fault = Fault(pattern, method, status, message, delay, drop, times, skip)
+        with self._lock:
+            self._faults.append(fault)
+        return fault
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    # ---- internals
+
+    def _kind_of(self, kind: str, api_version: str) -> _Kind:
+        if kind == "PodDisruptionBudget" and api_version == "v1":
+            api_version = "policy/v1"
+        if kind == "Lease" and api_version == "v1":
+            api_version = "coordination.k8s.io/v1"
+        resolved = _BY_KIND.get((api_version, kind))
+        if resolved is None:
+            raise ValueError(f"unsupported kind {api_version}/{kind}")
+        return resolved
+
+    def _store(self, kind: _Kind) -> dict[tuple[str, str], JsonObj]:
+        return self._stores.setdefault((kind.group, kind.resource), {})
+
+    @staticmethod
+    def _key(kind: _Kind, namespace: str | None, name: str) -> tuple[str, str]:
+        return ((namespace or "default") if kind.namespaced else "", name)
+
+    def _next_rv(self) -> str:
+        self._last_rv = next(self._rv)
+        return str(self._last_rv)
+
+    def _fill_new(self, kind: _Kind, obj: JsonObj) -> None:
+        obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
+        meta = obj["metadata"]
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", self._clock().strftime("%Y-%m-%dT%H:%M:%SZ"))
+        meta["resourceVersion"] = self._next_rv()
+
+    def _record(self, request: RecordedRequest) -> Fault | None:
+        with self._lock:
+            fault = next((f for f in self._faults if f.matches(request.method, request.path)), None)
+            if fault is not None and not fault.consume():
+                fault = None
+            recorded = request
+            if fault is not None:
+                recorded = RecordedRequest(
+                    request.method,
+                    request.path,
+                    request.query,
+                    request.body,
+                    request.content_type,
+                    fault.describe(),
+                )
+            self._requests.append(recorded)
+            return fault
+
+    # ---- dispatch
+
+    def handle(
+        self, method: str, path: str, query: Mapping[str, tuple[str, ...]], body: Any, ctype: str
+    ) -> tuple[int, JsonObj]:
+        if path == "/version":
+            return 200, {"major": "1", "minor": "33", "gitVersion": "v1.33.0-fake"}
+        match = _CORE_PATH.match(path) or _GROUP_PATH.match(path)
+        if match is None:
+            raise ApiError(404, "the server could not find the requested resource")
+        parts = match.groupdict()
+        group = parts.get("group") or ""
+        kind = _BY_PATH.get((group, parts["version"], parts["resource"]))
+        if kind is None:
+            raise ApiError(404, "the server could not find the requested resource")
+        ns, name, sub = parts["ns"], parts["name"], parts["sub"]
+        if ns is not None and not kind.namespaced:
+            raise ApiError(404, "the server could not find the requested resource")
+        dry_run = _dry_run(query)
+        with self._lock:
+            if sub == "eviction":
+                if kind.resource != "pods" or kind.group or method != "POST" or name is None or ns is None:
+                    raise ApiError(405, "the server does not allow this method on the requested resource")
+                return self._evict(kind, ns, name, body, dry_run)
+            if sub not in (None, "status"):
+                raise ApiError(404, "the server could not find the requested resource")
+            if name is None:
+                if method == "GET":
+                    return 200, self._list(kind, ns, query)
+                if method == "POST" and sub is None:
+                    return self._create(kind, ns, body, dry_run)
+                raise ApiError(405, "the server does not allow this method on the requested resource")
+            if kind.namespaced and ns is None:
+                raise ApiError(404, "the server could not find the requested resource")
+            if method == "GET":
+                return 200, self._with_type(kind, self._existing(kind, ns, name))
+            if method == "PUT":
+                return self._update(kind, ns, name, body=body, dry_run=dry_run)
+            if method == "PATCH":
+                return self._patch(kind, ns, name, body=body, ctype=ctype, dry_run=dry_run)
+            if method == "DELETE" and sub is None:
+                return self._delete(kind, ns, name, body=body, dry_run=dry_run)
+            raise ApiError(405, "the server does not allow this method on the requested resource")
+
+    @staticmethod
+    def _with_type(kind: _Kind, obj: JsonObj) -> JsonObj:
+        out = copy.deepcopy(obj)
+        out["kind"], out["apiVersion"] = kind.kind, kind.api_version
+        return out
+
+    def _existing(self, kind: _Kind, ns: str | None, name: str) -> JsonObj:
+        found = self._store(kind).get(self._key(kind, ns, name))
+        if found is None:
+            raise _not_found(kind, name)
+        return found
+
+    def _list(self, kind: _Kind, ns: str | None, query: Mapping[str, tuple[str, ...]]) -> JsonObj:
+        token = _last(query, "continue")
+        limit_text = _last(query, "limit")
+        try:
+            limit = int(limit_text) if limit_text else 0
+        except ValueError:
+            raise ApiError(400, f"invalid limit {limit_text!r}") from None
+        if token:
+            snapshot_id, offset = _decode_continue(token)
+            snapshot = self._snapshots.get(snapshot_id)
+            if snapshot is None:
+                raise ApiError(410, CONTINUE_EXPIRED, reason="Expired")
+        else:
+            labels = parse_label_selector(_last(query, "labelSelector") or "")
+            fields = _parse_field_selector(_last(query, "fieldSelector") or "", kind)
+            items = []
+            for (item_ns, _), obj in sorted(self._store(kind).items()):
+                if ns is not None and item_ns != ns:
+                    continue
+                if not all(r.matches(obj["metadata"].get("labels") or {}) for r in labels):
+                    continue
+                if not all((_field_value(obj, path) == value) == equal for path, equal, value in fields):
+                    continue
+                items.append(obj)
+            offset = 0
+            snapshot_id = next(self._snapshot_ids)
+            snapshot = _ListSnapshot([copy.deepcopy(i) for i in items], str(self._last_rv))
+            if limit and len(items) > limit:
+                self._snapshots[snapshot_id] = snapshot
+        end = offset + limit if limit else len(snapshot.items)
+        page = snapshot.items[offset:end]
+        metadata: JsonObj = {"resourceVersion": snapshot.resource_version}
+        if end < len(snapshot.items):
+            metadata["continue"] = _encode_continue(snapshot_id, end)
+            if not _last(query, "labelSelector") and not _last(query, "fieldSelector") and not token:
+                metadata["remainingItemCount"] = len(snapshot.items) - end
+        else:
+            self._snapshots.pop(snapshot_id, None)
+        items_out = []
+        for item in page:
+            out = copy.deepcopy(item)
+            out.pop("kind", None)
+            out.pop("apiVersion", None)
+            items_out.append(out)
+        return {
+            "kind": f"{kind.kind}List",
+            "apiVersion": kind.api_version,
+            "metadata": metadata,
+            "items": items_out,
+        }
+
+    def _create(self, kind: _Kind, ns: str | None, body: Any, dry_run: bool) -> tuple[int, JsonObj]:
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body of the request was in an unknown format")
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        if kind.namespaced:
+            if meta.get("namespace") and meta["namespace"] != ns:
+                raise ApiError(
+                    400,
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                )
+            meta["namespace"] = ns
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise ApiError(
+                    422,
+                    f'{kind.kind} "" is invalid: metadata.name: Required value: '
+                    "name or generateName is required",
+                )
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        key = self._key(kind, ns, meta["name"])
+        if key in self._store(kind):
+            raise ApiError(
+                409,
+                f'{kind.qualified} "{meta["name"]}" already exists',
+                reason="AlreadyExists",
+                kind=kind,
+                name=meta["name"],
+            )
+        meta.pop("resourceVersion", None)
+        self._fill_new(kind, obj)
+        if not dry_run:
+            self._store(kind)[key] = obj
+        return 201, self._with_type(kind, obj)
+
+    def _update(
+        self, kind: _Kind, ns: str | None, name: str, *, body: Any, dry_run: bool
+    ) -> tuple[int, JsonObj]:
+        current = self._existing(kind, ns, name)
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body of the request was in an unknown format")
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        if meta.get("name") != name:
+            raise ApiError(400, "the name of the object does not match the name on the URL")
+        wanted = meta.get("resourceVersion")
+        if wanted and wanted != current["metadata"]["resourceVersion"]:
+            raise _conflict(kind, name, _MODIFIED)
+        return self._commit(kind, ns, name, current=current, obj=obj, dry_run=dry_run)
+
+    def _patch(
+        self, kind: _Kind, ns: str | None, name: str, *, body: Any, ctype: str, dry_run: bool
+    ) -> tuple[int, JsonObj]:
+        current = self._existing(kind, ns, name)
+        media = ctype.split(";", maxsplit=1)[0].strip().lower()
+        if media == "application/json-patch+json":
+            patched = json_patch(current, body)
+        elif media == "application/merge-patch+json":
+            patched = merge_patch(current, body)
+        elif media == "application/strategic-merge-patch+json":
+            patched = strategic_merge_patch(current, body)
+        else:
+            raise ApiError(
+                415,
+                "the body of the request was in an unknown format - accepted media types include: "
+                "application/json-patch+json, application/merge-patch+json, "
+                "application/strategic-merge-patch+json",
+            )
+        if not isinstance(patched, dict):
+            raise ApiError(422, "the patched object is not an object")
+        meta = patched.setdefault("metadata", {})
+        wanted = meta.get("resourceVersion")
+        if wanted and wanted != current["metadata"]["resourceVersion"]:
+            raise _conflict(kind, name, _MODIFIED)
+        if meta.get("name") != name or (kind.namespaced and meta.get("namespace") != ns):
+            raise ApiError(
+                422, f'{kind.kind} "{name}" is invalid: metadata.name: Invalid value: field is immutable'
+            )
+        return self._commit(kind, ns, name, current=current, obj=patched, dry_run=dry_run)
+
+    def _commit(
+        self, kind: _Kind, ns: str | None, name: str, *, current: JsonObj, obj: JsonObj, dry_run: bool
+    ) -> tuple[int, JsonObj]:
+        meta = obj["metadata"]
+        meta["uid"] = current["metadata"]["uid"]
+        meta["creationTimestamp"] = current["metadata"].get("creationTimestamp")
+        if kind.namespaced:
+            meta["namespace"] = ns
+        obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
+        if not dry_run:
+            meta["resourceVersion"] = self._next_rv()
+            self._store(kind)[self._key(kind, ns, name)] = obj
+        return 200, self._with_type(kind, obj)
+
+    def _delete(
+        self, kind: _Kind, ns: str | None, name: str, *, body: Any, dry_run: bool
+    ) -> tuple[int, JsonObj]:
+        current = self._existing(kind, ns, name)
+        options = body if isinstance(body, dict) else {}
+        self._check_preconditions(kind, name, current, options)
+        if not (dry_run or "All" in (options.get("dryRun") or ())):
+            del self._store(kind)[self._key(kind, ns, name)]
+        return 200, self._with_type(kind, current)
+
+    @staticmethod
+    def _check_preconditions(kind: _Kind, name: str, current: JsonObj, options: Mapping[str, Any]) -> None:
+        preconditions = options.get("preconditions") or {}
+        uid, rv = preconditions.get("uid"), preconditions.get("resourceVersion")
+        meta = current["metadata"]
+        if uid is not None and uid != meta.get("uid"):
+            raise _conflict(
+                kind,
+                name,
+                f"Precondition failed: UID in precondition: {uid}, UID in object meta: {meta.get('uid')}",
+            )
+        if rv is not None and rv != meta.get("resourceVersion"):
+            raise _conflict(
+                kind,
+                name,
+                f"Precondition failed: ResourceVersion in precondition: {rv}, "
+                f"ResourceVersion in object meta: {meta.get('resourceVersion')}",
+            )
+
+    def _evict(self, pods: _Kind, ns: str, name: str, body: Any, dry_run: bool) -> tuple[int, JsonObj]:
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body of the request was in an unknown format")
+        if (body.get("metadata") or {}).get("name") != name:
+            raise ApiError(400, "name in URL does not match name in Eviction object")
+        options = body.get("deleteOptions") or {}
+        option_dry_run = "All" in (options.get("dryRun") or ())
+        if dry_run and options.get("dryRun") not in (None, [], ["All"]):
+            raise ApiError(400, "Invalid dryRun options: query and deleteOptions differ")
+        dry_run = dry_run or option_dry_run
+        pod = self._existing(pods, ns, name)
+        success: JsonObj = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "code": 201,
+        }
+
+        phase = (pod.get("status") or {}).get("phase") or "Pending"
+        terminating = bool(pod["metadata"].get("deletionTimestamp"))
+        budget = None
+        if phase not in ("Succeeded", "Failed", "Pending") and not terminating:
+            labels = pod["metadata"].get("labels") or {}
+            pdb_kind = _BY_PATH[("policy", "v1", "poddisruptionbudgets")]
+            matching = [
+                pdb
+                for (pdb_ns, _), pdb in sorted(self._store(pdb_kind).items())
+                if pdb_ns == ns and selector_matches((pdb.get("spec") or {}).get("selector"), labels)
+            ]
+            if len(matching) > 1:
+                raise ApiError(500, MULTIPLE_PDBS)
+            if matching:
+                budget = self._pdb_verdict(matching[0], pod)
+        self._check_preconditions(pods, name, pod, options)
+        if dry_run:
+            return 201, success
+        if budget is not None:
+            status = budget.setdefault("status", {})
+            status["disruptionsAllowed"] = int(status.get("disruptionsAllowed") or 0) - 1
+            status.setdefault("disruptedPods", {})[name] = self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
+            budget["metadata"]["resourceVersion"] = self._next_rv()
+        del self._store(pods)[self._key(pods, ns, name)]
+        return 201, success
+
+    @staticmethod
+    def _pdb_verdict(pdb: JsonObj, pod: JsonObj) -> JsonObj | None:
+        """The PDB to decrement, None when the pod may go without spending it, or a 429."""
+        status = pdb.get("status") or {}
+        name = pdb["metadata"]["name"]
+        generation = pdb["metadata"].get("generation")
+        observed = status.get("observedGeneration")
+        if generation is not None and observed is not None and observed < generation:
+            raise ApiError(
+                429,
+                EVICTION_REFUSED,
+                causes=[
+                    {
+                        "reason": "DisruptionBudget",
+                        "message": f"The disruption budget {name} is still being processed by the server.",
+                    }
+                ],
+                retry_after=10,
+            )
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (pod.get("status") or {}).get("conditions") or ()
+        )
+        current, desired = int(status.get("currentHealthy") or 0), int(status.get("desiredHealthy") or 0)
+        if not ready:
+            policy = (pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy")
+            if policy == "AlwaysAllow" or (current >= desired > 0):
+                return None
+        allowed = int(status.get("disruptionsAllowed") or 0)
+        if allowed < 0:
+            raise ApiError(
+                403, f'poddisruptionbudgets.policy "{name}" is forbidden: pdb disruptions allowed is negative'
+            )
+        if allowed == 0:
+            raise ApiError(
+                429,
+                EVICTION_REFUSED,
+                causes=[
+                    {
+                        "reason": "DisruptionBudget",
+                        "message": f"The disruption budget {name} needs {desired} healthy pods "
+                        f"and has {current} currently",
+                    }
+                ],
+            )
+        return pdb
+
+
+def _last(query: Mapping[str, tuple[str, ...]], name: str) -> str | None:
+    values = query.get(name)
+    return values[-1] if values else None
+
+
+def _dry_run(query: Mapping[str, tuple[str, ...]]) -> bool:
+    values = query.get("dryRun") or ()
+    for value in values:
+        if value != "All":
+            raise ApiError(400, f'Invalid dryRun: unsupported value "{value}" (only "All" is supported)')
+    return bool(values)
+
+
+def _encode_continue(snapshot_id: int, offset: int) -> str:
+    raw = json.dumps({"v": "fake/v1", "id": snapshot_id, "start": offset}).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_continue(token: str) -> tuple[int, int]:
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        data = json.loads(base64.urlsafe_b64decode(padded))
+        return int(data["id"]), int(data["start"])
+    except (ValueError, KeyError, TypeError):
+        raise ApiError(400, f"continue key is not valid: {token!r}") from None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Parses, records and dispatches one HTTP request; always answers JSON."""
+
+    protocol_version = "HTTP/1.1"
+    fake: FakeApiServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _serve(self) -> None:
+        split = urlsplit(self.path)
+        query = {k: tuple(v) for k, v in parse_qs(split.query, keep_blank_values=True).items()}
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        ctype = self.headers.get("Content-Type") or ""
+        body: Any = None
+        bad_json = False
+        if raw:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                bad_json = True
+                body = raw.decode("utf-8", "replace")
+        request = RecordedRequest(self.command, split.path, query, body, ctype)
+        fault = self.fake._record(request)
+        if fault is not None:
+            if fault.delay and self.fake._stop.wait(fault.delay):
+                self._drop()
+                return
+            if fault.drop:
+                self._drop()
+                return
+            if fault.status is not None:
+                error = ApiError(fault.status, fault.message)
+                self._send(fault.status, error.status())
+                return
+        try:
+            if bad_json:
+                raise ApiError(400, "the body of the request was in an unknown format")
+            code, payload = self.fake.handle(self.command, split.path, query, body, ctype)
+        except ApiError as error:
+            headers = {"Retry-After": str(error.retry_after)} if error.retry_after else {}
+            self._send(error.code, error.status(), headers)
+            return
+        self._send(code, payload)
+
+    def _send(self, code: int, payload: JsonObj, headers: Mapping[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode()
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+            self.wfile.flush()
+        except OSError:  # the client gave up (timeout) and closed its end
+            self.close_connection = True
+
+    def _drop(self) -> None:
+        self.close_connection = True
+        with suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
+
+
+# --------------------------------------------------------------------------- fixture and builders
+
+
+@pytest.fixture
+def fake_apiserver() -> Iterator[FakeApiServer]:
+    """A started fake API server, stopped after the test."""
+    with FakeApiServer() as server:
+        yield server
+
+
+def node_json(
+    name: str,
+    *,
+    gpus: int = 8,
+    model: str | None = "NVIDIA-A100-SXM4-80GB",
+    labels: Mapping[str, str] | None = None,
+    taints: Sequence[Mapping[str, str]] = (),
+    unschedulable: bool = False,
+    ready: bool = True,
+    cpu: str = "96",
+    memory: str = "512Gi",
+) -> JsonObj:
+    """A v1 Node as the API server serves it."""
+    all_labels = {"kubernetes.io/hostname": name}
+    if model is not None:
+        all_labels["nvidia.com/gpu.product"] = model
+    all_labels.update(labels or {})
+    allocatable = {"cpu": cpu, "memory": memory, "pods": "110"}
+    if gpus:
+        allocatable["nvidia.com/gpu"] = str(gpus)
+    spec: JsonObj = {}
+    if taints:
+        spec["taints"] = [dict(t) for t in taints]
+    if unschedulable:
+        spec["unschedulable"] = True
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": all_labels, "creationTimestamp": "2026-10-30T12:00:00Z"},
+        "spec": spec,
+        "status": {
+            "capacity": dict(allocatable),
+            "allocatable": allocatable,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def pod_json(
+    name: str,
+    node: str | None = None,
+    *,
+    namespace: str = "ml",
+    uid: str | None = None,
+    gpus: int = 1,
+    cpu: str = "4",
+    memory: str = "16Gi",
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    owner_kind: str | None = "ReplicaSet",
+    owner_name: str = "trainer-abc",
+    owner_api_version: str = "apps/v1",
+    phase: str = "Running",
+    ready: bool = True,
+    scheduler_name: str = "gpu-packed-scheduler",
+) -> JsonObj:
+    """A v1 Pod as the API server serves it (controller ownerReference unless `owner_kind` is None)."""
+    requests = {"cpu": cpu, "memory": memory}
+    limits: dict[str, str] = {}
+    if gpus:
+        requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = str(gpus)
+    meta: JsonObj = {
+        "name": name,
+        "namespace": namespace,
+        "uid": uid or f"uid-{namespace}-{name}",
+        "labels": dict(labels if labels is not None else {"app": name}),
+        "creationTimestamp": "2026-11-28T12:00:00Z",
+    }
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    if owner_kind is not None:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": owner_api_version,
+                "kind": owner_kind,
+                "name": owner_name,
+                "uid": f"uid-owner-{owner_name}",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    spec: JsonObj = {
+        "schedulerName": scheduler_name,
+        "containers": [
+            {"name": "main", "image": "trainer:1", "resources": {"requests": requests, "limits": limits}}
+        ],
+    }
+    if node is not None:
+        spec["nodeName"] = node
+    status: JsonObj = {"phase": phase, "qosClass": "Burstable"}
+    if node is not None and phase != "Pending":
+        status["startTime"] = "2026-11-28T12:00:05Z"
+        status["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, "status": status}
+
+
+def pdb_json(
+    name: str,
+    match_labels: Mapping[str, str] | None,
+    allowed: int,
+    *,
+    namespace: str = "ml",
+    desired_healthy: int = 1,
+    current_healthy: int | None = None,
+) -> JsonObj:
+    """A policy/v1 PodDisruptionBudget with its status (`match_labels` None: a null selector)."""
+    spec: JsonObj = {"minAvailable": desired_healthy}
+    if match_labels is not None:
+        spec["selector"] = {"matchLabels": dict(match_labels)}
+    healthy = current_healthy if current_healthy is not None else desired_healthy + allowed
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": namespace, "generation": 1},
+        "spec": spec,
+        "status": {
+            "observedGeneration": 1,
+            "disruptionsAllowed": allowed,
+            "currentHealthy": healthy,
+            "desiredHealthy": desired_healthy,
+            "expectedPods": healthy,
+        },
+    }

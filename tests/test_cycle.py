@@ -1,0 +1,216 @@
+"""The orchestration: strategies in policy order, one planner, evictor outcomes, report assembly, sinks."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+
+from rebalancer.cycle import assemble_report, evaluate, execute, run_cycle
+from rebalancer.evictor import DryRunEvictor
+from rebalancer.model import CycleReport, Decision, Outcome, Snapshot
+from rebalancer.policy import LoadedPolicy, parse_policy
+from rebalancer.report import render, to_dict
+from tests.builders import A100, H100, NOW, gpu_sample, node, pdb, pod, snapshot, telemetry
+
+AFFINITY_TO_H100 = {"nvidia.com/gpu.product": H100}
+
+
+def policy(doc: dict[str, object]) -> LoadedPolicy:
+    return parse_policy(doc)
+
+
+def consolidation_cluster() -> Snapshot:
+    """Node a-1 holds one 1-GPU pod; a-2 is half full and can take it; h-1 is full."""
+    nodes = [node("a-1"), node("a-2"), node("h-1", model=H100)]
+    pods = [
+        pod("lonely", "a-1"),
+        *(pod(f"busy-{i}", "a-2") for i in range(4)),
+        pod("h-full", "h-1", gpus=8),
+    ]
+    return snapshot(nodes, pods)
+
+
+CONSOLIDATE_BY_ALLOCATION = {
+    "strategies": [{"name": "gpu-consolidation", "args": {"max_utilization_percent": None}}],
+    "telemetry": None,
+    "prices": {"per_gpu_hour": {A100: 2.5}},
+}
+
+
+def test_a_freed_node_is_reported_with_gpus_and_savings() -> None:
+    report = run_cycle(consolidation_cluster(), policy(CONSOLIDATE_BY_ALLOCATION), DryRunEvictor())
+
+    assert report.mode == "dry-run"
+    assert report.freed_nodes == ("a-1",)
+    assert report.summary.nodes_freed == 1
+    assert report.summary.gpus_freed == 8
+    assert report.summary.estimated_savings_per_hour == pytest.approx(8 * 2.5)
+    [row] = report.decisions
+    assert (row.pod, row.node, row.action, row.outcome, row.target_node) == (
+        "lonely",
+        "a-1",
+        "evict",
+        "would-evict",
+        "a-2",
+    )
+
+
+def test_savings_are_null_without_prices() -> None:
+    doc = {**CONSOLIDATE_BY_ALLOCATION, "prices": {}}
+    report = run_cycle(consolidation_cluster(), policy(doc), DryRunEvictor())
+    assert report.summary.nodes_freed == 1
+    assert report.summary.estimated_savings_per_hour is None
+
+
+def test_a_refused_proposal_reports_every_pod_as_skipped_with_its_guard() -> None:
+    nodes = [node("a-1"), node("a-2")]
+    protected = pod("lonely", "a-1", labels={"app": "serving"})
+    cluster = snapshot(
+        nodes,
+        [protected, pod("other", "a-1"), *(pod(f"busy-{i}", "a-2") for i in range(4))],
+        pdbs=[pdb("serving", {"app": "serving"}, allowed=0)],
+    )
+    report = run_cycle(cluster, policy(CONSOLIDATE_BY_ALLOCATION), DryRunEvictor())
+
+    assert {r.pod for r in report.decisions} == {"lonely", "other"}
+    assert all(r.action == "skip" and r.blocked_by == "pdb" and r.outcome is None for r in report.decisions)
+    assert report.summary.blocked == 2
+    assert report.summary.evictions == 0
+    assert report.summary.nodes_freed == 0
+
+
+def test_strategies_that_need_telemetry_are_skipped_when_it_is_unavailable() -> None:
+    loaded = policy({"strategies": [{"name": "idle-gpu", "args": {"namespaces": ["ml"]}}]})
+    report = run_cycle(consolidation_cluster(), loaded, DryRunEvictor())
+
+    [skipped] = report.skipped_strategies
+    assert skipped.strategy == "idle-gpu"
+    assert "telemetry" in skipped.reason
+    assert report.decisions == ()
+
+
+def test_strategies_run_in_policy_order_and_share_one_ledger() -> None:
+    """An idle pod on a consolidation candidate is evicted once, by the first strategy in the policy."""
+    idle = pod("idle", "a-1", age=timedelta(days=2))
+    cluster = snapshot(
+        [node("a-1"), node("a-2")],
+        [idle, *(pod(f"busy-{i}", "a-2") for i in range(4))],
+        telemetry=telemetry([gpu_sample("a-1", "GPU-1", pod=idle, util=0.0)], 1800, 3600),
+    )
+    loaded = policy(
+        {
+            "strategies": [
+                {"name": "idle-gpu", "args": {"namespaces": ["ml"], "window": "30m"}},
+                {"name": "gpu-consolidation", "args": {"window": "1h"}},
+            ]
+        }
+    )
+    report = run_cycle(cluster, loaded, DryRunEvictor())
+
+    evicted = [r for r in report.decisions if r.action == "evict"]
+    assert [(r.strategy, r.pod) for r in evicted] == [("idle-gpu", "idle")]
+    duplicate = [r for r in report.decisions if r.strategy == "gpu-consolidation"]
+    assert all(r.blocked_by == "duplicate" for r in duplicate)
+
+
+class FailingSink:
+    def publish(self, report: CycleReport) -> None:
+        raise RuntimeError("receiver down")
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.reports: list[CycleReport] = []
+
+    def publish(self, report: CycleReport) -> None:
+        self.reports.append(report)
+
+
+def test_a_failing_sink_does_not_fail_the_cycle_or_starve_other_sinks() -> None:
+    errors: list[str] = []
+    recorder = RecordingSink()
+    report = run_cycle(
+        consolidation_cluster(),
+        policy(CONSOLIDATE_BY_ALLOCATION),
+        DryRunEvictor(),
+        [FailingSink(), recorder],
+        on_sink_error=lambda sink, exc: errors.append(f"{type(sink).__name__}: {exc}"),
+    )
+    assert recorder.reports == [report]
+    assert errors == ["FailingSink: receiver down"]
+
+
+class PartialEvictor:
+    """Evicts the first pod of a decision, then reports the PDB said no."""
+
+    mode = "live"
+
+    def evict(self, decision: Decision) -> tuple[Outcome, ...]:
+        first, *rest = decision.proposal.pods
+        return (
+            Outcome(first.namespace, first.name, "evicted"),
+            *(Outcome(p.namespace, p.name, "blocked-by-pdb", "disruption budget exhausted") for p in rest),
+        )
+
+
+def test_a_node_is_freed_only_when_every_pod_left_it() -> None:
+    cluster = snapshot(
+        [node("a-1"), node("a-2")],
+        [pod("one", "a-1"), pod("two", "a-1"), *(pod(f"busy-{i}", "a-2") for i in range(4))],
+    )
+    loaded = policy(CONSOLIDATE_BY_ALLOCATION)
+    evaluation = evaluate(cluster, loaded)
+    outcomes = execute(evaluation, PartialEvictor())
+    report = assemble_report("live", evaluation, outcomes, loaded)
+
+    assert report.summary.nodes_freed == 0
+    assert report.summary.evictions == 1
+    assert report.summary.blocked == 1
+    blocked = next(r for r in report.decisions if r.outcome == "blocked-by-pdb")
+    assert "disruption budget exhausted" in blocked.reason
+
+
+def test_json_report_has_the_contract_keys() -> None:
+    report = run_cycle(consolidation_cluster(), policy(CONSOLIDATE_BY_ALLOCATION), DryRunEvictor())
+    data = json.loads(render(report, "json"))
+
+    assert data["mode"] == "dry-run"
+    assert data["now"] == NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert set(data["summary"]) == {
+        "nodes",
+        "gpus",
+        "pods",
+        "proposals",
+        "evictions",
+        "blocked",
+        "nodes_freed",
+        "gpus_freed",
+        "estimated_savings_per_hour",
+    }
+    assert set(data["decisions"][0]) == {
+        "strategy",
+        "namespace",
+        "pod",
+        "node",
+        "action",
+        "outcome",
+        "reason",
+        "blocked_by",
+        "group",
+        "target_node",
+    }
+    assert {"findings", "skipped_strategies"} <= set(data)
+    assert to_dict(report) == data
+
+
+def test_text_and_markdown_reports_give_a_reason_for_every_decision() -> None:
+    report = run_cycle(consolidation_cluster(), policy(CONSOLIDATE_BY_ALLOCATION), DryRunEvictor())
+    text = render(report, "text")
+    markdown = render(report, "markdown")
+    for row in report.decisions:
+        assert row.reason in text
+        assert f"{row.namespace}/{row.pod}" in markdown
+    assert "nodes freed: 1 (a-1)" in text
+    assert "$20.00/h" in text

@@ -1,0 +1,514 @@
+"""The fake API server behaves like kube-apiserver for what the project uses, through the real client."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import pytest
+import urllib3
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tests.fake_apiserver import (
+    CONTINUE_EXPIRED,
+    EVICTION_REFUSED,
+    MULTIPLE_PDBS,
+    FakeApiServer,
+    json_patch,
+    node_json,
+    parse_label_selector,
+    pdb_json,
+    pod_json,
+    strategic_merge_patch,
+)
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as server:
+        yield server
+
+
+@pytest.fixture
+def core(api: FakeApiServer) -> Iterator[client.CoreV1Api]:
+    with api.api_client() as api_client:
+        yield client.CoreV1Api(api_client)
+
+
+def _raw(response: Any) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(response.data)
+    return data
+
+
+def _names(listing: dict[str, Any]) -> list[str]:
+    return [item["metadata"]["name"] for item in listing["items"]]
+
+
+def _body(error: ApiException) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(error.body or "{}")
+    return data
+
+
+def _eviction(
+    name: str, namespace: str = "ml", uid: str | None = None, dry_run: bool = False
+) -> client.V1Eviction:
+    options = client.V1DeleteOptions(
+        preconditions=client.V1Preconditions(uid=uid) if uid is not None else None,
+        dry_run=["All"] if dry_run else None,
+    )
+    return client.V1Eviction(
+        api_version="policy/v1",
+        kind="Eviction",
+        metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+        delete_options=options,
+    )
+
+
+def _evict(
+    core: client.CoreV1Api,
+    name: str,
+    *,
+    uid: str | None = None,
+    dry_run: str | None = None,
+    options_dry_run: bool = False,
+    timeout: float | None = None,
+) -> urllib3.BaseHTTPResponse:
+    """POST an eviction in namespace ml; the raw response (non-2xx raises ApiException)."""
+    body = _eviction(name, uid=uid, dry_run=options_dry_run)
+    response = core.create_namespaced_pod_eviction(
+        name, "ml", body, dry_run=dry_run, _preload_content=False, _request_timeout=timeout
+    )
+    raw = cast("urllib3.BaseHTTPResponse", response)
+    assert raw.data is not None  # read the whole answer before the connection goes back to the pool
+    return raw
+
+
+# --------------------------------------------------------------------------- list
+
+
+def test_list_pods_with_field_and_label_selectors(api: FakeApiServer, core: client.CoreV1Api) -> None:
+    api.add(pod_json("a", "n1", labels={"app": "train", "tier": "gpu"}))
+    api.add(pod_json("b", "n2", labels={"app": "train"}))
+    api.add(pod_json("c", "n1", labels={"app": "serve"}, phase="Succeeded"))
+    api.add(pod_json("d", "n1", namespace="other", labels={"app": "train"}))
+    api.add(pod_json("e", None, labels={"app": "train"}, phase="Pending"))
+
+    on_n1 = _raw(core.list_pod_for_all_namespaces(field_selector="spec.nodeName=n1", _preload_content=False))
+    assert _names(on_n1) == ["a", "c", "d"]
+
+    live = core.list_pod_for_all_namespaces(
+        field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False
+    )
+    assert _names(_raw(live)) == ["a", "b", "e", "d"]  # sorted by namespace, then name
+
+    unbound = _raw(core.list_pod_for_all_namespaces(field_selector="spec.nodeName=", _preload_content=False))
+    assert _names(unbound) == ["e"]
+
+    in_ml = _raw(core.list_namespaced_pod("ml", label_selector="app in (train),tier", _preload_content=False))
+    assert _names(in_ml) == ["a"]
+    not_train = _raw(core.list_namespaced_pod("ml", label_selector="app!=train", _preload_content=False))
+    assert _names(not_train) == ["c"]
+    by_name = core.list_namespaced_pod("ml", field_selector="metadata.name==b", _preload_content=False)
+    assert _names(_raw(by_name)) == ["b"]
+    assert _raw(by_name)["kind"] == "PodList"
+    assert "kind" not in _raw(by_name)["items"][0]  # items of a typed List carry no TypeMeta
+
+
+def test_list_through_client_models(api: FakeApiServer, core: client.CoreV1Api) -> None:
+    api.add(node_json("n1", taints=[{"key": "k", "value": "v", "effect": "NoSchedule"}]))
+    (node,) = core.list_node().items
+    assert node.metadata is not None and node.metadata.name == "n1"
+    assert node.spec is not None and node.spec.taints is not None
+    assert node.spec.taints[0].key == "k"
+
+
+def test_unknown_field_selector_is_a_bad_request(core: client.CoreV1Api) -> None:
+    with pytest.raises(ApiException) as caught:
+        core.list_pod_for_all_namespaces(field_selector="spec.bogus=1")
+    assert caught.value.status == 400
+    assert "not a known field selector" in _body(caught.value)["message"]
+
+
+def test_pagination_with_limit_and_continue(api: FakeApiServer, core: client.CoreV1Api) -> None:
+    for index in range(7):
+        api.add(pod_json(f"p{index}", "n1"))
+    seen: list[str] = []
+    token: str | None = None
+    pages = 0
+    while True:
+        kwargs: dict[str, Any] = {"limit": 3, "_preload_content": False}
+        if token:
+            kwargs["_continue"] = token
+        page = _raw(core.list_pod_for_all_namespaces(**kwargs))
+        pages += 1
+        seen += _names(page)
+        token = page["metadata"].get("continue")
+        if not token:
+            break
+    assert seen == [f"p{i}" for i in range(7)]
+    assert pages == 3
+    limits = [r.param("limit") for r in api.requests_to("/api/v1/pods")]
+    assert limits == ["3", "3", "3"]
+
+
+def test_pages_are_a_consistent_snapshot_and_expire_with_410(
+    api: FakeApiServer, core: client.CoreV1Api
+) -> None:
+    for index in range(4):
+        api.add(pod_json(f"p{index}", "n1"))
+    first = _raw(core.list_pod_for_all_namespaces(limit=2, _preload_content=False))
+    assert first["metadata"]["remainingItemCount"] == 2
+    api.remove("Pod", "p3", "ml")  # a change after the first page does not show in the later pages
+    second = _raw(
+        core.list_pod_for_all_namespaces(_continue=first["metadata"]["continue"], _preload_content=False)
+    )
+    assert _names(second) == ["p2", "p3"]
+
+    again = _raw(core.list_pod_for_all_namespaces(limit=1, _preload_content=False))
+    api.expire_continue_tokens()
+    with pytest.raises(ApiException) as caught:
+        core.list_pod_for_all_namespaces(_continue=again["metadata"]["continue"])
+    assert caught.value.status == 410
+    assert _body(caught.value)["message"] == CONTINUE_EXPIRED
+    assert _body(caught.value)["reason"] == "Expired"
+
+
+def test_list_pdbs_and_get_404(api: FakeApiServer) -> None:
+    api.add(pdb_json("budget", {"app": "a"}, 1))
+    with api.api_client() as api_client:
+        policy = client.PolicyV1Api(api_client)
+        listing = _raw(policy.list_pod_disruption_budget_for_all_namespaces(_preload_content=False))
+        assert listing["kind"] == "PodDisruptionBudgetList"
+        assert _names(listing) == ["budget"]
+        with pytest.raises(ApiException) as caught:
+            policy.read_namespaced_pod_disruption_budget("missing", "ml")
+    assert caught.value.status == 404
+    assert _body(caught.value)["message"] == 'poddisruptionbudgets.policy "missing" not found'
+    assert caught.value.headers is not None
+    assert caught.value.headers["Content-Type"] == "application/json"
+
+
+def test_label_selector_parser() -> None:
+    reqs = parse_label_selector("a=b, c notin (x, y),!d,e,f!=g,h==i")
+    labels = {"a": "b", "c": "z", "e": "", "f": "h", "h": "i"}
+    assert all(r.matches(labels) for r in reqs)
+    assert not all(r.matches({**labels, "d": "1"}) for r in reqs)
+    assert [r.op for r in reqs] == ["=", "notin", "!exists", "exists", "!=", "="]
+
+
+# --------------------------------------------------------------------------- patch
+
+
+def test_strategic_merge_patch_replaces_taints_and_merges_annotations(
+    api: FakeApiServer, core: client.CoreV1Api
+) -> None:
+    api.add(node_json("n1", taints=[{"key": "old", "effect": "NoSchedule"}]))
+    taints = [
+        {"key": "old", "effect": "NoSchedule"},
+        {"key": "rebalancer.gpu/draining", "value": "c1", "effect": "NoSchedule"},
+    ]
+    core.patch_node("n1", {"spec": {"taints": taints}})
+    assert api.writes()[-1].content_type == "application/strategic-merge-patch+json"
+    node = api.node("n1")
+    assert node is not None and node["spec"]["taints"] == taints
+
+    core.patch_node("n1", {"spec": {"taints": [{"key": "old", "effect": "NoSchedule"}]}})
+    node = api.node("n1")
+    assert node is not None and node["spec"]["taints"] == [{"key": "old", "effect": "NoSchedule"}]
+
+    api.add(pod_json("p", "n1", annotations={"keep": "1", "drop": "2"}))
+    core.patch_namespaced_pod("p", "ml", {"metadata": {"annotations": {"new": "3", "drop": None}}})
+    pod = api.pod("ml", "p")
+    assert pod is not None and pod["metadata"]["annotations"] == {"keep": "1", "new": "3"}
+
+
+def test_merge_and_json_patch(api: FakeApiServer, core: client.CoreV1Api) -> None:
+    api.add(node_json("n1"))
+    before = api.node("n1")
+    assert before is not None
+    core.patch_node("n1", {"metadata": {"labels": {"x": "y"}}}, _content_type="application/merge-patch+json")
+    assert api.writes()[-1].content_type == "application/merge-patch+json"
+    node = api.node("n1")
+    assert node is not None and node["metadata"]["labels"]["x"] == "y"
+    assert int(node["metadata"]["resourceVersion"]) > int(before["metadata"]["resourceVersion"])
+
+    ops = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": node["metadata"]["resourceVersion"]},
+        {"op": "add", "path": "/spec/taints", "value": [{"key": "t", "effect": "NoSchedule"}]},
+    ]
+    core.patch_node("n1", ops)
+    assert api.writes()[-1].content_type == "application/json-patch+json"
+    patched = api.node("n1")
+    assert patched is not None and patched["spec"]["taints"] == [{"key": "t", "effect": "NoSchedule"}]
+
+    with pytest.raises(ApiException) as caught:
+        core.patch_node("n1", ops)  # the resourceVersion moved on: the test op fails
+    assert caught.value.status == 422
+
+
+def test_patch_with_stale_resource_version_conflicts(api: FakeApiServer, core: client.CoreV1Api) -> None:
+    api.add(node_json("n1"))
+    with pytest.raises(ApiException) as caught:
+        core.patch_node("n1", {"metadata": {"resourceVersion": "1", "labels": {"a": "b"}}})
+    assert caught.value.status == 409
+
+
+def test_strategic_merge_patch_directives() -> None:
+    current = {
+        "metadata": {"finalizers": ["a"]},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    patch = {
+        "metadata": {"finalizers": ["b"]},
+        "status": {"conditions": [{"type": "Ready", "status": "False"}, {"type": "X", "status": "True"}]},
+    }
+    merged = strategic_merge_patch(current, patch)
+    assert merged["metadata"]["finalizers"] == ["a", "b"]
+    assert merged["status"]["conditions"] == [
+        {"type": "Ready", "status": "False"},
+        {"type": "X", "status": "True"},
+    ]
+    deleted = strategic_merge_patch(merged, {"status": {"conditions": [{"type": "X", "$patch": "delete"}]}})
+    assert deleted["status"]["conditions"] == [{"type": "Ready", "status": "False"}]
+    assert json_patch({"a": [1, 2]}, [{"op": "remove", "path": "/a/0"}]) == {"a": [2]}
+
+
+# --------------------------------------------------------------------------- events and leases
+
+
+def test_events_core_and_events_k8s_io(api: FakeApiServer, core: client.CoreV1Api) -> None:
+    regarding = client.V1ObjectReference(kind="Pod", name="p", namespace="ml")
+    core.create_namespaced_event(
+        "ml",
+        client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name="p."),
+            involved_object=regarding,
+            reason="GpuRebalancerIdleGpu",
+            message="idle",
+            type="Normal",
+        ),
+    )
+    with api.api_client() as api_client:
+        client.EventsV1Api(api_client).create_namespaced_event(
+            "ml",
+            client.EventsV1Event(
+                metadata=client.V1ObjectMeta(name="e2"),
+                event_time=datetime(2026, 11, 29, 12, tzinfo=UTC),
+                reporting_controller="gpu-rebalancer",
+                reporting_instance="r-1",
+                action="Evict",
+                reason="GpuRebalancerIdleGpu",
+                regarding=regarding,
+                type="Normal",
+            ),
+        )
+    reasons = sorted((e["apiVersion"], e["reason"]) for e in api.events())
+    assert reasons == [("events.k8s.io/v1", "GpuRebalancerIdleGpu"), ("v1", "GpuRebalancerIdleGpu")]
+    found = core.list_namespaced_event("ml", field_selector="involvedObject.name=p")
+    assert len(found.items) == 1
+
+
+def test_lease_get_create_update_patch(api: FakeApiServer) -> None:
+    with api.api_client() as api_client:
+        leases = client.CoordinationV1Api(api_client)
+        with pytest.raises(ApiException) as missing:
+            leases.read_namespaced_lease("rebalancer", "kube-system")
+        assert missing.value.status == 404
+        created = leases.create_namespaced_lease(
+            "kube-system",
+            client.V1Lease(
+                metadata=client.V1ObjectMeta(name="rebalancer"),
+                spec=client.V1LeaseSpec(holder_identity="a", lease_duration_seconds=15),
+            ),
+        )
+        with pytest.raises(ApiException) as exists:
+            leases.create_namespaced_lease(
+                "kube-system", client.V1Lease(metadata=client.V1ObjectMeta(name="rebalancer"))
+            )
+        assert exists.value.status == 409
+        assert _body(exists.value)["reason"] == "AlreadyExists"
+
+        current = leases.read_namespaced_lease("rebalancer", "kube-system")
+        assert current.spec is not None and created.metadata is not None
+        current.spec.holder_identity = "b"
+        leases.replace_namespaced_lease("rebalancer", "kube-system", current)
+        stale = client.V1Lease(
+            metadata=client.V1ObjectMeta(
+                name="rebalancer", resource_version=created.metadata.resource_version
+            ),
+            spec=client.V1LeaseSpec(holder_identity="c"),
+        )
+        with pytest.raises(ApiException) as conflict:
+            leases.replace_namespaced_lease("rebalancer", "kube-system", stale)
+        assert conflict.value.status == 409
+        leases.patch_namespaced_lease("rebalancer", "kube-system", {"spec": {"leaseTransitions": 1}})
+    lease = api.get("Lease", "rebalancer", "kube-system")
+    assert lease is not None
+    assert lease["spec"] == {"holderIdentity": "b", "leaseDurationSeconds": 15, "leaseTransitions": 1}
+
+
+# --------------------------------------------------------------------------- eviction
+
+
+def test_eviction_without_pdb_deletes_the_pod(api: FakeApiServer, core: client.CoreV1Api) -> None:
+    api.add(pod_json("p", "n1"))
+    response = _evict(core, "p")
+    assert response.status == 201
+    assert _raw(response)["status"] == "Success"
+    assert api.pod("ml", "p") is None
+
+
+def test_eviction_of_a_missing_pod_is_404(core: client.CoreV1Api) -> None:
+    with pytest.raises(ApiException) as caught:
+        _evict(core, "gone")
+    assert caught.value.status == 404
+    assert _body(caught.value)["message"] == 'pods "gone" not found'
+
+
+def test_eviction_uid_precondition_is_409(api: FakeApiServer, core: client.CoreV1Api) -> None:
+    api.add(pod_json("p", "n1", uid="new-uid"))
+    with pytest.raises(ApiException) as caught:
+        _evict(core, "p", uid="old-uid")
+    assert caught.value.status == 409
+    assert "UID in precondition: old-uid, UID in object meta: new-uid" in _body(caught.value)["message"]
+    assert api.pod("ml", "p") is not None
+    _evict(core, "p", uid="new-uid")
+    assert api.pod("ml", "p") is None
+
+
+def test_eviction_spends_the_pdb_then_429(api: FakeApiServer, core: client.CoreV1Api) -> None:
+    api.add(pdb_json("train-pdb", {"app": "train"}, 1, desired_healthy=2))
+    api.add(pod_json("a", "n1", labels={"app": "train"}))
+    api.add(pod_json("b", "n1", labels={"app": "train"}))
+    _evict(core, "a")
+    pdb = api.pdb("ml", "train-pdb")
+    assert pdb is not None and pdb["status"]["disruptionsAllowed"] == 0
+    assert "a" in pdb["status"]["disruptedPods"]
+
+    with pytest.raises(ApiException) as caught:
+        _evict(core, "b")
+    assert caught.value.status == 429
+    body = _body(caught.value)
+    assert body["message"] == EVICTION_REFUSED
+    assert body["reason"] == "TooManyRequests"
+    assert body["details"]["causes"] == [
+        {
+            "reason": "DisruptionBudget",
+            "message": "The disruption budget train-pdb needs 2 healthy pods and has 3 currently",
+        }
+    ]
+    assert api.pod("ml", "b") is not None
+
+
+def test_eviction_with_two_matching_pdbs_is_500(api: FakeApiServer, core: client.CoreV1Api) -> None:
+    api.add(pdb_json("one", {"app": "train"}, 5))
+    api.add(pdb_json("two", {}, 5))
+    api.add(pdb_json("elsewhere", {"app": "train"}, 0, namespace="other"))
+    api.add(pod_json("p", "n1", labels={"app": "train"}))
+    with pytest.raises(ApiException) as caught:
+        _evict(core, "p")
+    assert caught.value.status == 500
+    assert _body(caught.value)["message"] == MULTIPLE_PDBS
+
+
+def test_pending_and_unready_pods_skip_the_budget(api: FakeApiServer, core: client.CoreV1Api) -> None:
+    api.add(pdb_json("pdb", {"app": "train"}, 0, desired_healthy=1, current_healthy=1))
+    api.add(pod_json("pending", None, labels={"app": "train"}, phase="Pending"))
+    api.add(pod_json("unready", "n1", labels={"app": "train"}, ready=False))
+    _evict(core, "pending")
+    _evict(core, "unready")
+    assert api.objects("Pod") == []
+    pdb = api.pdb("ml", "pdb")
+    assert pdb is not None and pdb["status"]["disruptionsAllowed"] == 0
+
+
+def test_dry_run_eviction_changes_nothing(api: FakeApiServer, core: client.CoreV1Api) -> None:
+    api.add(pdb_json("pdb", {"app": "train"}, 1))
+    api.add(pod_json("p", "n1", labels={"app": "train"}))
+    api.add(pod_json("q", "n1", labels={"app": "train"}))
+    response = _evict(core, "p", dry_run="All")
+    assert response.status == 201
+    _evict(core, "q", options_dry_run=True)
+    assert api.pod("ml", "p") is not None and api.pod("ml", "q") is not None
+    pdb = api.pdb("ml", "pdb")
+    assert pdb is not None and pdb["status"]["disruptionsAllowed"] == 1
+
+    api.add(pdb_json("pdb", {"app": "train"}, 0))
+    with pytest.raises(ApiException) as caught:  # a dry run still runs the PDB check
+        _evict(core, "p", dry_run="All")
+    assert caught.value.status == 429
+
+
+def test_dry_run_patch_and_delete_change_nothing(api: FakeApiServer, core: client.CoreV1Api) -> None:
+    api.add(node_json("n1"))
+    api.add(pod_json("p", "n1"))
+    core.patch_node("n1", {"spec": {"unschedulable": True}}, dry_run="All")
+    core.delete_namespaced_pod("p", "ml", dry_run="All")
+    node = api.node("n1")
+    assert node is not None and "unschedulable" not in node["spec"]
+    assert api.pod("ml", "p") is not None
+
+
+# --------------------------------------------------------------------------- request log and faults
+
+
+def test_requests_are_recorded(api: FakeApiServer, core: client.CoreV1Api) -> None:
+    api.add(pod_json("p", "n1"))
+    core.list_namespaced_pod("ml", label_selector="app=p")
+    _evict(core, "p", uid="uid-ml-p")
+    first, second = api.requests
+    assert (first.method, first.path, first.param("labelSelector"), first.is_write) == (
+        "GET",
+        "/api/v1/namespaces/ml/pods",
+        "app=p",
+        False,
+    )
+    assert second.method == "POST" and second.path == "/api/v1/namespaces/ml/pods/p/eviction"
+    assert second.body["deleteOptions"]["preconditions"]["uid"] == "uid-ml-p"
+    assert api.writes() == [second]
+    api.clear_requests()
+    assert api.requests == []
+
+
+def test_injected_status_applies_to_the_next_n_requests(api: FakeApiServer, core: client.CoreV1Api) -> None:
+    api.add(node_json("n1"))
+    api.inject("/api/v1/nodes*", status=503, times=2)
+    for _ in range(2):
+        with pytest.raises(ApiException) as caught:
+            core.list_node()
+        assert caught.value.status == 503
+        assert _body(caught.value)["reason"] == "ServiceUnavailable"
+    assert len(core.list_node().items) == 1
+    assert [r.fault for r in api.requests] == ["status=503", "status=503", None]
+
+
+def test_injected_delay_times_out_the_client(api: FakeApiServer, core: client.CoreV1Api) -> None:
+    api.add(pod_json("p", "n1"))
+    api.inject("*/eviction", delay=1.0, method="POST")
+    with pytest.raises(urllib3.exceptions.ReadTimeoutError):
+        _evict(core, "p", timeout=0.2)
+    # The delayed request is then served: the fake is a server, not a transaction log.
+
+
+def test_injected_drop_closes_the_connection(api: FakeApiServer, core: client.CoreV1Api) -> None:
+    api.add(pod_json("p", "n1"))
+    api.inject("*/eviction", drop=True)
+    with pytest.raises(urllib3.exceptions.ProtocolError):
+        _evict(core, "p")
+    assert api.pod("ml", "p") is not None
+    _evict(core, "p")
+    assert api.pod("ml", "p") is None
+
+
+def test_every_answer_is_json(api: FakeApiServer) -> None:
+    http = urllib3.PoolManager()
+    for path in ("/api/v1/nodes", "/nope", "/api/v1/namespaces/ml/widgets", "/version"):
+        response = http.request("GET", api.url + path)
+        assert response.headers["Content-Type"] == "application/json"
+        json.loads(response.data)
+    bad = http.request("POST", api.url + "/api/v1/namespaces/ml/pods", body=b"{not json")
+    assert bad.status == 400
+    assert bad.headers["Content-Type"] == "application/json"

@@ -1,0 +1,293 @@
+"""The live cluster source against the fake API server: lists, pagination, parsing, findings, config."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from rebalancer.model import NO_TELEMETRY, Finding, GpuRequest, OwnerRef, Pod, Telemetry
+from rebalancer.policy import LoadedPolicy, parse_policy
+from rebalancer.sources.kube import ACTIVE_PODS, KubeSource, KubeSourceError, load_api_client
+from tests.builders import NOW, gpu_sample, telemetry
+from tests.fake_apiserver import FakeApiServer, node_json, pdb_json, pod_json
+
+LOADED: LoadedPolicy = parse_policy({})
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as server:
+        yield server
+
+
+@pytest.fixture
+def api_client(api: FakeApiServer) -> Iterator[client.ApiClient]:
+    with api.api_client() as api_client:
+        yield api_client
+
+
+def _source(api_client: client.ApiClient, **kwargs: Any) -> KubeSource:
+    kwargs.setdefault("sleep", lambda seconds: None)
+    return KubeSource(api_client, LOADED, **kwargs)
+
+
+def _owner(kind: str, api_version: str, controller: bool = True) -> dict[str, Any]:
+    return {"apiVersion": api_version, "kind": kind, "name": "o", "uid": "o-uid", "controller": controller}
+
+
+def _cluster(api: FakeApiServer) -> None:
+    api.add(node_json("gpu-1"))
+    api.add(node_json("gpu-2", gpus=4, model="NVIDIA-H100-80GB-HBM3"))
+    api.add(node_json("cpu-1", gpus=0, model=None))
+    api.add(pod_json("train-0", "gpu-1", gpus=2, labels={"app": "train", "volcano.sh/job-name": "big"}))
+    api.add(pod_json("train-1", "gpu-2", gpus=2, labels={"app": "train", "volcano.sh/job-name": "big"}))
+    api.add(pod_json("web", "cpu-1", gpus=0, namespace="web"))
+    api.add(pod_json("done", "gpu-1", phase="Succeeded"))
+    api.add(pod_json("crashed", "gpu-2", phase="Failed"))
+    api.add(pod_json("waiting", None, phase="Pending"))
+    api.add(pdb_json("train-pdb", {"app": "train"}, 1))
+    api.add(pdb_json("web-pdb", {"app": "web"}, 0, namespace="web"))
+
+
+def test_snapshot_from_the_cluster(api: FakeApiServer, api_client: client.ApiClient) -> None:
+    _cluster(api)
+    snap = _source(api_client).snapshot(NOW)
+
+    assert snap.now == NOW
+    assert sorted(snap.nodes) == ["cpu-1", "gpu-1", "gpu-2"]
+    assert snap.nodes["gpu-2"].gpu_count == 4
+    assert snap.nodes["gpu-2"].gpu_model == "NVIDIA-H100-80GB-HBM3"
+    assert snap.gpu_total == 12
+    assert sorted(p.ref for p in snap.pods) == ["ml/train-0", "ml/train-1", "ml/waiting", "web/web"]
+    train = snap.pods_by_key[("ml", "train-0")]
+    assert train.uid == "uid-ml-train-0"
+    assert train.node_name == "gpu-1"
+    assert train.gpu == GpuRequest(count=2)
+    assert train.gang == "ml/big"
+    assert train.owner == OwnerRef(kind="ReplicaSet", name="trainer-abc", api_version="apps/v1")
+    assert snap.gangs["ml/big"] == (train, snap.pods_by_key[("ml", "train-1")])
+    assert {(p.namespace, p.name, p.disruptions_allowed) for p in snap.pdbs} == {
+        ("ml", "train-pdb", 1),
+        ("web", "web-pdb", 0),
+    }
+    assert snap.telemetry is NO_TELEMETRY
+    assert snap.findings == ()
+
+    # Three lists, raw JSON, finished pods filtered by the API server, no writes.
+    assert [r.path for r in api.requests] == [
+        "/api/v1/nodes",
+        "/api/v1/pods",
+        "/apis/policy/v1/poddisruptionbudgets",
+    ]
+    assert api.requests[1].param("fieldSelector") == ACTIVE_PODS
+    assert all(r.param("limit") == "500" for r in api.requests)
+    assert api.writes() == []
+
+
+def test_pagination_with_small_pages(api: FakeApiServer, api_client: client.ApiClient) -> None:
+    api.add(node_json("gpu-1"))
+    for index in range(7):
+        api.add(pod_json(f"p{index}", "gpu-1"))
+    snap = _source(api_client, page_size=3).snapshot(NOW)
+    assert sorted(p.name for p in snap.pods) == [f"p{i}" for i in range(7)]
+    pod_requests = api.requests_to("/api/v1/pods")
+    assert [r.param("limit") for r in pod_requests] == ["3", "3", "3"]
+    assert pod_requests[0].param("continue") is None
+    assert all(r.param("continue") for r in pod_requests[1:])
+    assert all(r.param("fieldSelector") == ACTIVE_PODS for r in pod_requests)
+
+
+def test_an_expired_continue_token_restarts_the_list(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    api.add(node_json("gpu-1"))
+    for index in range(5):
+        api.add(pod_json(f"p{index}", "gpu-1"))
+    api.inject("/api/v1/pods", status=410, skip=1)  # the second page: token expired
+    snap = _source(api_client, page_size=2).snapshot(NOW)
+    assert sorted(p.name for p in snap.pods) == [f"p{i}" for i in range(5)]
+    pages = api.requests_to("/api/v1/pods")
+    assert [r.param("continue") is None for r in pages] == [True, False, True, False, False]
+
+
+def test_owner_resolution(api: FakeApiServer, api_client: client.ApiClient) -> None:
+    api.add(node_json("n"))
+    controllers = {
+        "rs": ("ReplicaSet", "apps/v1"),
+        "sts": ("StatefulSet", "apps/v1"),
+        "job": ("Job", "batch/v1"),
+        "jobset": ("JobSet", "jobset.x-k8s.io/v1alpha2"),
+        "custom": ("RayCluster", "ray.io/v1"),
+        "ds": ("DaemonSet", "apps/v1"),
+    }
+    for name, (kind, version) in controllers.items():
+        api.add(pod_json(name, "n", owner_kind=kind, owner_api_version=version))
+    api.add(pod_json("bare", "n", owner_kind=None))
+    not_controller = pod_json("owned-not-controlled", "n", owner_kind=None)
+    not_controller["metadata"]["ownerReferences"] = [_owner("ConfigMap", "v1", controller=False)]
+    api.add(not_controller)
+    snap = _source(api_client).snapshot(NOW)
+    owners = {p.name: p.owner for p in snap.pods}
+    for name, (kind, version) in controllers.items():
+        assert owners[name] == OwnerRef(kind=kind, name="trainer-abc", api_version=version)
+    assert owners["bare"] is None
+    assert owners["owned-not-controlled"] is None
+    assert snap.pods_by_key[("ml", "ds")].is_daemonset
+
+
+def test_restricted_namespaces(api: FakeApiServer, api_client: client.ApiClient) -> None:
+    _cluster(api)
+    snap = _source(api_client, namespaces=["web"]).snapshot(NOW)
+    assert [p.ref for p in snap.pods] == ["web/web"]
+    assert [p.name for p in snap.pdbs] == ["web-pdb"]
+    assert [r.path for r in api.requests] == [
+        "/api/v1/nodes",
+        "/api/v1/namespaces/web/pods",
+        "/apis/policy/v1/namespaces/web/poddisruptionbudgets",
+    ]
+    (finding,) = snap.findings
+    assert finding.kind == "partial-cluster-view"
+    assert "overstated" in finding.detail
+
+
+def test_pod_on_an_unlisted_node_is_a_finding(api: FakeApiServer, api_client: client.ApiClient) -> None:
+    api.add(node_json("gpu-1"))
+    api.add(pod_json("ok", "gpu-1"))
+    api.add(pod_json("orphan", "gone-node"))
+    snap = _source(api_client).snapshot(NOW)
+    assert [p.name for p in snap.pods] == ["ok"]
+    (finding,) = snap.findings
+    assert (finding.kind, finding.node, finding.pod) == ("unknown-node", "gone-node", "orphan")
+
+
+def test_telemetry_object_or_callable(api: FakeApiServer, api_client: client.ApiClient) -> None:
+    _cluster(api)
+    fixed = telemetry([gpu_sample("gpu-1", "GPU-1")])
+    assert _source(api_client).snapshot(NOW, fixed).telemetry is fixed
+    assert _source(api_client, telemetry=fixed).snapshot(NOW).telemetry is fixed
+
+    seen: list[tuple[datetime, list[str]]] = []
+
+    def provider(now: datetime, pods: Mapping[tuple[str, str], Pod]) -> tuple[Telemetry, list[Finding]]:
+        seen.append((now, sorted(f"{ns}/{name}" for ns, name in pods)))
+        return fixed, [Finding(kind="bad-telemetry", detail="x")]
+
+    snap = _source(api_client).snapshot(NOW, provider)
+    assert seen == [(NOW, ["ml/train-0", "ml/train-1", "ml/waiting", "web/web"])]
+    assert snap.telemetry is fixed
+    assert [f.kind for f in snap.findings] == ["bad-telemetry"]
+
+    def broken(now: datetime, pods: Mapping[tuple[str, str], Pod]) -> Telemetry:
+        raise ConnectionError("prometheus unreachable")
+
+    failed = _source(api_client).snapshot(NOW, broken).telemetry
+    assert not failed.available
+    assert failed.problem == "telemetry source failed: ConnectionError: prometheus unreachable"
+
+
+def test_telemetry_for_unknown_nodes_is_reported(api: FakeApiServer, api_client: client.ApiClient) -> None:
+    api.add(node_json("gpu-1"))
+    snap = _source(api_client).snapshot(NOW, telemetry([gpu_sample("ghost", "GPU-9")]))
+    assert [f.node for f in snap.findings] == ["ghost"]
+
+
+def test_transient_errors_are_retried(api: FakeApiServer, api_client: client.ApiClient) -> None:
+    api.add(node_json("gpu-1"))
+    api.inject("/api/v1/nodes", status=503, times=2)
+    api.inject("/api/v1/pods", drop=True, times=1)
+    sleeps: list[float] = []
+    snap = _source(api_client, sleep=sleeps.append).snapshot(NOW)
+    assert list(snap.nodes) == ["gpu-1"]
+    assert len(api.requests_to("/api/v1/nodes")) == 3
+    assert sleeps == [0.5, 1.0]
+    # urllib3 itself retries an idempotent GET whose connection dropped.
+    assert [r.fault for r in api.requests_to("/api/v1/pods")] == ["drop", None]
+
+
+def test_persistent_errors_raise(api: FakeApiServer, api_client: client.ApiClient) -> None:
+    api.inject("/api/v1/nodes", status=500, times=None, message="etcd is down")
+    with pytest.raises(KubeSourceError) as caught:
+        _source(api_client, retries=2).snapshot(NOW)
+    assert caught.value.problems == ("cannot list nodes: HTTP 500 Internal Server Error: etcd is down",)
+    assert len(api.requests) == 3
+
+    api.clear_faults()
+    api.inject("/api/v1/nodes", status=403, times=None, message='nodes is forbidden: User "x" cannot list')
+    with pytest.raises(KubeSourceError, match="HTTP 403 Forbidden: nodes is forbidden"):
+        _source(api_client).snapshot(NOW)
+    assert len(api.requests) == 4  # a 403 is not retried
+
+
+def test_timeouts_raise_after_retries(api: FakeApiServer, api_client: client.ApiClient) -> None:
+    api.inject("/api/v1/nodes", delay=0.5, times=None)
+    with pytest.raises(
+        KubeSourceError, match=r"cannot list nodes: timed out \(.*Read timed out.*\) \(after 2 attempts\)"
+    ):
+        _source(api_client, retries=1, request_timeout=0.1).snapshot(NOW)
+
+
+def test_malformed_objects_raise(api: FakeApiServer, api_client: client.ApiClient) -> None:
+    api.add(node_json("gpu-1"))
+    bad = pod_json("bad", "gpu-1")
+    bad["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"
+    api.add(bad)
+    with pytest.raises(KubeSourceError) as caught:
+        _source(api_client).snapshot(NOW)
+    assert caught.value.problems == (
+        'Pod ml/bad: spec.containers[0].resources.requests.cpu: invalid quantity "lots"',
+    )
+
+
+def _kubeconfig(path: Path, url: str) -> Path:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "fake", "cluster": {"server": url}},
+            {"name": "nowhere", "cluster": {"server": "http://127.0.0.1:9"}},
+        ],
+        "users": [{"name": "u", "user": {"token": "t0ken"}}],
+        "contexts": [
+            {"name": "good", "context": {"cluster": "fake", "user": "u"}},
+            {"name": "bad", "context": {"cluster": "nowhere", "user": "u"}},
+        ],
+        "current-context": "bad",
+    }
+    file = path / "kubeconfig"
+    file.write_text(yaml.safe_dump(doc))
+    return file
+
+
+def test_kubeconfig_and_context(api: FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    api.add(node_json("gpu-1"))
+    file = _kubeconfig(tmp_path, api.url)
+    source = KubeSource.from_kubeconfig(LOADED, kubeconfig=str(file), context="good")
+    assert list(source.snapshot(NOW).nodes) == ["gpu-1"]
+
+    with pytest.raises(KubeSourceError, match="context 'missing'"):
+        load_api_client(str(file), "missing")
+    with pytest.raises(KubeSourceError, match="cannot load Kubernetes config from"):
+        load_api_client(str(tmp_path / "absent"))
+
+
+def test_in_cluster_config_is_used_inside_a_pod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubernetes.config import incluster_config
+
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(ca))
+    with pytest.raises(KubeSourceError, match="cannot load in-cluster Kubernetes config"):
+        load_api_client()  # no service account token mounted
+    token.write_text("sa-token")
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    with load_api_client() as api_client:
+        assert api_client.configuration.host == "https://10.0.0.1:443"

@@ -1,0 +1,244 @@
+"""The `rebalancer` command: parse arguments, wire sources, evictor and sinks, print, exit.
+
+Owns the user-facing contract of the command line: exit 0 on success, 2 on bad input with one line
+per problem on stderr and never a traceback. It holds no rebalancing logic: everything it runs lives
+in cycle.py and the modules it wires.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+from pydantic import ValidationError
+
+from rebalancer import __version__
+from rebalancer.cycle import run_cycle
+from rebalancer.evictor import DryRunEvictor
+from rebalancer.policy import (
+    LoadedPolicy,
+    PolicyError,
+    PrometheusConfig,
+    default_policy,
+    load_policy,
+    parse_duration,
+)
+from rebalancer.registry import all_strategies
+from rebalancer.report import OutputFormat, render
+from rebalancer.sources.dcgm import LOOKBACK_SECONDS
+from rebalancer.sources.files import SNAPSHOT_FILE, SnapshotError, load_snapshot_dir
+from rebalancer.sources.kube import KubeSource, KubeSourceError, load_api_client
+from rebalancer.sources.prometheus import PrometheusError, PrometheusTelemetrySource, render_openmetrics
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+class BadInput(Exception):
+    """Input the operator must fix; each problem is printed on its own line."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = tuple(problems)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_BAD_INPUT, f"rebalancer: error: {message}\n")
+
+
+def _policy(path: str | None) -> LoadedPolicy:
+    try:
+        return load_policy(path) if path else default_policy()
+    except PolicyError as exc:
+        raise BadInput(exc.problems) from None
+
+
+def cmd_once(args: argparse.Namespace) -> int:
+    loaded = _policy(args.policy)
+    if args.snapshot is None:
+        raise BadInput(["once: --snapshot DIR is required (live cluster cycles come with `rebalancer run`)"])
+    try:
+        snapshot = load_snapshot_dir(Path(args.snapshot), loaded)
+    except SnapshotError as exc:
+        raise BadInput(exc.problems) from None
+    # A snapshot is a picture of the past: it is always evaluated in dry-run.
+    report = run_cycle(snapshot, loaded, DryRunEvictor())
+    fmt: OutputFormat = args.output
+    sys.stdout.write(render(report, fmt))
+    return EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    problems: list[str] = []
+    for path in args.policies:
+        try:
+            load_policy(path)
+        except PolicyError as exc:
+            problems.extend(exc.problems)
+        else:
+            print(f"{path}: valid")
+    if problems:
+        raise BadInput(problems)
+    return EXIT_OK
+
+
+def cmd_strategies(_args: argparse.Namespace) -> int:
+    for name, spec in all_strategies().items():
+        print(f"{name}: {spec.summary}")
+        for field_name, field in spec.args_model.model_fields.items():
+            default = field.get_default(call_default_factory=True)
+            described = f": {field.description}" if field.description else ""
+            print(f"    {field_name} (default {default!r}){described}")
+    return EXIT_OK
+
+
+# ---- `rebalancer snapshot`: the snapshot directory format of DESIGN §4, from a live cluster and Prometheus
+
+_CLUSTER_LISTS = (
+    ("nodes.json", "NodeList", "v1", KubeSource.list_nodes),
+    ("pods.json", "PodList", "v1", KubeSource.list_pods),
+    ("pdbs.json", "PodDisruptionBudgetList", "policy/v1", KubeSource.list_pdbs),
+)
+
+
+def _snapshot_now(text: str | None) -> datetime:
+    if text is None:
+        moment = datetime.now(UTC)  # noqa: TID251 - the CLI is the clock edge
+    else:
+        try:
+            moment = datetime.fromisoformat(text.strip())
+        except ValueError:
+            raise BadInput(
+                [f"snapshot: --now {text!r} is not RFC 3339 (e.g. 2026-11-29T12:00:00Z)"]
+            ) from None
+        if moment.tzinfo is None:
+            raise BadInput([f"snapshot: --now {text!r} has no timezone (add Z or an offset)"])
+    # Prometheus evaluates at millisecond precision; so does the snapshot.
+    return moment.astimezone(UTC).replace(microsecond=moment.microsecond // 1000 * 1000)
+
+
+def _capture_cluster(args: argparse.Namespace, loaded: LoadedPolicy, out: Path) -> None:
+    """nodes.json / pods.json / pdbs.json as typed Lists; a warning (or, when asked for, an error) if not."""
+    explicit = args.kubeconfig is not None or args.context is not None
+    try:
+        source = KubeSource(load_api_client(args.kubeconfig, args.context), loaded)
+        lists: list[tuple[str, dict[str, Any]]] = [
+            (name, {"apiVersion": version, "kind": kind, "items": list(read(source))})
+            for name, kind, version, read in _CLUSTER_LISTS
+        ]
+    except KubeSourceError as exc:
+        if explicit:
+            raise BadInput([f"snapshot: {problem}" for problem in exc.problems]) from None
+        print(
+            f"rebalancer: warning: cluster objects not captured ({'; '.join(exc.problems)}); the snapshot "
+            "holds telemetry only (add `kubectl get nodes,pods,pdb -A -o json` output to it, or pass "
+            "--kubeconfig)",
+            file=sys.stderr,
+        )
+        return
+    for name, doc in lists:
+        (out / name).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    loaded = _policy(args.policy)
+    cfg = loaded.policy.telemetry
+    if cfg is None:
+        raise BadInput(["snapshot: telemetry is disabled in the policy (telemetry: null)"])
+    try:
+        window = parse_duration(args.window)
+        conn = cfg.prometheus
+        if args.prometheus_url is not None:
+            base = conn.model_dump() if conn is not None else {}
+            conn = PrometheusConfig.model_validate({**base, "url": args.prometheus_url})
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError too
+        detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        raise BadInput([f"snapshot: {detail}"]) from None
+    if conn is None:
+        raise BadInput(["snapshot: no Prometheus: pass --prometheus-url URL or set telemetry.prometheus.url"])
+    now = _snapshot_now(args.now)
+    windows = loaded.telemetry_windows() or frozenset({window})
+    # Enough history for every window of the policy and for instant values (the 5m lookback).
+    span = max(window, LOOKBACK_SECONDS, *windows)
+    source = PrometheusTelemetrySource(cfg, windows, prometheus=conn)
+    try:
+        series = source.history(now, span)
+    except PrometheusError as exc:
+        print(f"rebalancer: error: snapshot: Prometheus at {conn.url}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if not args.telemetry_only:
+            _capture_cluster(args, loaded, out)
+        (out / "telemetry.om").write_text(render_openmetrics(series), encoding="utf-8")
+        stamp = now.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        (out / SNAPSHOT_FILE).write_text(f"now: {stamp}\n", encoding="utf-8")
+    except OSError as exc:
+        raise BadInput([f"snapshot: cannot write {out}: {exc.strerror or exc}"]) from None
+    samples = sum(len(one.samples) for one in series)
+    print(f"wrote {out}: {len(series)} series, {samples} samples over {span}s before {stamp}")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="rebalancer", description="A descheduler for GPU clusters.")
+    parser.add_argument("--version", action="version", version=f"gpu-rebalancer {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    once = sub.add_parser("once", help="run one cycle and print its report")
+    once.add_argument("--snapshot", metavar="DIR", help="evaluate a snapshot directory (always dry-run)")
+    once.add_argument("--policy", metavar="FILE", help="policy file (default: built-in safe policy)")
+    once.add_argument("--output", choices=("text", "json", "markdown"), default="text")
+    once.set_defaults(func=cmd_once)
+
+    validate = sub.add_parser("validate", help="check policy files; exit 2 listing every problem")
+    validate.add_argument("policies", nargs="+", metavar="POLICY")
+    validate.set_defaults(func=cmd_validate)
+
+    strategies = sub.add_parser("strategies", help="list the installed strategies and their arguments")
+    strategies.set_defaults(func=cmd_strategies)
+
+    snapshot = sub.add_parser(
+        "snapshot", help="write a snapshot directory (cluster objects + DCGM history) for `once --snapshot`"
+    )
+    snapshot.add_argument("--out", metavar="DIR", required=True, help="directory to write (created)")
+    snapshot.add_argument(
+        "--window", default="30m", help="history to capture (at least the policy's windows)"
+    )
+    snapshot.add_argument(
+        "--policy", metavar="FILE", help="policy file (metrics, labels, Prometheus settings)"
+    )
+    snapshot.add_argument("--prometheus-url", metavar="URL", help="overrides telemetry.prometheus.url")
+    snapshot.add_argument("--now", metavar="RFC3339", help="the instant to capture (default: the clock)")
+    snapshot.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig for the cluster objects")
+    snapshot.add_argument("--context", help="kubeconfig context")
+    snapshot.add_argument("--telemetry-only", action="store_true", help="do not capture cluster objects")
+    snapshot.set_defaults(func=cmd_snapshot)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except BadInput as exc:
+        for problem in exc.problems:
+            print(f"rebalancer: error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from rebalancer.registry import StrategyArgs, all_strategies, get_strategy
 
@@ -36,6 +44,8 @@ def parse_duration(value: object) -> int:
         text = value.strip()
         if not text:
             raise ValueError("empty duration")
+        if text.startswith("-"):
+            raise ValueError(f"duration must be non-negative, got {value!r}")
         pos = 0
         seconds = 0.0
         for match in _DURATION_PART.finditer(text):
@@ -256,11 +266,12 @@ class Policy(StrictModel):
     prices: PricesConfig = PricesConfig()
     notify: NotifyConfig = NotifyConfig()
 
-    @model_validator(mode="after")
-    def _sane_interval(self) -> Policy:
-        if self.interval < 10:
+    @field_validator("interval")
+    @classmethod
+    def _sane_interval(cls, interval: int) -> int:
+        if interval < 10:
             raise ValueError("interval must be at least 10s")
-        return self
+        return interval
 
 
 # --------------------------------------------------------------------------- loading
@@ -314,7 +325,7 @@ def _line_of(root: yaml.Node | None, loc: Sequence[int | str]) -> int | None:
     line = node.start_mark.line + 1 if node is not None else None
     for part in loc:
         if isinstance(node, yaml.MappingNode) and isinstance(part, str):
-            child = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
+            child = next((v for k, v in reversed(node.value) if getattr(k, "value", None) == part), None)
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
             child = node.value[part]
         else:
@@ -326,17 +337,38 @@ def _line_of(root: yaml.Node | None, loc: Sequence[int | str]) -> int | None:
     return line
 
 
+def _yaml_kind(value: object) -> str:
+    """What a YAML author wrote, in YAML words (`a list`, not `list` or a Python class name)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
 def _describe(error: Mapping[str, Any]) -> str:
     kind = error.get("type", "")
     if kind == "extra_forbidden":
         return "unknown field"
     if kind == "missing":
         return "required field is missing"
+    if kind in ("model_type", "dict_type"):
+        return f"expected a mapping, got {_yaml_kind(error.get('input'))}"
     message = str(error.get("msg", "invalid value"))
     message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
-    if "input" in error and kind not in ("model_type", "dict_type"):
+    if "input" in error:
         given = error["input"]
-        if isinstance(given, str | int | float | bool) or given is None:
+        # Not twice: some validators (durations) quote the value in their own message already.
+        quoted = f"got {given!r}" in message or (isinstance(given, str) and repr(given) in message)
+        if (isinstance(given, str | int | float | bool) or given is None) and not quoted:
             message += f" (got {given!r})"
     return message
 
@@ -351,24 +383,71 @@ def _problems(
         yield f"{where}: {format_loc(loc)}: {_describe(error)}"
 
 
+def _where(source: str, root: yaml.Node | None, loc: Sequence[int | str]) -> str:
+    line = _line_of(root, loc)
+    return f"{source}:{line}" if line is not None else source
+
+
+def _duplicate_keys(node: yaml.Node | None, source: str, loc: tuple[int | str, ...] = ()) -> Iterator[str]:
+    """Keys given twice in one mapping: YAML would silently keep only the last value."""
+    if isinstance(node, yaml.MappingNode):
+        first_line: dict[tuple[str, str], int] = {}
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) else None
+            if name is not None and name != "<<":
+                line = key.start_mark.line + 1
+                if (key.tag, name) in first_line:
+                    yield (
+                        f"{source}:{line}: {format_loc((*loc, name))}: duplicate key "
+                        f"(also on line {first_line[(key.tag, name)]}; only one value may be given)"
+                    )
+                else:
+                    first_line[(key.tag, name)] = line
+            yield from _duplicate_keys(value, source, (*loc, name) if name is not None else loc)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            yield from _duplicate_keys(item, source, (*loc, index))
+
+
+def _strategy_entries(data: Mapping[str, Any]) -> list[tuple[int, StrategyConfig]]:
+    """The well-formed strategy entries of a policy that failed validation elsewhere, with their indexes,
+    so that their names and arguments are checked too and every problem is reported at once (malformed
+    entries are already reported by the schema validation)."""
+    raw = data.get("strategies")
+    if not isinstance(raw, list):
+        return []
+    entries: list[tuple[int, StrategyConfig]] = []
+    for index, item in enumerate(raw):
+        try:
+            entries.append((index, StrategyConfig.model_validate(item)))
+        except ValidationError:
+            continue
+    return entries
+
+
 def parse_policy(data: object, source: str = "<policy>", root: yaml.Node | None = None) -> LoadedPolicy:
     """Validate an already-parsed policy document; raises PolicyError with every problem found."""
     if data is None:
         data = {}
+    problems: list[str] = list(_duplicate_keys(root, source))
     if not isinstance(data, dict):
-        raise PolicyError([f"{source}: the policy must be a YAML mapping, got {type(data).__name__}"])
+        problems.append(
+            f"{_where(source, root, ())}: {format_loc(())}: the policy must be a YAML mapping, "
+            f"got {_yaml_kind(data)}"
+        )
+        raise PolicyError(problems)
+    policy: Policy | None = None
     try:
         policy = Policy.model_validate(data)
     except ValidationError as exc:
-        raise PolicyError(list(_problems(exc, source, root))) from None
+        problems.extend(_problems(exc, source, root))
 
-    problems: list[str] = []
     configured: list[ConfiguredStrategy] = []
     seen: set[str] = set()
-    for index, entry in enumerate(policy.strategies):
+    entries = list(enumerate(policy.strategies)) if policy is not None else _strategy_entries(data)
+    for index, entry in entries:
         loc: tuple[int | str, ...] = ("strategies", index, "name")
-        line = _line_of(root, loc)
-        where = f"{source}:{line}" if line is not None else source
+        where = _where(source, root, loc)
         spec = get_strategy(entry.name)
         if spec is None:
             known = ", ".join(all_strategies()) or "none"
@@ -385,7 +464,7 @@ def parse_policy(data: object, source: str = "<policy>", root: yaml.Node | None 
             continue
         if entry.enabled:
             configured.append(ConfiguredStrategy(name=entry.name, args=args))
-    if problems:
+    if problems or policy is None:
         raise PolicyError(problems)
     return LoadedPolicy(policy=policy, strategies=tuple(configured), source=source)
 
@@ -394,11 +473,14 @@ def load_policy(path: str | Path) -> LoadedPolicy:
     """Read and validate a policy file. Raises PolicyError (never a traceback) on any problem."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise PolicyError([f"{source}: cannot read policy: {exc.strerror or exc}"]) from None
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise PolicyError([f"{source}: not UTF-8 text ({exc.reason})"]) from None
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise PolicyError([f"{source}:{line}: not UTF-8 text ({exc.reason})"]) from None
     return loads_policy(text, source)
 
 
@@ -410,6 +492,8 @@ def loads_policy(text: str, source: str = "<policy>") -> LoadedPolicy:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark is not None else ""
         problem = exc.problem or exc.context or "invalid YAML"
+        if exc.context and problem.startswith("but "):
+            problem = f"{exc.context}, {problem}"  # "expected a single document ..., but found another"
         raise PolicyError([f"{source}{line}: YAML syntax error: {problem}"]) from None
     except yaml.YAMLError as exc:
         raise PolicyError([f"{source}: YAML error: {exc}"]) from None

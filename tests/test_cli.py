@@ -1,0 +1,178 @@
+"""The `rebalancer` command: the demo report contract, exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rebalancer.cli import EXIT_BAD_INPUT, EXIT_OK, main
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "examples" / "demo-cluster"
+DEMO_POLICY = DEMO / "policy.yaml"
+CONSOLE_SCRIPT = str(Path(sys.executable).parent / "rebalancer")
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def demo_report() -> dict[str, object]:
+    """The demo as an operator runs it: the installed console script, JSON output."""
+    completed = subprocess.run(
+        [CONSOLE_SCRIPT, "once", "--snapshot", str(DEMO), "--policy", str(DEMO_POLICY), "--output", "json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert completed.returncode == EXIT_OK, completed.stderr
+    report: dict[str, object] = json.loads(completed.stdout)
+    return report
+
+
+def test_demo_report_follows_the_json_contract(demo_report: dict[str, object]) -> None:
+    assert demo_report["mode"] == "dry-run"
+    assert demo_report["now"] == "2026-11-29T12:00:00Z"
+    summary = demo_report["summary"]
+    assert isinstance(summary, dict)
+    for key in ("nodes", "gpus", "pods", "proposals", "evictions", "blocked", "nodes_freed", "gpus_freed"):
+        assert isinstance(summary[key], int), key
+    assert isinstance(summary["estimated_savings_per_hour"], float)
+    decisions = demo_report["decisions"]
+    assert isinstance(decisions, list)
+    for row in decisions:
+        assert row["action"] in ("evict", "skip")
+        assert row["outcome"] in ("would-evict", None)
+        assert (row["action"] == "skip") == (row["blocked_by"] is not None)
+        assert row["reason"]
+
+
+def test_demo_shows_every_strategy_and_the_safety_refusals(demo_report: dict[str, object]) -> None:
+    decisions = demo_report["decisions"]
+    findings = demo_report["findings"]
+    assert isinstance(decisions, list) and isinstance(findings, list)
+    strategies = {row["strategy"] for row in decisions}
+    assert {"idle-gpu", "gpu-affinity", "gpu-consolidation", "topology-spread"} <= strategies
+    blocked_by = {row["blocked_by"] for row in decisions}
+    assert {"pdb", "opt-out"} <= blocked_by
+    assert "leaked-vram" in {f["kind"] for f in findings}
+    summary = demo_report["summary"]
+    assert isinstance(summary, dict)
+    assert summary["nodes_freed"] >= 1
+    assert summary["gpus_freed"] >= 8
+    assert summary["estimated_savings_per_hour"] > 0
+
+
+def test_demo_consolidation_targets_never_a_freed_node(demo_report: dict[str, object]) -> None:
+    freed = set(demo_report["freed_nodes"])  # type: ignore[arg-type]
+    decisions = demo_report["decisions"]
+    assert isinstance(decisions, list)
+    assert freed
+    assert all(row["target_node"] not in freed for row in decisions if row["action"] == "evict")
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown"])
+def test_human_formats_render_the_demo(capsys: pytest.CaptureFixture[str], fmt: str) -> None:
+    code, out, err = run(
+        capsys, "once", "--snapshot", str(DEMO), "--policy", str(DEMO_POLICY), "--output", fmt
+    )
+    assert code == EXIT_OK, err
+    assert "opt-out" in out and "pdb" in out
+    assert "nodes freed: 2" in out
+
+
+def test_validate_accepts_the_shipped_policies(capsys: pytest.CaptureFixture[str]) -> None:
+    policies = sorted(str(p) for p in (ROOT / "policies").rglob("*.yaml"))
+    code, out, err = run(capsys, "validate", *policies)
+    assert code == EXIT_OK, err
+    assert out.count(": valid") == len(policies)
+
+
+def test_validate_lists_every_problem_with_file_line_and_field(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "strategies:\n  - name: idle-gpu\n    args:\n      window: 3x\n"
+        "  - name: no-such-thing\nlimits:\n  max_per_cycle: 0\n"
+    )
+    code, _, err = run(capsys, "validate", str(bad))
+    assert code == EXIT_BAD_INPUT
+    lines = err.strip().splitlines()
+    assert len(lines) == 3
+    assert any(f"{bad}:4: strategies[0].args.window:" in line for line in lines)
+    assert any(f"{bad}:5: strategies[1].name: unknown strategy 'no-such-thing'" in line for line in lines)
+    assert any(f"{bad}:7: limits.max_per_cycle:" in line for line in lines)
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"pods.json": "{not json"}, "pods.json"),
+        ({"pods.yaml": "kind: Pod\nmetadata: [unclosed\n"}, "pods.yaml:"),
+        (
+            {
+                "pods.json": json.dumps(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": {"name": "p", "namespace": "ml"},
+                        "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "lots"}}}]},
+                    }
+                )
+            },
+            "cpu",
+        ),
+    ],
+)
+def test_a_bad_snapshot_is_one_clear_error_and_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, files: dict[str, str], expected: str
+) -> None:
+    (tmp_path / "snapshot.yaml").write_text("now: 2026-11-29T12:00:00Z\n")
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    code, out, err = run(capsys, "once", "--snapshot", str(tmp_path))
+    assert code == EXIT_BAD_INPUT
+    assert out == ""
+    assert expected in err
+    assert err.startswith("rebalancer: error: ")
+    assert "Traceback" not in err
+
+
+def test_a_missing_snapshot_directory_is_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run(capsys, "once", "--snapshot", str(tmp_path / "nowhere"))
+    assert code == EXIT_BAD_INPUT
+    assert "nowhere" in err
+
+
+def test_an_invalid_policy_stops_before_any_cycle(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("dry_run: maybe\n")
+    code, out, err = run(capsys, "once", "--snapshot", str(DEMO), "--policy", str(policy))
+    assert code == EXIT_BAD_INPUT
+    assert out == ""
+    assert f"{policy}:1: dry_run:" in err
+
+
+def test_unknown_arguments_are_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["once", "--snapshto", "x"])
+    assert exc.value.code == EXIT_BAD_INPUT
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_strategies_lists_every_strategy_with_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "strategies")
+    assert code == EXIT_OK
+    for name in ("gpu-consolidation", "idle-gpu", "gpu-affinity", "topology-spread"):
+        assert f"{name}:" in out
+    assert "max_allocated_percent" in out
+    assert "leaked_vram_mib" in out

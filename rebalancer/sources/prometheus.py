@@ -1,0 +1,673 @@
+"""Live DCGM telemetry from Prometheus: a fixed set of PromQL queries -> Telemetry, and raw history dumps.
+
+Owns talking to Prometheus through prometheus-api-client:
+
+- `PrometheusTelemetrySource.telemetry(now, pods)`: the same `Telemetry` (one GpuTelemetry per node, GPU
+  UUID, MIG instance and pod, per window) that `dcgm.aggregate` computes from a snapshot directory, but
+  from aggregates Prometheus evaluates at `now` (`time=`). The query set depends only on the policy's
+  metrics and windows, one query per metric per aggregate for the whole cluster, never per node or pod
+  (`query_plan`). Results go through the shared `dcgm` identity resolution (`identify`, `attribute`,
+  `group_key`, `to_gpu_telemetry`), so MIG instances and time-sliced GPUs land on the same rows as in a
+  snapshot;
+- connection settings: bearer token from a file (read on every call, so rotated tokens work) or an env
+  var, CA bundle / TLS verification, a timeout on every request (the library has none by default) and
+  bounded urllib3 retries with short backoff;
+- `PrometheusTelemetrySource.history(now, window)`: the raw samples of the policy's metrics over a window
+  (range selectors, so timestamps are the scrapes' own) for `rebalancer snapshot`, and
+  `render_openmetrics` to write them as a snapshot file.
+
+Failure policy: a down, slow or erroring Prometheus, an unreadable token, or a malformed answer gives
+`Telemetry(available=False, problem=...)` and a `telemetry-unavailable` finding; the first failed query
+stops the cycle's remaining ones, so the whole call gives up within about `timeout * (retries + 1)` per
+query already answered plus one. A series whose aggregate is NaN, infinite, negative or a DCGM blank
+loses that aggregate (a `bad-telemetry` finding): missing data is never read as idle. Series without a
+node or UUID label give `unusable-telemetry`, and series of pods that no longer exist whose newest sample
+is older than `telemetry.max_age` give `stale-telemetry`.
+
+It must not read the clock (`now` is given), decide anything about pods, or raise out of `telemetry()`.
+Assumes the server's default `--query.lookback-delta` of 5m (`dcgm.LOOKBACK_SECONDS`), as the snapshot
+aggregation does.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import requests
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.util.retry import Retry
+
+from rebalancer.model import Finding, Pod, Telemetry, TelemetryWindow
+from rebalancer.policy import PrometheusConfig, TelemetryConfig, format_duration
+from rebalancer.sources.dcgm import (
+    LOOKBACK_SECONDS,
+    GroupKey,
+    Sample,
+    Series,
+    SeriesIdentity,
+    attribute,
+    fill_identity,
+    group_key,
+    identify,
+    is_valid_value,
+    resolve_preset,
+    to_gpu_telemetry,
+)
+
+__all__ = [
+    "RETRY_STATUSES",
+    "PrometheusError",
+    "PrometheusTelemetrySource",
+    "Query",
+    "query_plan",
+    "render_openmetrics",
+]
+
+# Statuses worth another try: throttling, and the server / gateway / overload family.
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+RETRY_BACKOFF_SECONDS = 0.25
+RETRY_BACKOFF_MAX_SECONDS = 2.0
+
+UNAVAILABLE = "telemetry-unavailable"
+
+Aggregate = Literal["count", "avg", "max", "last", "last_ts", "newest"]
+LabelKey = tuple[tuple[str, str], ...]
+Vector = dict[LabelKey, float]
+
+
+class PrometheusError(Exception):
+    """Prometheus could not answer a query (connection, timeout, HTTP error, malformed response)."""
+
+
+# --------------------------------------------------------------------------- queries
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """One PromQL expression of the plan: `aggregate` of `metric` over `window` seconds (None: instant)."""
+
+    metric: str
+    aggregate: Aggregate
+    window: int | None
+    expr: str
+
+
+def _newest_expr(metric: str, window: int) -> str:
+    """Timestamp of the newest sample in `[now - window, now]`, for series with a sample there.
+
+    `timestamp(m)` sees the newest sample within the 5m lookback; for longer windows a subquery stepping
+    by the lookback covers the rest of the window, and `and count_over_time` keeps only series that do have
+    a sample in the window (the subquery's first step may look up to 5m before it).
+    """
+    ts = f"timestamp({metric})"
+    if window > LOOKBACK_SECONDS:
+        ts = f"({ts} or max_over_time({ts}[{window}s:{LOOKBACK_SECONDS}s]))"
+    return f"{ts} and count_over_time({metric}[{window}s])"
+
+
+def query_plan(cfg: TelemetryConfig, windows: Iterable[int]) -> tuple[Query, ...]:
+    """Every query one `telemetry()` call issues: fixed by the metrics and windows, never by the cluster."""
+    cfg = resolve_preset(cfg)
+    util, used, free = cfg.utilization.name, cfg.fb_used.name, cfg.fb_free.name
+    plan: dict[str, Query] = {}
+
+    def add(metric: str, aggregate: Aggregate, window: int | None, expr: str) -> None:
+        plan.setdefault(expr, Query(metric=metric, aggregate=aggregate, window=window, expr=expr))
+
+    for metric in dict.fromkeys((used, free)):
+        add(metric, "last", None, metric)
+        add(metric, "last_ts", None, f"timestamp({metric})")
+    for window in sorted(set(windows)):
+        add(util, "count", window, f"count_over_time({util}[{window}s])")
+        add(util, "avg", window, f"avg_over_time({util}[{window}s])")
+        add(util, "max", window, f"max_over_time({util}[{window}s])")
+        add(used, "max", window, f"max_over_time({used}[{window}s])")
+        for metric in dict.fromkeys((util, used, free)):
+            add(metric, "newest", window, _newest_expr(metric, window))
+    return tuple(plan.values())
+
+
+# --------------------------------------------------------------------------- parsing answers
+
+
+def _labels(item: Mapping[str, Any]) -> LabelKey:
+    metric = item.get("metric")
+    if not isinstance(metric, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metric.items()
+    ):
+        raise PrometheusError(f"malformed series labels: {metric!r}")
+    return tuple(sorted((k, v) for k, v in metric.items() if k != "__name__"))
+
+
+def _point(raw: object) -> tuple[float, float]:
+    """`[timestamp, "value"]` -> (seconds, value)."""
+    if not isinstance(raw, list | tuple) or len(raw) != 2:
+        raise PrometheusError(f"malformed sample: {raw!r}")
+    try:
+        return float(raw[0]), float(raw[1])
+    except (TypeError, ValueError):
+        raise PrometheusError(f"malformed sample: {raw!r}") from None
+
+
+def _vector(result: object, expr: str) -> Vector:
+    if not isinstance(result, list):
+        raise PrometheusError(f"{expr}: expected an instant vector, got {type(result).__name__}")
+    vector: Vector = {}
+    for item in result:
+        if not isinstance(item, Mapping) or "value" not in item:
+            raise PrometheusError(f"{expr}: expected an instant vector, got {str(result)[:200]}")
+        vector[_labels(item)] = _point(item["value"])[1]
+    return vector
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _epoch_ms(moment: datetime) -> int:
+    if moment.tzinfo is None:
+        raise ValueError(f"now must carry a timezone, got {moment.isoformat()}")
+    return (moment - _EPOCH) // timedelta(milliseconds=1)
+
+
+def _datetime(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def _time_param(moment: datetime) -> str:
+    ms = _epoch_ms(moment)
+    return f"{ms // 1000}.{ms % 1000:03d}"
+
+
+def _format_labels(labels: LabelKey, limit: int = 240) -> str:
+    text = "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}"
+    return text if len(text) <= limit else text[: limit - 4] + "...}"
+
+
+def _describe(exc: BaseException) -> str:
+    """A failed request as an operator would say it."""
+    if isinstance(exc, requests.exceptions.Timeout):
+        return "timed out"
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        cause = exc.args[0] if exc.args else exc
+        reason = getattr(cause, "reason", None)
+        if reason is not None:
+            cause = reason
+        if "timed out" in str(cause).lower():
+            return "timed out"
+        return f"cannot connect ({cause})"
+    if isinstance(exc, requests.exceptions.RetryError):
+        return f"gave up after retries ({exc})"
+    if isinstance(exc, PrometheusApiClientException):
+        return str(exc)[:300]
+    if isinstance(exc, ValueError):  # requests' JSONDecodeError and friends
+        return f"invalid response ({type(exc).__name__}: {exc})"[:300]
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+# --------------------------------------------------------------------------- grouping
+
+
+@dataclass
+class _Group:
+    """Aggregates of every series of one (node, UUID, MIG instance, pod) group over one window."""
+
+    identity: SeriesIdentity
+    util: list[tuple[float, int]] = field(default_factory=list)  # (avg, count) per series
+    util_max: float | None = None
+    used_max: float | None = None
+    used_last: tuple[int, float] | None = None
+    free_last: tuple[int, float] | None = None
+    newest: int | None = None
+
+    def seen(self, ms: int | None) -> None:
+        if ms is not None and (self.newest is None or ms > self.newest):
+            self.newest = ms
+
+    def util_avg(self) -> float | None:
+        if not self.util:
+            return None
+        if len(self.util) == 1:
+            return self.util[0][0]
+        return math.fsum(avg * count for avg, count in self.util) / sum(count for _, count in self.util)
+
+
+def _newer(current: tuple[int, float] | None, candidate: tuple[int, float]) -> tuple[int, float]:
+    """The newest sample of a group; between series with the same timestamp, the largest value."""
+    if current is None or candidate[0] > current[0]:
+        return candidate
+    if candidate[0] == current[0]:
+        return (current[0], max(current[1], candidate[1]))
+    return current
+
+
+def _max(current: float | None, value: float) -> float:
+    return value if current is None else max(current, value)
+
+
+# --------------------------------------------------------------------------- the source
+
+
+class PrometheusTelemetrySource:
+    """GPU telemetry for the policy's windows from one Prometheus, evaluated at a given `now`.
+
+    `prometheus` overrides `cfg.prometheus` (the CLI's `--prometheus-url`); `environ` is where
+    `bearer_token_env` is looked up (the process environment by default).
+    """
+
+    def __init__(
+        self,
+        cfg: TelemetryConfig,
+        windows: Iterable[int],
+        *,
+        prometheus: PrometheusConfig | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self._cfg = resolve_preset(cfg)
+        self._windows = tuple(sorted({int(w) for w in windows}))
+        self._conn = prometheus if prometheus is not None else cfg.prometheus
+        self._environ = environ if environ is not None else os.environ
+        self._plan = query_plan(self._cfg, self._windows)
+
+    @property
+    def plan(self) -> tuple[Query, ...]:
+        return self._plan
+
+    @property
+    def windows(self) -> tuple[int, ...]:
+        return self._windows
+
+    def __call__(
+        self, now: datetime, pods: Mapping[tuple[str, str], Pod] | None = None
+    ) -> tuple[Telemetry, tuple[Finding, ...]]:
+        """`telemetry(now, pods)`, so a source is a `kube.TelemetryProvider` as it is."""
+        return self.telemetry(now, pods)
+
+    # ---- connection
+
+    def _headers(self, conn: PrometheusConfig) -> dict[str, str]:
+        token: str | None = None
+        if conn.bearer_token_file:
+            try:
+                token = Path(conn.bearer_token_file).read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise PrometheusError(
+                    f"cannot read bearer token file {conn.bearer_token_file}: "
+                    f"{getattr(exc, 'strerror', None) or exc}"
+                ) from None
+            if not token:
+                raise PrometheusError(f"bearer token file {conn.bearer_token_file} is empty")
+        elif conn.bearer_token_env:
+            token = self._environ.get(conn.bearer_token_env, "").strip()
+            if not token:
+                raise PrometheusError(f"bearer token env var {conn.bearer_token_env} is not set or empty")
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    @contextmanager
+    def _connect(self) -> Iterator[PrometheusConnect]:
+        conn = self._conn
+        if conn is None:
+            raise PrometheusError("no Prometheus configured (set telemetry.prometheus.url)")
+        retry = Retry(
+            total=conn.retries,
+            connect=conn.retries,
+            read=conn.retries,
+            status=conn.retries,
+            other=0,
+            redirect=0,
+            backoff_factor=RETRY_BACKOFF_SECONDS,
+            backoff_max=RETRY_BACKOFF_MAX_SECONDS,
+            status_forcelist=RETRY_STATUSES,
+            allowed_methods=frozenset({"GET", "POST"}),
+            raise_on_status=False,
+            respect_retry_after_header=False,
+        )
+        headers = self._headers(conn)
+        session = requests.Session()
+        session.verify = conn.ca_file if (conn.verify_tls and conn.ca_file) else conn.verify_tls
+        try:
+            yield PrometheusConnect(
+                url=conn.url.rstrip("/"), headers=headers, retry=retry, session=session, timeout=conn.timeout
+            )
+        finally:
+            session.close()
+
+    def _query(self, client: PrometheusConnect, expr: str, now: datetime) -> object:
+        assert self._conn is not None
+        params = {"time": _time_param(now), "timeout": f"{self._conn.timeout}s"}
+        try:
+            return client.custom_query(query=expr, params=params)
+        except (
+            requests.exceptions.RequestException,
+            PrometheusApiClientException,
+            ValueError,
+            KeyError,
+            TypeError,
+        ) as exc:
+            raise PrometheusError(f"query {expr!r} failed: {_describe(exc)}") from None
+
+    def _where(self) -> str:
+        return self._conn.url if self._conn is not None else "Prometheus"
+
+    # ---- telemetry
+
+    def telemetry(
+        self, now: datetime, pods: Mapping[tuple[str, str], Pod] | None = None
+    ) -> tuple[Telemetry, tuple[Finding, ...]]:
+        """Per window, one GpuTelemetry per (node, GPU UUID, MIG instance, pod) group, evaluated at `now`.
+
+        Never raises: anything that keeps the answer from being complete and trustworthy gives
+        `Telemetry(available=False)` with a `telemetry-unavailable` finding. `pods` (when given) decides
+        which pod labels count, as in the snapshot source.
+        """
+        try:
+            return self._build(self._run(now), now, pods)
+        except PrometheusError as exc:
+            return self._unavailable(f"Prometheus at {self._where()}: {exc}")
+        except Exception as exc:  # the telemetry edge must never take a cycle down
+            return self._unavailable(f"Prometheus at {self._where()}: {type(exc).__name__}: {exc}")
+
+    def _unavailable(self, problem: str) -> tuple[Telemetry, tuple[Finding, ...]]:
+        finding = Finding(kind=UNAVAILABLE, detail=f"{problem}; telemetry-dependent strategies skip")
+        return Telemetry(available=False, problem=problem), (finding,)
+
+    def _run(self, now: datetime) -> dict[str, Vector]:
+        results: dict[str, Vector] = {}
+        with self._connect() as client:
+            for query in self._plan:
+                results[query.expr] = _vector(self._query(client, query.expr, now), query.expr)
+        return results
+
+    def _build(
+        self, results: Mapping[str, Vector], now: datetime, pods: Mapping[tuple[str, str], Pod] | None
+    ) -> tuple[Telemetry, tuple[Finding, ...]]:
+        cfg = self._cfg
+        now_ms = _epoch_ms(now)
+        by_metric: dict[str, set[LabelKey]] = defaultdict(set)
+        for query in self._plan:
+            by_metric[query.metric].update(results[query.expr])
+        metric_names = ", ".join(by_metric)
+        if not any(by_metric.values()):
+            return self._unavailable(
+                f"Prometheus at {self._where()} has no samples of {metric_names} in the last "
+                f"{format_duration(max((*self._windows, LOOKBACK_SECONDS)))} before {now.isoformat()}"
+            )
+
+        findings: list[Finding] = []
+        identities: dict[tuple[str, LabelKey], SeriesIdentity] = {}
+        claimed: dict[GroupKey, set[tuple[str, str]]] = defaultdict(set)
+        unusable: dict[tuple[str, str], list[LabelKey]] = defaultdict(list)
+        for metric, keys in by_metric.items():
+            for key in sorted(keys):
+                labels = dict(key)
+                identity = identify(labels, cfg.labels)
+                if identity is None:
+                    missing = "uuid" if any(labels.get(name) for name in cfg.labels.node) else "node"
+                    unusable[(metric, missing)].append(key)
+                    continue
+                attributed = attribute(identity, pods)
+                if identity.pod_key is not None and attributed.pod_key is None:
+                    claimed[group_key(attributed)].add(identity.pod_key)
+                identities[(metric, key)] = attributed
+        findings.extend(_unusable_findings(unusable, cfg))
+        if not identities:
+            problem = (
+                f"no series of {metric_names} carries both a node and a GPU UUID label "
+                f"(tried node labels {', '.join(cfg.labels.node)}; UUID labels {', '.join(cfg.labels.uuid)})"
+            )
+            telemetry, unavailable = self._unavailable(problem)
+            return telemetry, (*unavailable, *findings)
+
+        bad: dict[tuple[str, LabelKey], str] = {}
+        windows: dict[int, TelemetryWindow] = {}
+        for window in self._windows:
+            groups = self._window_groups(results, identities, window, bad)
+            ordered = sorted(groups.items(), key=lambda item: tuple(part or "" for part in item[0]))
+            rows = tuple(
+                to_gpu_telemetry(
+                    group.identity,
+                    cfg,
+                    util_avg=group.util_avg(),
+                    util_max=group.util_max,
+                    util_samples=sum(count for _, count in group.util),
+                    fb_used=group.used_last[1] if group.used_last is not None else None,
+                    fb_used_max=group.used_max,
+                    fb_free=group.free_last[1] if group.free_last is not None else None,
+                    newest_sample=_datetime(group.newest),
+                )
+                for _, group in ordered
+                if group.newest is not None
+            )
+            windows[window] = TelemetryWindow(window_seconds=window, gpus=rows)
+
+        for (metric, key), what in sorted(bad.items()):
+            identity = identities[(metric, key)]
+            findings.append(
+                Finding(
+                    kind="bad-telemetry",
+                    node=identity.node,
+                    gpu=identity.uuid,
+                    namespace=identity.pod_namespace,
+                    pod=identity.pod_name,
+                    detail=(
+                        f"{metric}{_format_labels(key)} from {self._where()}: {what} is NaN, infinite, "
+                        "negative or a DCGM blank value; ignored"
+                    ),
+                )
+            )
+        telemetry = Telemetry(available=True, windows=windows)
+        findings.extend(_stale_findings(telemetry, claimed, now_ms, cfg.max_age))
+        return telemetry, tuple(findings)
+
+    def _window_groups(
+        self,
+        results: Mapping[str, Vector],
+        identities: Mapping[tuple[str, LabelKey], SeriesIdentity],
+        window: int,
+        bad: dict[tuple[str, LabelKey], str],
+    ) -> dict[GroupKey, _Group]:
+        cfg = self._cfg
+        plan = {(q.metric, q.aggregate, q.window): results[q.expr] for q in self._plan}
+        groups: dict[GroupKey, _Group] = {}
+
+        def group(metric: str, key: LabelKey) -> _Group | None:
+            identity = identities.get((metric, key))
+            if identity is None:
+                return None
+            gkey = group_key(identity)
+            found = groups.get(gkey)
+            if found is None:
+                found = groups[gkey] = _Group(identity)
+            else:
+                found.identity = fill_identity(found.identity, identity)
+            return found
+
+        def valid(metric: str, key: LabelKey, value: float | None, what: str) -> bool:
+            if value is None:
+                return False
+            if not is_valid_value(value):
+                bad.setdefault((metric, key), what)
+                return False
+            return True
+
+        util, used, free = cfg.utilization.name, cfg.fb_used.name, cfg.fb_free.name
+        newest = {m: plan.get((m, "newest", window), {}) for m in (util, used, free)}
+
+        counts = plan.get((util, "count", window), {})
+        avgs = plan.get((util, "avg", window), {})
+        maxes = plan.get((util, "max", window), {})
+        for key, count in counts.items():
+            avg, peak = avgs.get(key), maxes.get(key)
+            if count < 1 or avg is None or peak is None:
+                continue
+            label = f"its {format_duration(window)} utilisation average or maximum"
+            if not (valid(util, key, avg, label) and valid(util, key, peak, label)):
+                continue
+            if (target := group(util, key)) is None:
+                continue
+            target.util.append((avg, int(count)))
+            target.util_max = _max(target.util_max, peak)
+            target.seen(_ms(newest[util][key]) if key in newest[util] else None)
+
+        for key, peak in plan.get((used, "max", window), {}).items():
+            if not valid(used, key, peak, f"its {format_duration(window)} maximum"):
+                continue
+            if (target := group(used, key)) is None:
+                continue
+            target.used_max = _max(target.used_max, peak)
+            target.seen(_ms(newest[used][key]) if key in newest[used] else None)
+
+        if free != used:
+            for key, ts in newest[free].items():
+                if (target := group(free, key)) is not None:
+                    target.seen(_ms(ts))
+
+        for metric, role in ((used, "used"), (free, "free")):
+            stamps = plan.get((metric, "last_ts", None), {})
+            for key, value in plan.get((metric, "last", None), {}).items():
+                stamp = stamps.get(key)
+                if stamp is None or not valid(metric, key, value, "its newest sample"):
+                    continue
+                if (target := group(metric, key)) is None:
+                    continue
+                sample = (_ms(stamp), value)
+                if role == "used":
+                    target.used_last = _newer(target.used_last, sample)
+                else:
+                    target.free_last = _newer(target.free_last, sample)
+                target.seen(sample[0])
+        return groups
+
+    # ---- raw history, for `rebalancer snapshot`
+
+    def history(self, now: datetime, window: int) -> list[Series]:
+        """Raw samples of the policy's metrics in `[now - window, now]`, with the scrapes' own timestamps.
+
+        One range-selector query per metric (`M[window]` at `now`). Raises PrometheusError.
+        """
+        metrics = dict.fromkeys((self._cfg.utilization.name, self._cfg.fb_used.name, self._cfg.fb_free.name))
+        series: list[Series] = []
+        with self._connect() as client:
+            for metric in metrics:
+                expr = f"{metric}[{int(window)}s]"
+                result = self._query(client, expr, now)
+                if not isinstance(result, list):
+                    raise PrometheusError(f"{expr}: expected a range vector, got {type(result).__name__}")
+                for item in result:
+                    if not isinstance(item, Mapping) or not isinstance(item.get("values"), list):
+                        raise PrometheusError(f"{expr}: expected a range vector, got {str(result)[:200]}")
+                    samples = tuple(Sample(value=v, timestamp=t) for t, v in map(_point, item["values"]))
+                    series.append(
+                        Series(
+                            metric=metric, labels=dict(_labels(item)), samples=samples, source=self._where()
+                        )
+                    )
+        return series
+
+
+def _unusable_findings(
+    unusable: Mapping[tuple[str, str], Sequence[LabelKey]], cfg: TelemetryConfig
+) -> list[Finding]:
+    findings: list[Finding] = []
+    for (metric, missing), keys in sorted(unusable.items()):
+        tried = ", ".join(cfg.labels.node if missing == "node" else cfg.labels.uuid)
+        findings.append(
+            Finding(
+                kind="unusable-telemetry",
+                detail=(
+                    f"{len(keys)} series of {metric} have no {'node' if missing == 'node' else 'GPU UUID'} "
+                    f"label (tried {tried}; set telemetry.labels.{missing}) and are ignored, "
+                    f"e.g. {_format_labels(keys[0])}"
+                ),
+            )
+        )
+    return findings
+
+
+def _stale_findings(
+    telemetry: Telemetry, claimed: Mapping[GroupKey, set[tuple[str, str]]], now_ms: int, max_age: int
+) -> list[Finding]:
+    """Series no current pod holds whose newest sample is older than `max_age` (deleted pods, mostly)."""
+    if not telemetry.windows:
+        return []
+    widest = telemetry.windows[max(telemetry.windows)]
+    findings: list[Finding] = []
+    for row in widest.gpus:
+        if row.pod_key is not None or row.newest_sample is None:
+            continue
+        age_ms = now_ms - _epoch_ms(row.newest_sample)
+        if age_ms <= max_age * 1000:
+            continue
+        gone: list[tuple[str | None, str | None]] = sorted(
+            claimed.get((row.node, row.uuid, row.mig_instance, None, None), ())
+        )
+        for namespace, name in gone or [(None, None)]:
+            whose = f"pod {namespace}/{name}, which no longer exists" if name else "no pod"
+            findings.append(
+                Finding(
+                    kind="stale-telemetry",
+                    node=row.node,
+                    gpu=row.uuid,
+                    namespace=namespace,
+                    pod=name,
+                    detail=(
+                        f"newest sample of the series of {whose} on this GPU is "
+                        f"{format_duration(age_ms // 1000)} old (max {format_duration(max_age)}); ignored"
+                    ),
+                )
+            )
+    return findings
+
+
+# --------------------------------------------------------------------------- OpenMetrics
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+def _timestamp(seconds: float) -> str:
+    ms = _ms(seconds)
+    return f"{ms // 1000}.{ms % 1000:03d}"
+
+
+def render_openmetrics(series: Iterable[Series]) -> str:
+    """Series with timestamped samples as one OpenMetrics exposition (gauges, seconds, `# EOF`).
+
+    Samples without a timestamp are left out: a snapshot file must say when each sample was taken.
+    """
+    families: dict[str, list[Series]] = defaultdict(list)
+    for one in series:
+        families[one.metric].append(one)
+    lines: list[str] = []
+    for metric in sorted(families):
+        lines.append(f"# TYPE {metric} gauge")
+        for one in sorted(families[metric], key=lambda s: sorted(s.labels.items())):
+            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(one.labels.items()))
+            head = f"{metric}{{{labels}}}" if labels else metric
+            stamped = sorted(
+                (s for s in one.samples if s.timestamp is not None), key=lambda s: s.timestamp or 0
+            )
+            lines.extend(f"{head} {_number(s.value)} {_timestamp(s.timestamp or 0)}" for s in stamped)
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"

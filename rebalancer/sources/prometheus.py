@@ -6,9 +6,12 @@ Owns talking to Prometheus through prometheus-api-client:
   UUID, MIG instance and pod, per window) that `dcgm.aggregate` computes from a snapshot directory, but
   from aggregates Prometheus evaluates at `now` (`time=`). The query set depends only on the policy's
   metrics and windows, one query per metric per aggregate for the whole cluster, never per node or pod
-  (`query_plan`). Results go through the shared `dcgm` identity resolution (`identify`, `attribute`,
-  `group_key`, `to_gpu_telemetry`), so MIG instances and time-sliced GPUs land on the same rows as in a
-  snapshot;
+  (`query_plan`): `count_over_time`, `sum_over_time` and `max_over_time` of utilisation per window (the
+  mean is sum / count, exact for DCGM's integer percentages and exact across several series of one
+  group, where `avg_over_time`'s running mean drifts in the last digits), the newest sample's timestamp
+  per window, the last framebuffer used / free (instant) and the framebuffer used maximum per window.
+  Results go through the shared `dcgm` identity resolution (`identify`, `attribute`, `group_key`,
+  `to_gpu_telemetry`), so MIG instances and time-sliced GPUs land on the same rows as in a snapshot;
 - connection settings: bearer token from a file (read on every call, so rotated tokens work) or an env
   var, CA bundle / TLS verification, a timeout on every request (the library has none by default) and
   bounded urllib3 retries with short backoff;
@@ -17,14 +20,15 @@ Owns talking to Prometheus through prometheus-api-client:
   `render_openmetrics` to write them as a snapshot file.
 
 Failure policy: a down, slow or erroring Prometheus, an unreadable token, or a malformed answer gives
-`Telemetry(available=False, problem=...)` and a `telemetry-unavailable` finding; the first failed query
-stops the cycle's remaining ones, so the whole call gives up within about `timeout * (retries + 1)` per
-query already answered plus one. A series whose aggregate is NaN, infinite, negative or a DCGM blank
-loses that aggregate (a `bad-telemetry` finding): missing data is never read as idle. Series without a
-node or UUID label give `unusable-telemetry`, and series of pods that no longer exist whose newest sample
-is older than `telemetry.max_age` give `stale-telemetry`.
+`Telemetry(available=False, problem=...)` and a `telemetry-unavailable` finding, never a partial answer.
+Each request gives up after `timeout`, each query after `retries` more tries, and the first failed query
+ends the call, so a dead or stalled server costs about `timeout * (retries + 1)`. A series whose
+aggregate is NaN, infinite, negative or a DCGM blank loses that aggregate (a `bad-telemetry` finding):
+missing data is never read as idle. Series without a node or UUID label give `unusable-telemetry`, and
+series of pods that no longer exist whose newest sample is older than `telemetry.max_age` give
+`stale-telemetry`.
 
-It must not read the clock (`now` is given), decide anything about pods, or raise out of `telemetry()`.
+It must not read the clock (`now` is given), judge pods (idle or not), or raise out of `telemetry()`.
 Assumes the server's default `--query.lookback-delta` of 5m (`dcgm.LOOKBACK_SECONDS`), as the snapshot
 aggregation does.
 """
@@ -79,7 +83,7 @@ RETRY_BACKOFF_MAX_SECONDS = 2.0
 
 UNAVAILABLE = "telemetry-unavailable"
 
-Aggregate = Literal["count", "avg", "max", "last", "last_ts", "newest"]
+Aggregate = Literal["count", "sum", "max", "last", "last_ts", "newest"]
 LabelKey = tuple[tuple[str, str], ...]
 Vector = dict[LabelKey, float]
 
@@ -128,7 +132,7 @@ def query_plan(cfg: TelemetryConfig, windows: Iterable[int]) -> tuple[Query, ...
         add(metric, "last_ts", None, f"timestamp({metric})")
     for window in sorted(set(windows)):
         add(util, "count", window, f"count_over_time({util}[{window}s])")
-        add(util, "avg", window, f"avg_over_time({util}[{window}s])")
+        add(util, "sum", window, f"sum_over_time({util}[{window}s])")
         add(util, "max", window, f"max_over_time({util}[{window}s])")
         add(used, "max", window, f"max_over_time({used}[{window}s])")
         for metric in dict.fromkeys((util, used, free)):
@@ -225,7 +229,7 @@ class _Group:
     """Aggregates of every series of one (node, UUID, MIG instance, pod) group over one window."""
 
     identity: SeriesIdentity
-    util: list[tuple[float, int]] = field(default_factory=list)  # (avg, count) per series
+    util: list[tuple[float, int]] = field(default_factory=list)  # (sum, count) per series
     util_max: float | None = None
     used_max: float | None = None
     used_last: tuple[int, float] | None = None
@@ -237,11 +241,10 @@ class _Group:
             self.newest = ms
 
     def util_avg(self) -> float | None:
+        """The mean of every sample of the group, as `dcgm.aggregate` computes it."""
         if not self.util:
             return None
-        if len(self.util) == 1:
-            return self.util[0][0]
-        return math.fsum(avg * count for avg, count in self.util) / sum(count for _, count in self.util)
+        return math.fsum(total for total, _ in self.util) / sum(count for _, count in self.util)
 
 
 def _newer(current: tuple[int, float] | None, candidate: tuple[int, float]) -> tuple[int, float]:
@@ -339,14 +342,14 @@ class PrometheusTelemetrySource:
         session.verify = conn.ca_file if (conn.verify_tls and conn.ca_file) else conn.verify_tls
         try:
             yield PrometheusConnect(
-                url=conn.url.rstrip("/"), headers=headers, retry=retry, session=session, timeout=conn.timeout
+                url=conn.url.rstrip("/"), headers=headers, retry=retry, session=session, timeout=self._timeout
             )
         finally:
             session.close()
 
     def _query(self, client: PrometheusConnect, expr: str, now: datetime) -> object:
         assert self._conn is not None
-        params = {"time": _time_param(now), "timeout": f"{self._conn.timeout}s"}
+        params = {"time": _time_param(now), "timeout": f"{self._timeout}s"}
         try:
             return client.custom_query(query=expr, params=params)
         except (
@@ -357,6 +360,11 @@ class PrometheusTelemetrySource:
             TypeError,
         ) as exc:
             raise PrometheusError(f"query {expr!r} failed: {_describe(exc)}") from None
+
+    @property
+    def _timeout(self) -> int:
+        """Seconds per request; a policy's `0` (or a duration that rounds to it) still waits one second."""
+        return max(self._conn.timeout, 1) if self._conn is not None else 1
 
     def _where(self) -> str:
         return self._conn.url if self._conn is not None else "Prometheus"
@@ -468,7 +476,7 @@ class PrometheusTelemetrySource:
                 )
             )
         telemetry = Telemetry(available=True, windows=windows)
-        findings.extend(_stale_findings(telemetry, claimed, now_ms, cfg.max_age))
+        findings.extend(_stale_findings(telemetry, claimed, pods, now_ms, cfg.max_age))
         return telemetry, tuple(findings)
 
     def _window_groups(
@@ -506,18 +514,18 @@ class PrometheusTelemetrySource:
         newest = {m: plan.get((m, "newest", window), {}) for m in (util, used, free)}
 
         counts = plan.get((util, "count", window), {})
-        avgs = plan.get((util, "avg", window), {})
+        sums = plan.get((util, "sum", window), {})
         maxes = plan.get((util, "max", window), {})
         for key, count in counts.items():
-            avg, peak = avgs.get(key), maxes.get(key)
-            if count < 1 or avg is None or peak is None:
+            total, peak = sums.get(key), maxes.get(key)
+            if count < 1 or total is None or peak is None:
                 continue
-            label = f"its {format_duration(window)} utilisation average or maximum"
-            if not (valid(util, key, avg, label) and valid(util, key, peak, label)):
+            label = f"its {format_duration(window)} utilisation sum or maximum"
+            if not (valid(util, key, total, label) and valid(util, key, peak, label)):
                 continue
             if (target := group(util, key)) is None:
                 continue
-            target.util.append((avg, int(count)))
+            target.util.append((total, int(count)))
             target.util_max = _max(target.util_max, peak)
             target.seen(_ms(newest[util][key]) if key in newest[util] else None)
 
@@ -597,7 +605,11 @@ def _unusable_findings(
 
 
 def _stale_findings(
-    telemetry: Telemetry, claimed: Mapping[GroupKey, set[tuple[str, str]]], now_ms: int, max_age: int
+    telemetry: Telemetry,
+    claimed: Mapping[GroupKey, set[tuple[str, str]]],
+    pods: Mapping[tuple[str, str], Pod] | None,
+    now_ms: int,
+    max_age: int,
 ) -> list[Finding]:
     """Series no current pod holds whose newest sample is older than `max_age` (deleted pods, mostly)."""
     if not telemetry.windows:
@@ -614,7 +626,12 @@ def _stale_findings(
             claimed.get((row.node, row.uuid, row.mig_instance, None, None), ())
         )
         for namespace, name in gone or [(None, None)]:
-            whose = f"pod {namespace}/{name}, which no longer exists" if name else "no pod"
+            if name is None:
+                whose = "no pod"
+            elif pods is not None and (namespace, name) in pods:
+                whose = f"pod {namespace}/{name}, which holds no GPU"
+            else:
+                whose = f"pod {namespace}/{name}, which no longer exists"
             findings.append(
                 Finding(
                     kind="stale-telemetry",

@@ -24,8 +24,9 @@ attempted.
 
 Node draining marks: `KubeTainter` adds or removes the `rebalancer.gpu/draining=<value>:NoSchedule`
 (or PreferNoSchedule) taint, touching no other taint (read, edit this key, JSON patch guarded by the
-resourceVersion), and lists the nodes that carry it so a start-up can clean marks no plan owns;
-`DryRunTainter` makes no request. When to taint and untaint is the caller's decision.
+resourceVersion; node annotations the caller names change in the same write), and lists the nodes
+that carry it so a start-up can clean marks no plan owns; `DryRunTainter` makes no request. When to
+taint and untaint is the caller's decision (rebalancer.actuator).
 
 It must not plan: no choosing, ordering or re-checking of guards and budgets beyond the API server's
 verdicts (the planner's ledger is the client-side PDB check). It never reads the clock except to sleep
@@ -314,11 +315,17 @@ class TaintChange:
 
 
 class NodeTainter(Protocol):
-    """Marks nodes being drained so evicted pods do not land back, and removes the mark again."""
+    """Marks nodes being drained so evicted pods do not land back, and removes the mark again.
 
-    def taint(self, node: str, value: str) -> TaintChange: ...
+    `annotations` (set) and `remove_annotations` are node annotations changed in the same write as the
+    taint, so a mark and what it records about the drain never part.
+    """
 
-    def untaint(self, node: str) -> TaintChange: ...
+    def taint(
+        self, node: str, value: str, *, annotations: Mapping[str, str] | None = None
+    ) -> TaintChange: ...
+
+    def untaint(self, node: str, *, remove_annotations: Iterable[str] = ()) -> TaintChange: ...
 
     def tainted(self) -> Mapping[str, str]: ...
 
@@ -326,10 +333,10 @@ class NodeTainter(Protocol):
 class DryRunTainter:
     """Marks nothing and makes no request; reports every change as done."""
 
-    def taint(self, node: str, value: str) -> TaintChange:
+    def taint(self, node: str, value: str, *, annotations: Mapping[str, str] | None = None) -> TaintChange:
         return TaintChange(node, ok=True, detail="dry-run: not tainted")
 
-    def untaint(self, node: str) -> TaintChange:
+    def untaint(self, node: str, *, remove_annotations: Iterable[str] = ()) -> TaintChange:
         return TaintChange(node, ok=True, detail="dry-run: not untainted")
 
     def tainted(self) -> Mapping[str, str]:
@@ -339,9 +346,10 @@ class DryRunTainter:
 class KubeTainter:
     """Adds / removes the `key=<value>:<effect>` taint with a JSON patch guarded by the resourceVersion.
 
-    Other taints are never touched: each change reads the node, edits only this key in the list, and
-    writes it back with a `test` on `metadata.resourceVersion`, re-reading when another writer got in
-    between (409 / 422). Transient failures are retried like evictions.
+    Other taints are never touched: each change reads the node, edits only this key in the list (and the
+    named annotations, in the same patch), and writes it back with a `test` on
+    `metadata.resourceVersion`, re-reading when another writer got in between (409 / 422). Transient
+    failures are retried like evictions.
     """
 
     def __init__(
@@ -365,7 +373,8 @@ class KubeTainter:
         self._sleep = sleep
         self._timeout = request_timeout
 
-    def taint(self, node: str, value: str) -> TaintChange:
+    def taint(self, node: str, value: str, *, annotations: Mapping[str, str] | None = None) -> TaintChange:
+        """Add (or take over) the mark; `annotations` are set on the node in the same write."""
         wanted = {"key": self.key, "value": value, "effect": self.effect}
 
         def edit(taints: list[Mapping[str, Any]]) -> list[Mapping[str, Any]] | None:
@@ -373,14 +382,16 @@ class KubeTainter:
                 return None
             return [t for t in taints if t.get("key") != self.key] + [wanted]
 
-        return self._change(node, edit, missing_ok=False)
+        return self._change(node, edit, missing_ok=False, annotations=dict(annotations or {}))
 
-    def untaint(self, node: str) -> TaintChange:
+    def untaint(self, node: str, *, remove_annotations: Iterable[str] = ()) -> TaintChange:
+        """Remove the mark; `remove_annotations` go in the same write (even when the taint is gone)."""
+
         def edit(taints: list[Mapping[str, Any]]) -> list[Mapping[str, Any]] | None:
             kept = [t for t in taints if t.get("key") != self.key]
             return kept if len(kept) != len(taints) else None
 
-        return self._change(node, edit, missing_ok=True)
+        return self._change(node, edit, missing_ok=True, annotations=dict.fromkeys(remove_annotations))
 
     def tainted(self) -> Mapping[str, str]:
         """Every node carrying this taint key, with the taint's value (which plan put it there)."""
@@ -409,6 +420,7 @@ class KubeTainter:
         edit: Callable[[list[Mapping[str, Any]]], list[Mapping[str, Any]] | None],
         *,
         missing_ok: bool,
+        annotations: Mapping[str, str | None] | None = None,
     ) -> TaintChange:
         attempt = 0
         while True:
@@ -422,14 +434,27 @@ class KubeTainter:
                 spec = current.get("spec") or {}
                 taints = list(spec.get("taints") or ())
                 new = edit(taints)
-                if new is None:
+                old_notes = dict(current["metadata"].get("annotations") or {})
+                notes = dict(old_notes)
+                for name, note in (annotations or {}).items():
+                    if note is None:
+                        notes.pop(name, None)
+                    else:
+                        notes[name] = note
+                if new is None and notes == old_notes:
                     return TaintChange(node, ok=True)
-                # `add` replaces an existing member; a node without any spec gets one.
-                write: dict[str, Any] = {"op": "add", "path": "/spec/taints", "value": new}
-                if not spec:
-                    write = {"op": "add", "path": "/spec", "value": {"taints": new}}
                 version = current["metadata"]["resourceVersion"]
-                ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}, write]
+                ops: list[dict[str, Any]] = [
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": version}
+                ]
+                if new is not None:
+                    # `add` replaces an existing member; a node without any spec gets one.
+                    write: dict[str, Any] = {"op": "add", "path": "/spec/taints", "value": new}
+                    if not spec:
+                        write = {"op": "add", "path": "/spec", "value": {"taints": new}}
+                    ops.append(write)
+                if notes != old_notes:
+                    ops.append({"op": "add", "path": "/metadata/annotations", "value": notes})
                 response = cast(
                     "urllib3.BaseHTTPResponse",
                     self._core.patch_node(node, ops, _preload_content=False, _request_timeout=self._timeout),

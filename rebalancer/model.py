@@ -25,7 +25,9 @@ MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 MILLI_PER_GPU = 1000
 
-OutcomeResult = Literal["would-evict", "evicted", "blocked-by-pdb", "gone", "error"]
+# `checkpoint-pending` (added with the live actuator): the pod, or its plan, waits for a checkpoint
+# before eviction (see docs/checkpoint-protocol.md); nothing was evicted.
+OutcomeResult = Literal["would-evict", "evicted", "blocked-by-pdb", "gone", "error", "checkpoint-pending"]
 ProposalKind = Literal["pod", "gang", "node"]
 Mode = Literal["dry-run", "live"]
 

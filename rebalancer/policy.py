@@ -217,6 +217,9 @@ class PricesConfig(StrictModel):
     default_per_gpu_hour: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
+DigestPeriod = Literal["hourly", "daily"]
+
+
 class SlackSinkConfig(StrictModel):
     webhook_url_env: str | None = None
     webhook_url_file: str | None = None
@@ -225,6 +228,8 @@ class SlackSinkConfig(StrictModel):
     include_dry_run: bool = True
     finding_kinds: tuple[str, ...] | None = None
     min_interval: Duration = 0
+    # Dry-run reports are not sent one by one but as one digest (the latest report) per period.
+    digest: DigestPeriod | None = None
 
     @model_validator(mode="after")
     def _has_secret_source(self) -> SlackSinkConfig:
@@ -241,11 +246,47 @@ class WebhookSinkConfig(StrictModel):
     include_dry_run: bool = True
     finding_kinds: tuple[str, ...] | None = None
     min_interval: Duration = 0
+    digest: DigestPeriod | None = None
 
 
 class NotifyConfig(StrictModel):
     slack: tuple[SlackSinkConfig, ...] = ()
     webhooks: tuple[WebhookSinkConfig, ...] = ()
+
+
+# A taint key: an optional DNS-subdomain prefix and `/`, then a name of at most 63 characters.
+_TAINT_KEY = re.compile(
+    r"^(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+
+
+class EvictionConfig(StrictModel):
+    """How live evictions are carried out (rebalancer.actuator); a dry run ignores all of it.
+
+    `drain_timeout`: a node marked draining that is still there with pods after this long gets its mark
+    removed (twice this long even when empty). `checkpoint_timeout`: how long a pod that opted in to
+    checkpoint-before-evict is given to answer before it is evicted anyway. `reschedule_timeout`: pods of a
+    workload the rebalancer evicted that are still unscheduled this long after open the circuit breaker.
+    """
+
+    grace_period_seconds: int | None = Field(default=None, ge=0)
+    # The API server runs every check (PDBs included) and persists nothing: a live cluster, no change.
+    server_dry_run: bool = False
+    retries: int = Field(default=3, ge=0, le=10)
+    drain_taint_key: str = "rebalancer.gpu/draining"
+    drain_taint_effect: Literal["NoSchedule", "PreferNoSchedule"] = "NoSchedule"
+    drain_timeout: Duration = Field(default=1800, gt=0)
+    checkpoint_timeout: Duration = Field(default=600, ge=0)
+    reschedule_timeout: Duration = Field(default=900, gt=0)
+
+    @field_validator("drain_taint_key")
+    @classmethod
+    def _taint_key(cls, key: str) -> str:
+        prefix = key.rpartition("/")[0]
+        if not _TAINT_KEY.match(key) or len(prefix) > 253:
+            raise ValueError("not a valid taint key: an optional DNS prefix and `/`, then a name")
+        return key
 
 
 class StrategyConfig(StrictModel):
@@ -265,6 +306,7 @@ class Policy(StrictModel):
     telemetry: TelemetryConfig | None = TelemetryConfig()
     prices: PricesConfig = PricesConfig()
     notify: NotifyConfig = NotifyConfig()
+    eviction: EvictionConfig = EvictionConfig()
 
     @field_validator("interval")
     @classmethod

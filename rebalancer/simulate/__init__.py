@@ -1,0 +1,166 @@
+"""Trace replay (`rebalancer simulate`): what would a policy save on a real GPU cluster trace?
+
+The package replays the Alibaba cluster-trace-gpu-v2023 CSV format through a scheduler model, an
+autoscaler model and the real strategies and planner, and reports node-hours against a lower bound.
+
+- `trace`: CSV parsing and load scaling (replicas, seeded shifts, compression) into `Job`s;
+- `cluster`: node pools, provisioned nodes, the packed / spread scheduler models, the autoscaler's pick;
+- `rebalancers`: the real rebalancer on a Snapshot of the simulated state, and the descheduler baseline;
+- `bound`: the lower bound on node-hours;
+- `engine`: the event loop and the metrics;
+- `result`: the result value, its JSON keys and text rendering.
+
+This module is the entry point: `run_simulation(options)` reads the files named in `SimulationOptions`
+and runs the replay; bad input raises `SimulationInputError` with one line per problem. Nothing in the
+package reads the clock: the caller (CLI, benchmark) measures `wall_seconds` around `run_simulation`
+and sets it on the result with `dataclasses.replace`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from rebalancer.policy import LoadedPolicy, PolicyError, load_policy
+from rebalancer.simulate.cluster import SchedulerModel
+from rebalancer.simulate.engine import DEFAULT_INTERVAL, EngineConfig, RebalancerMode, simulate
+from rebalancer.simulate.rebalancers import simulation_policy
+from rebalancer.simulate.result import (
+    ResultFormat,
+    SimulationResult,
+    render,
+    render_text,
+    result_to_dict,
+)
+from rebalancer.simulate.trace import TraceError, build_jobs, load_nodes, load_pods
+
+__all__ = [
+    "ResultFormat",
+    "SimulationInputError",
+    "SimulationOptions",
+    "SimulationResult",
+    "load_prices",
+    "render",
+    "render_text",
+    "result_to_dict",
+    "run_simulation",
+    "simulation_policy",
+]
+
+
+class SimulationInputError(Exception):
+    """Input the operator must fix (files, flags, policy); `problems` has one line per problem."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = tuple(problems)
+
+
+@dataclass(frozen=True)
+class SimulationOptions:
+    """Everything `rebalancer simulate` takes; `interval` in seconds."""
+
+    nodes: Path
+    pods: Path
+    replicas: int = 1
+    seed: int = 1
+    compress: float = 1.0
+    policy: Path | None = None
+    scheduler: SchedulerModel = "packed"
+    rebalancer: RebalancerMode = "off"
+    interval: float = DEFAULT_INTERVAL
+    prices: Path | None = None
+    check_invariants: bool = False
+
+
+def load_prices(path: str | Path) -> dict[str, float]:
+    """A YAML or JSON mapping of GPU model (the node CSV's `model`) to price per GPU-hour."""
+    source = str(path)
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SimulationInputError([f"{source}: cannot read prices: {exc.strerror or exc}"]) from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise SimulationInputError([f"{source}: not a YAML / JSON file: {exc}"]) from None
+    if not isinstance(data, Mapping) or not data:
+        raise SimulationInputError([f"{source}: expected a mapping of GPU model to price per GPU-hour"])
+    prices: dict[str, float] = {}
+    problems: list[str] = []
+    for model, price in data.items():
+        if (
+            isinstance(price, bool)
+            or not isinstance(price, int | float)
+            or not math.isfinite(price)
+            or price < 0
+        ):
+            problems.append(f"{source}: {model}: expected a non-negative price per GPU-hour, got {price!r}")
+        else:
+            prices[str(model)] = float(price)
+    if problems:
+        raise SimulationInputError(problems)
+    return prices
+
+
+def _check(options: SimulationOptions) -> list[str]:
+    problems: list[str] = []
+    if options.replicas < 1:
+        problems.append(f"--replicas must be at least 1, got {options.replicas}")
+    if not math.isfinite(options.compress) or options.compress <= 0:
+        problems.append(f"--compress must be a positive number, got {options.compress}")
+    if not math.isfinite(options.interval) or options.interval <= 0:
+        problems.append(f"--interval must be a positive duration, got {options.interval}s")
+    if options.scheduler not in ("packed", "spread"):
+        problems.append(f"--scheduler must be packed or spread, got {options.scheduler!r}")
+    if options.rebalancer not in ("on", "off", "descheduler-hnu"):
+        problems.append(f"--rebalancer must be on, off or descheduler-hnu, got {options.rebalancer!r}")
+    if options.policy is not None and options.rebalancer != "on":
+        problems.append("--policy is only used with --rebalancer on")
+    return problems
+
+
+def run_simulation(options: SimulationOptions) -> SimulationResult:
+    """Read the trace, policy and prices named in `options` and replay the trace.
+
+    Raises SimulationInputError (never a traceback) for anything the operator must fix.
+    """
+    problems = _check(options)
+    if problems:
+        raise SimulationInputError(problems)
+    loaded: LoadedPolicy | None = None
+    if options.policy is not None:
+        try:
+            loaded = load_policy(options.policy)
+        except PolicyError as exc:
+            raise SimulationInputError(exc.problems) from None
+    prices = load_prices(options.prices) if options.prices is not None else {}
+    try:
+        nodes = load_nodes(options.nodes)
+        trace = load_pods(options.pods)
+        if not trace.has_times:
+            raise TraceError(
+                [
+                    f"{options.pods}: no scheduled_time / deletion_time columns (like the multigpu* files): "
+                    "a pod list without times cannot be replayed"
+                ]
+            )
+        window, jobs = build_jobs(
+            trace.pods, replicas=options.replicas, seed=options.seed, compress=options.compress
+        )
+    except TraceError as exc:
+        raise SimulationInputError(exc.problems) from None
+    config = EngineConfig(
+        scheduler=options.scheduler,
+        rebalancer=options.rebalancer,
+        interval=options.interval,
+        policy=loaded,
+        prices=prices,
+        check_invariants=options.check_invariants,
+        replicas=options.replicas,
+        seed=options.seed,
+        compress=options.compress,
+    )
+    return simulate(nodes, jobs, window, config)

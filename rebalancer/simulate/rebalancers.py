@@ -1,0 +1,315 @@
+"""What runs every `--interval` of simulated time: the real rebalancer, or the descheduler baseline.
+
+Owns two things the engine calls with the simulated state and time, each answering "evict these jobs":
+
+- `PolicyRebalancer` (`--rebalancer on`): builds a Snapshot of the simulated cluster (nodes labelled
+  `nvidia.com/gpu.product` with allocatable cpu, memory, `nvidia.com/gpu` and pods; one Job-owned pod
+  per running job with its GPU request, cpu and memory, required node affinity on the GPU model from
+  `gpu_spec`, the scheduler that placed it, and its creation and start times), runs the REAL
+  `rebalancer.cycle.evaluate` with the policy and the cooldown history of earlier cycles, and returns
+  the pods of every approved decision, and the nodes it drains: like the live evictor, it taints them
+  `rebalancer.gpu/draining:NoSchedule` first so the evicted pods do not land back. `now` is the Unix
+  epoch plus the simulated seconds.
+- `HighNodeUtilization` (`--rebalancer descheduler-hnu`): the upstream descheduler's plugin of that
+  name, on GPU requests: nodes at or under 50 % of their GPUs requested are under-used (nothing happens
+  when none is, or when all are); their pods are evicted, emptiest node first, while the GPUs left
+  free on the other nodes, summed over them, stay positive. No placement simulation, no per-node
+  reservations, no cooldown, no taint.
+
+Also `simulation_policy()`, the policy `on` uses unless `--policy` gives one. This module must not
+read the clock, move jobs itself or decide when ticks happen: the engine applies the evictions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+from rebalancer.cycle import evaluate
+from rebalancer.model import (
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
+    MILLI_PER_GPU,
+    GpuRequest,
+    Node,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    OwnerRef,
+    Pod,
+    Snapshot,
+    Taint,
+)
+from rebalancer.planner import DisruptionHistory, WorkloadKey, workload_key
+from rebalancer.policy import LoadedPolicy, parse_policy
+from rebalancer.simulate.cluster import MIB, POD_SLOTS, SimCluster, SimNode
+from rebalancer.simulate.trace import Job
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+NAMESPACE = "trace"
+PACKED_SCHEDULER = "gpu-packed-scheduler"
+SPREAD_SCHEDULER = "default-scheduler"  # kube-scheduler's default scoring is LeastAllocated
+HNU_THRESHOLD_PERCENT = 50.0
+# The taint the live evictor puts on a node before draining it, so evicted pods do not land back.
+DRAINING_TAINT = Taint(key="rebalancer.gpu/draining", value="simulation", effect="NoSchedule")
+
+SIMULATION_POLICY: dict[str, object] = {
+    "dry_run": False,
+    "strategies": [
+        {
+            "name": "gpu-consolidation",
+            # The replay has no DCGM telemetry: consolidate on allocated GPUs alone. A node half used is
+            # a candidate (the trace's many 2-GPU nodes with one GPU busy); the 50 % default excludes it.
+            "args": {"max_utilization_percent": None, "max_allocated_percent": 60},
+        }
+    ],
+    # Every simulated pod is a Job's pod started by the trace: no pod is too young to move.
+    "guards": {"min_pod_age": 0},
+    # A drained node's pods all move at once, so no per-node or per-namespace cap; keep a cycle cap.
+    "limits": {"max_per_node": None, "max_per_namespace": None, "max_per_cycle": 100},
+    "telemetry": None,
+}
+
+
+def simulation_policy() -> LoadedPolicy:
+    """gpu-consolidation on allocation alone (nodes under 60 % of their GPUs allocated), min_pod_age 0,
+    no telemetry, no per-node or per-namespace cap, at most 100 evictions per cycle; other settings
+    (min_node_age 1h, cooldown 30m, 3 nodes per cycle) are the defaults."""
+    return parse_policy(SIMULATION_POLICY, "<simulation policy>")
+
+
+def sim_datetime(seconds: float) -> datetime:
+    """The Snapshot time of a simulated instant: the Unix epoch plus the trace seconds."""
+    return EPOCH + timedelta(seconds=seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """One job to evict, and the node the rebalancer predicted it would land on (None: no prediction)."""
+
+    job: int
+    target: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TickPlan:
+    """What one tick does: evict these jobs, after tainting these nodes (being drained) NoSchedule."""
+
+    evictions: tuple[Eviction, ...] = ()
+    drain: tuple[str, ...] = ()
+
+
+NOTHING = TickPlan()
+
+
+class Rebalancer(Protocol):
+    """Called at each tick with the simulated time; says what to evict and which nodes to taint."""
+
+    def plan(self, now: float, cluster: SimCluster) -> TickPlan: ...
+
+
+# --------------------------------------------------------------------------- the real rebalancer
+
+
+def model_affinity(models: frozenset[str] | None) -> tuple[NodeSelectorTerm, ...]:
+    """Required node affinity `nvidia.com/gpu.product In (models)`; none when any model will do."""
+    if models is None:
+        return ()
+    requirement = NodeSelectorRequirement(GPU_PRODUCT_LABEL, "In", tuple(sorted(models)))
+    return (NodeSelectorTerm(match_expressions=(requirement,)),)
+
+
+def build_pod(
+    job: Job,
+    node: str | None,
+    started: float | None,
+    scheduler_name: str,
+    *,
+    required_affinity: tuple[NodeSelectorTerm, ...] | None = None,
+) -> Pod:
+    """The pod of a job as the Kubernetes model sees it: a Job's pod with the job's requests."""
+    requests = {"cpu": job.cpu_milli, "memory": job.memory_mib * MIB}
+    if job.gpu_milli >= MILLI_PER_GPU:
+        requests[GPU_RESOURCE] = job.num_gpu
+    return Pod(
+        namespace=NAMESPACE,
+        name=job.name,
+        uid=f"job-{job.index}",
+        node_name=node,
+        phase="Running" if node is not None else "Pending",
+        scheduler_name=scheduler_name,
+        qos_class="Burstable",
+        labels={"job-name": job.name},
+        owner=OwnerRef(kind="Job", name=job.name, api_version="batch/v1"),
+        requests=requests,
+        gpu=GpuRequest(count=job.num_gpu, milli_per_device=job.gpu_milli),
+        required_affinity=model_affinity(job.models) if required_affinity is None else required_affinity,
+        created=sim_datetime(job.arrival),
+        started=sim_datetime(started) if started is not None else None,
+    )
+
+
+class SnapshotBuilder:
+    """Builds Snapshots of the simulated cluster, reusing the Node and Pod objects that did not change."""
+
+    def __init__(self, jobs: Sequence[Job], scheduler_name: str) -> None:
+        self.jobs = jobs
+        self.scheduler_name = scheduler_name
+        self._nodes: dict[str, tuple[tuple[float, bool], Node]] = {}
+        self._pods: dict[int, tuple[str, float, Pod]] = {}
+        self._affinity: dict[frozenset[str], tuple[NodeSelectorTerm, ...]] = {}
+        self.index: dict[tuple[str, str], int] = {}  # pod key -> job index
+        self._on_node: dict[str, tuple[SimNode, int, tuple[Pod, ...]]] = {}
+
+    def _node(self, node: SimNode) -> Node:
+        cached = self._nodes.get(node.name)
+        if cached is not None and cached[0] == (node.created, node.draining):
+            return cached[1]
+        built = Node(
+            name=node.name,
+            labels={
+                "kubernetes.io/hostname": node.name,
+                GPU_PRODUCT_LABEL: node.model,
+                "nvidia.com/gpu.count": str(node.gpus),
+            },
+            allocatable={
+                "cpu": node.cpu,
+                "memory": node.memory,
+                GPU_RESOURCE: node.gpus,
+                "pods": POD_SLOTS,
+            },
+            taints=(DRAINING_TAINT,) if node.draining else (),
+            created=sim_datetime(node.created),
+        )
+        self._nodes[node.name] = ((node.created, node.draining), built)
+        return built
+
+    def _required_affinity(self, models: frozenset[str] | None) -> tuple[NodeSelectorTerm, ...]:
+        if models is None:
+            return ()
+        terms = self._affinity.get(models)
+        if terms is None:
+            terms = model_affinity(models)
+            self._affinity[models] = terms
+        return terms
+
+    def _pod(self, job: Job, node: str, started: float) -> Pod:
+        cached = self._pods.get(job.index)
+        if cached is not None and cached[0] == node and cached[1] == started:
+            return cached[2]
+        built = build_pod(
+            job, node, started, self.scheduler_name, required_affinity=self._required_affinity(job.models)
+        )
+        self._pods[job.index] = (node, started, built)
+        self.index[built.key] = job.index
+        return built
+
+    def snapshot(self, now: float, cluster: SimCluster) -> Snapshot:
+        """The simulated cluster as the rebalancer sees it at `now`."""
+        nodes = {name: self._node(node) for name, node in cluster.nodes.items()}
+        pods: list[Pod] = []
+        for name, node in cluster.nodes.items():
+            cached = self._on_node.get(name)
+            if cached is None or cached[0] is not node or cached[1] != node.version:
+                held = tuple(self._pod(self.jobs[index], name, cluster.started[index]) for index in node.jobs)
+                cached = (node, node.version, held)
+                self._on_node[name] = cached
+            pods.extend(cached[2])
+        return Snapshot(now=sim_datetime(now), nodes=nodes, pods=tuple(pods))
+
+    def forget(self, job: Job) -> None:
+        """Drop what is cached about a job that ended."""
+        cached = self._pods.pop(job.index, None)
+        if cached is not None:
+            self.index.pop(cached[2].key, None)
+
+
+class PolicyRebalancer:
+    """Runs `rebalancer.cycle.evaluate` on a Snapshot of the simulated cluster."""
+
+    def __init__(self, loaded: LoadedPolicy, builder: SnapshotBuilder) -> None:
+        self.loaded = loaded
+        self.builder = builder
+        self.cycles = 0
+        self.approved = 0
+        self.refused: Counter[str] = Counter()
+        self.skipped: Counter[str] = Counter()  # "strategy: reason" -> cycles it was skipped
+        self._drained: dict[str, datetime] = {}
+        self._disrupted: dict[WorkloadKey, datetime] = {}
+
+    # ----------------------------------------------------------------------- cycle
+
+    def history(self, now: datetime) -> DisruptionHistory:
+        """Disruptions still inside the cooldown (older ones can never refuse anything again)."""
+        horizon = now - timedelta(seconds=self.loaded.policy.guards.cooldown)
+        self._drained = {k: v for k, v in self._drained.items() if v > horizon}
+        self._disrupted = {k: v for k, v in self._disrupted.items() if v > horizon}
+        return DisruptionHistory(nodes=dict(self._drained), workloads=dict(self._disrupted))
+
+    def plan(self, now: float, cluster: SimCluster) -> TickPlan:
+        snapshot = self.builder.snapshot(now, cluster)
+        evaluation = evaluate(snapshot, self.loaded, history=self.history(snapshot.now))
+        self.cycles += 1
+        for skipped in evaluation.skipped:
+            self.skipped[f"{skipped.strategy}: {skipped.reason}"] += 1
+        evictions: list[Eviction] = []
+        drain: list[str] = []
+        seen: set[int] = set()
+        for decision in evaluation.decisions:
+            if not decision.approved:
+                self.refused[decision.blocked_by or "unknown"] += 1
+                continue
+            self.approved += 1
+            proposal = decision.proposal
+            if proposal.kind == "node" and proposal.node is not None:
+                for node in dict.fromkeys((proposal.node, *proposal.nodes_freed)):
+                    self._drained[node] = snapshot.now
+                    drain.append(node)
+            targets = decision.targets or proposal.targets
+            for pod in proposal.pods:
+                index = self.builder.index.get(pod.key)
+                if index is None or index in seen or index not in cluster.location:
+                    continue
+                seen.add(index)
+                key = workload_key(pod)
+                if key is not None:
+                    self._disrupted[key] = snapshot.now
+                evictions.append(Eviction(job=index, target=targets.get(pod.key)))
+        if not evictions and not drain:
+            return NOTHING
+        return TickPlan(evictions=tuple(evictions), drain=tuple(drain))
+
+
+# --------------------------------------------------------------------------- descheduler baseline
+
+
+class HighNodeUtilization:
+    """The upstream descheduler's HighNodeUtilization on GPU requests (the peer baseline)."""
+
+    def __init__(self, jobs: Sequence[Job], threshold_percent: float = HNU_THRESHOLD_PERCENT) -> None:
+        self.jobs = jobs
+        self.threshold_percent = threshold_percent
+        self.cycles = 0
+
+    def plan(self, now: float, cluster: SimCluster) -> TickPlan:
+        self.cycles += 1
+        nodes = [node for node in cluster.nodes.values() if node.gpus > 0]
+
+        def usage(node: SimNode) -> float:
+            return node.used_milli / (node.gpus * MILLI_PER_GPU) * 100
+
+        low = [node for node in nodes if usage(node) <= self.threshold_percent]
+        if not low or len(low) == len(nodes):
+            return NOTHING  # nothing under-used, or everything is: upstream does nothing
+        high = [node for node in nodes if usage(node) > self.threshold_percent]
+        available = sum(node.gpus * MILLI_PER_GPU - node.used_milli for node in high)
+        evictions: list[Eviction] = []
+        for node in sorted(low, key=lambda n: (usage(n), n.name)):
+            for index in sorted(node.jobs, key=lambda i: self.jobs[i].name):
+                if available <= 0:
+                    return TickPlan(evictions=tuple(evictions))
+                evictions.append(Eviction(job=index))
+                available -= self.jobs[index].gpu_demand_milli
+        return TickPlan(evictions=tuple(evictions))

@@ -1,0 +1,92 @@
+"""`rebalancer simulate` through the command line: JSON keys, text, and bad input exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rebalancer.cli import main
+
+REQUIRED_KEYS = {
+    "node_hours",
+    "lower_bound_node_hours",
+    "ratio",
+    "gpu_hours_provisioned",
+    "gpu_hours_used",
+    "pods",
+    "evictions",
+    "evictions_per_pod",
+    "max_evictions_per_pod",
+    "lost_gpu_hours",
+    "pending_pod_hours",
+    "wall_seconds",
+}
+
+
+@pytest.fixture
+def trace(tmp_path: Path) -> tuple[Path, Path]:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\na,96000,393216,8,G2\nb,104000,524288,2,T4\n")
+    pods = tmp_path / "pods.csv"
+    pods.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+        "creation_time,deletion_time,scheduled_time\n"
+        "p0,4000,1024,1,1000,T4,LS,Running,0,7200,0\n"
+        "p1,4000,1024,2,1000,,LS,Running,0,3600,0\n"
+        "p2,4000,1024,1,500,,BE,Running,0,10800,1800\n"
+    )
+    return nodes, pods
+
+
+def test_simulate_prints_every_json_key(trace: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    nodes, pods = trace
+    argv = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--replicas", "3", "--seed", "2"]
+    code = main([*argv, "--rebalancer", "on", "--interval", "10m", "--output", "json"])
+    assert code == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload.keys() >= REQUIRED_KEYS
+    assert payload["wall_seconds"] >= 0
+    assert payload["pods"] == 6  # p1 ends at the window start (3600): 2 pods per copy
+    assert payload["replicas"] == 3
+    assert payload["interval_seconds"] == 600
+
+
+def test_simulate_text_output(trace: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    nodes, pods = trace
+    assert main(["simulate", "--nodes", str(nodes), "--pods", str(pods), "--scheduler", "spread"]) == 0
+    out = capsys.readouterr().out
+    assert "lower bound node-hours" in out
+    assert "spread / off" in out
+
+
+def test_simulate_bad_input_exits_2_with_one_line_per_problem(
+    trace: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, _ = trace
+    code = main(
+        ["simulate", "--nodes", str(nodes), "--pods", str(tmp_path / "missing.csv"), "--replicas", "0"]
+    )
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["rebalancer: error: --replicas must be at least 1, got 0"]
+    code = main(["simulate", "--nodes", str(nodes), "--pods", str(tmp_path / "missing.csv")])
+    assert code == 2
+    assert "cannot read" in capsys.readouterr().err
+    assert main(["simulate", "--nodes", str(nodes), "--pods", "x", "--interval", "later"]) == 2
+    assert "--interval" in capsys.readouterr().err
+
+
+def test_a_policy_needing_telemetry_is_reported_as_skipped(
+    trace: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = trace
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("strategies:\n  - name: gpu-consolidation\n")  # utilisation threshold by default
+    argv = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--rebalancer", "on"]
+    assert main([*argv, "--policy", str(policy), "--output", "json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    (reason,) = payload["skipped_strategies"]
+    assert reason.startswith("gpu-consolidation: needs GPU telemetry")
+    assert payload["skipped_strategies"][reason] == payload["rebalancer_cycles"] > 0

@@ -231,10 +231,7 @@ class KubeEvictor:
                         _request_timeout=self._timeout,
                     ),
                 )
-                # The answer was 2xx: it is in. Drain so the pooled connection keeps no stale bytes.
-                with suppress(urllib3.exceptions.HTTPError, OSError):
-                    response.drain_conn()
-                response.release_conn()
+                release_unread(response)  # the answer was 2xx: it is in
                 if self._server_dry_run:
                     return outcome("would-evict", "server dry-run: the API server accepted the eviction")
                 return outcome("evicted")
@@ -474,6 +471,13 @@ class KubeTainter:
                 return TaintChange(node, ok=False, detail=f"{problem} (after {attempt + 1} attempts)")
             self._sleep(self._backoff(attempt))
             attempt += 1
+
+
+def release_unread(response: urllib3.BaseHTTPResponse) -> None:
+    """Drain an unread body before the connection goes back to the pool, so no stale bytes stay on it."""
+    with suppress(urllib3.exceptions.HTTPError, OSError):
+        response.drain_conn()
+    response.release_conn()
 
 
 def _read_json(response: urllib3.BaseHTTPResponse) -> Mapping[str, Any]:

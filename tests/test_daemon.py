@@ -1,0 +1,556 @@
+"""The daemon: cycles, stop flag, policy hot reload, HTTP endpoints, the apscheduler loop (freezegun)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from freezegun import freeze_time
+from prometheus_client.parser import text_string_to_metric_families
+
+from rebalancer.daemon import (
+    JOB_ID,
+    Daemon,
+    GatedEvictor,
+    PolicyWatcher,
+    StatusServer,
+    build_notifiers,
+)
+from rebalancer.evictor import DryRunEvictor
+from rebalancer.model import Decision, Finding, Mode, Outcome, Snapshot
+from rebalancer.policy import NotifyConfig, PolicyError, parse_policy
+from rebalancer.sinks.notify import HttpPoster, Notifier
+from tests.builders import A100, NOW, node, pod, snapshot
+from tests.http_receiver import HttpReceiver, http_receiver
+
+__all__ = ["http_receiver"]
+
+POLICY: dict[str, Any] = {
+    "dry_run": True,
+    "interval": "5m",
+    "strategies": [{"name": "gpu-consolidation", "args": {"max_utilization_percent": None}}],
+    "telemetry": None,
+    "prices": {"per_gpu_hour": {A100: 2.5}},
+}
+
+
+def cluster(now: datetime = NOW) -> Snapshot:
+    """Three 8-GPU nodes holding 2, 3 and 3 one-GPU pods: drain a-1, then a-3, both onto a-2."""
+    return snapshot(
+        [node("a-1"), node("a-2"), node("a-3")],
+        [
+            pod("a1-x", "a-1"),
+            pod("a1-y", "a-1"),
+            *(pod(f"a2-{i}", "a-2") for i in range(3)),
+            *(pod(f"a3-{i}", "a-3") for i in range(3)),
+        ],
+        now=now,
+    )
+
+
+def source(now: datetime, _loaded: object) -> Snapshot:
+    return cluster(now)
+
+
+def write_policy(path: Path, **changes: Any) -> Path:
+    path.write_text(json.dumps({**POLICY, **changes}), encoding="utf-8")
+    return path
+
+
+class RecordingEvictor:
+    """A live evictor that evicts everything and remembers the decisions it was handed."""
+
+    mode: Mode = "live"
+
+    def __init__(self, during: Callable[[Decision], None] | None = None) -> None:
+        self.decisions: list[Decision] = []
+        self._during = during
+
+    def evict(self, decision: Decision) -> tuple[Outcome, ...]:
+        self.decisions.append(decision)
+        if self._during is not None:
+            self._during(decision)
+        return tuple(Outcome(p.namespace, p.name, "evicted") for p in decision.proposal.pods)
+
+
+class FakeMonotonic:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def no_notifiers(_notify: NotifyConfig, _on_result: Callable[[str, str], None]) -> list[Notifier]:
+    return []
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[Daemon]]:
+    made: list[Daemon] = []
+    yield made
+    for daemon in made:
+        daemon.shutdown(notify_timeout=0.5)
+
+
+def sample(daemon: Daemon, name: str, **labels: str) -> float | None:
+    body, _ = daemon.metrics.exposition()
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            if s.name == name and s.labels == labels:
+                return float(s.value)
+    return None
+
+
+# --------------------------------------------------------------------------- one cycle
+
+
+def test_a_cycle_reads_the_clock_once_evaluates_and_keeps_the_report(daemons: list[Daemon]) -> None:
+    reads: list[datetime] = []
+
+    def clock() -> datetime:
+        reads.append(NOW)
+        return NOW
+
+    seen: list[datetime] = []
+
+    def recording_source(now: datetime, loaded: object) -> Snapshot:
+        seen.append(now)
+        return cluster(now)
+
+    daemon = Daemon(parse_policy(POLICY), recording_source, clock=clock, notifiers=no_notifiers)
+    daemons.append(daemon)
+    with structlog.testing.capture_logs([structlog.contextvars.merge_contextvars]) as logs:
+        report = daemon.run_cycle()
+    assert report is not None and report.mode == "dry-run"
+    assert len(reads) == 1 and seen == [NOW]
+    assert report.freed_nodes == ("a-1", "a-3")
+    assert daemon.last_report is report
+    decisions = [e for e in logs if e["event"] == "decision"]
+    assert len(decisions) == 5
+    assert len({e["cycle_id"] for e in logs if "cycle_id" in e}) == 1
+    assert all("cycle_id" in e for e in decisions)
+    assert sample(daemon, "gpu_rebalancer_cycles_total", result="success") == 1
+    assert sample(daemon, "gpu_rebalancer_nodes_freeable", gpu_model=A100) == 2
+    assert sample(daemon, "gpu_rebalancer_estimated_savings_per_hour") == 40.0
+
+
+def test_a_failing_source_is_an_error_cycle_and_the_next_one_runs(daemons: list[Daemon]) -> None:
+    calls: list[int] = []
+
+    def flaky(now: datetime, loaded: object) -> Snapshot:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("apiserver down")
+        return cluster(now)
+
+    daemon = Daemon(parse_policy(POLICY), flaky, clock=lambda: NOW, notifiers=no_notifiers)
+    daemons.append(daemon)
+    assert daemon.run_cycle() is None
+    assert daemon.run_cycle() is not None
+    assert daemon.counts["error"] == 1 and daemon.counts["success"] == 1
+    assert sample(daemon, "gpu_rebalancer_cycles_total", result="error") == 1
+    assert sample(daemon, "gpu_rebalancer_cycle_duration_seconds_count") == 2
+
+
+def test_live_cycles_remember_disruptions_for_the_cooldown(daemons: list[Daemon]) -> None:
+    evictor = RecordingEvictor()
+    loaded = parse_policy({**POLICY, "dry_run": False})
+    daemon = Daemon(loaded, source, live_evictor=evictor, clock=lambda: NOW, notifiers=no_notifiers)
+    daemons.append(daemon)
+    first = daemon.run_cycle()
+    assert first is not None and first.mode == "live" and first.summary.evictions == 5
+    second = daemon.run_cycle()  # the same (stale) cluster again: those workloads are cooling down
+    assert second is not None and second.summary.evictions == 0
+    assert {d.blocked_by for d in second.decisions} == {"cooldown"}
+
+
+def test_live_without_an_evictor_fails_the_cycle(daemons: list[Daemon]) -> None:
+    daemon = Daemon(parse_policy(POLICY), source, dry_run=False, clock=lambda: NOW, notifiers=no_notifiers)
+    daemons.append(daemon)
+    assert daemon.run_cycle() is None
+    assert daemon.counts["error"] == 1
+
+
+def test_live_hooks_frame_every_live_cycle_and_add_findings(daemons: list[Daemon]) -> None:
+    calls: list[tuple[str, object]] = []
+    fail = [False]
+
+    def during(_decision: Decision) -> None:
+        if fail[0]:
+            raise RuntimeError("apiserver vanished")
+
+    def end(*, completed: bool = True) -> None:
+        calls.append(("end", completed))
+
+    daemon = Daemon(
+        parse_policy({**POLICY, "guards": {"cooldown": 0}}),
+        source,
+        live_evictor=RecordingEvictor(during=during),
+        begin_live_cycle=lambda _snapshot, cycle_id: calls.append(("begin", cycle_id)),
+        end_live_cycle=end,
+        live_findings=lambda: [Finding("circuit-open", namespace="ml", detail="still Pending")],
+        clock=lambda: NOW,
+        notifiers=no_notifiers,
+    )
+    daemons.append(daemon)
+    assert daemon.run_cycle() is not None  # the policy says dry-run: no live hooks
+    assert calls == []
+
+    daemon._dry_run = False
+    report = daemon.run_cycle()
+    assert report is not None and report.findings[-1].kind == "circuit-open"
+    assert [c[0] for c in calls] == ["begin", "end"] and calls[1] == ("end", True)
+    assert str(calls[0][1]).startswith("20261129T120000Z-")
+
+    fail[0] = True
+    calls.clear()
+    assert daemon.run_cycle() is None
+    assert calls[1] == ("end", False)  # the actuator learns the cycle did not complete
+
+
+# --------------------------------------------------------------------------- the stop flag
+
+
+def test_stop_lets_the_decision_in_flight_finish_and_attempts_no_other(daemons: list[Daemon]) -> None:
+    holder: list[Daemon] = []
+    evictor = RecordingEvictor(during=lambda _d: holder[0].request_stop())
+    daemon = Daemon(
+        parse_policy(POLICY),
+        source,
+        live_evictor=evictor,
+        dry_run=False,
+        clock=lambda: NOW,
+        notifiers=no_notifiers,
+    )
+    holder.append(daemon)
+    daemons.append(daemon)
+    report = daemon.run_cycle()
+    assert report is not None
+    [handed] = evictor.decisions  # the whole node plan of a-1, never half of it
+    assert {p.name for p in handed.proposal.pods} == {"a1-x", "a1-y"}
+    outcomes = {d.pod: (d.outcome, d.reason) for d in report.decisions}
+    assert outcomes["a1-x"][0] == outcomes["a1-y"][0] == "evicted"
+    assert {outcomes[f"a3-{i}"][0] for i in range(3)} == {"error"}
+    assert "not attempted: shutting down" in outcomes["a3-0"][1]
+    assert report.freed_nodes == ("a-1",)
+    assert daemon.run_cycle() is None  # stopping: no new cycle
+
+
+def test_gated_evictor_checks_only_between_decisions() -> None:
+    calls: list[str] = []
+    answers = iter([None, "leadership lost", None])
+
+    def gate() -> str | None:
+        calls.append("gate")
+        return next(answers)
+
+    loaded = parse_policy(POLICY)
+    from rebalancer.cycle import evaluate
+
+    decisions = [d for d in evaluate(cluster(), loaded).decisions if d.approved]
+    gated = GatedEvictor(DryRunEvictor(), gate)
+    first = gated.evict(decisions[0])
+    second = gated.evict(decisions[1])
+    assert [o.result for o in first] == ["would-evict", "would-evict"]
+    assert {(o.result, o.detail) for o in second} == {("error", "not attempted: leadership lost")}
+    assert gated.evict(decisions[0])[0].result == "error"  # stopped for the rest of the cycle
+    assert calls == ["gate", "gate"]
+    assert gated.mode == "dry-run"
+
+
+# --------------------------------------------------------------------------- hot reload
+
+
+def test_valid_policy_change_is_used_from_the_next_cycle(tmp_path: Path, daemons: list[Daemon]) -> None:
+    path = write_policy(tmp_path / "policy.yaml")
+    evictor = RecordingEvictor()
+    daemon = Daemon(
+        PolicyWatcher(path), source, live_evictor=evictor, clock=lambda: NOW, notifiers=no_notifiers
+    )
+    daemons.append(daemon)
+    first = daemon.run_cycle()
+    assert first is not None and first.mode == "dry-run"
+
+    write_policy(path, dry_run=False, limits={"max_per_cycle": 1})
+    second = daemon.run_cycle()
+    assert second is not None and second.mode == "live"
+    assert second.summary.evictions == 0  # a node drain does not fit a budget of 1
+    assert sample(daemon, "gpu_rebalancer_policy_valid") == 1
+    assert sample(daemon, "gpu_rebalancer_policy_reload_errors_total") == 0
+
+
+def test_invalid_policy_change_keeps_the_running_policy(tmp_path: Path, daemons: list[Daemon]) -> None:
+    path = write_policy(tmp_path / "policy.yaml")
+    daemon = Daemon(PolicyWatcher(path), source, clock=lambda: NOW, notifiers=no_notifiers)
+    daemons.append(daemon)
+    assert daemon.run_cycle() is not None
+
+    path.write_text(json.dumps({**POLICY, "interval": "1s", "limits": {"max_per_cycle": 0}, "bogus": 1}))
+    with structlog.testing.capture_logs() as logs:
+        report = daemon.run_cycle()
+        daemon.run_cycle()  # the same bad content is not reported twice
+    assert report is not None and report.summary.evictions == 5  # the old policy still runs
+    [rejected] = [e for e in logs if e["event"].startswith("policy change rejected")]
+    problems = "\n".join(rejected["problems"])
+    assert "interval: interval must be at least 10s" in problems
+    assert "limits.max_per_cycle" in problems
+    assert "bogus: unknown field" in problems
+    assert sample(daemon, "gpu_rebalancer_policy_valid") == 0
+    assert sample(daemon, "gpu_rebalancer_policy_reload_errors_total") == 1
+    assert daemon.policy.policy.interval == 300
+
+    write_policy(path)  # back to the running content
+    daemon.run_cycle()
+    assert sample(daemon, "gpu_rebalancer_policy_valid") == 1
+
+
+def test_configmap_symlink_swap_is_noticed(tmp_path: Path) -> None:
+    """kubelet's atomic update: policy.yaml -> ..data/policy.yaml, ..data -> ..<timestamp> swapped."""
+    mount = tmp_path / "mount"
+    mount.mkdir()
+    for version, interval in (("..v1", "5m"), ("..v2", "10m")):
+        (mount / version).mkdir()
+        write_policy(mount / version / "policy.yaml", interval=interval)
+    os.symlink("..v1", mount / "..data")
+    os.symlink("..data/policy.yaml", mount / "policy.yaml")
+    watcher = PolicyWatcher(mount / "policy.yaml")
+    assert watcher.check().status == "unchanged"
+    os.symlink("..v2", mount / "..data_tmp")
+    os.replace(mount / "..data_tmp", mount / "..data")
+    result = watcher.check()
+    assert result.status == "reloaded" and result.previous_interval == 300
+    assert watcher.current.policy.interval == 600
+
+
+def test_an_invalid_policy_at_start_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text("interval: soon\n")
+    with pytest.raises(PolicyError, match="interval"):
+        PolicyWatcher(path)
+
+
+# --------------------------------------------------------------------------- notifications
+
+
+def test_a_hung_notification_receiver_does_not_delay_the_next_cycle(
+    http_receiver: HttpReceiver, daemons: list[Daemon]
+) -> None:
+    http_receiver.hang()
+    env = {"HOOK_SECRET": "k"}
+
+    def notifiers(notify: NotifyConfig, on_result: Callable[[str, str], None]) -> list[Notifier]:
+        return build_notifiers(
+            notify,
+            on_result=on_result,
+            environ=env,
+            poster_factory=lambda: HttpPoster(timeout=(1.0, 20.0), retries=0),
+        )
+
+    loaded = parse_policy(
+        {**POLICY, "notify": {"webhooks": [{"url": http_receiver.url, "secret_env": "HOOK_SECRET"}]}}
+    )
+    daemon = Daemon(loaded, source, clock=lambda: NOW, notifiers=notifiers)
+    daemons.append(daemon)
+    durations = []
+    for _ in range(3):
+        started = time.monotonic()
+        assert daemon.run_cycle() is not None
+        durations.append(time.monotonic() - started)
+    http_receiver.wait_for(1)  # the first delivery is stuck in the receiver
+    assert max(durations) < 1.0
+    http_receiver.release()
+    http_receiver.wait_for(3)
+
+
+def test_a_raising_sink_never_fails_the_cycle(daemons: list[Daemon]) -> None:
+    class Broken:
+        def publish(self, report: object) -> None:
+            raise RuntimeError("boom")
+
+    daemon = Daemon(
+        parse_policy(POLICY), source, clock=lambda: NOW, notifiers=no_notifiers, extra_sinks=[Broken()]
+    )
+    daemons.append(daemon)
+    assert daemon.run_cycle() is not None
+    assert daemon.counts["success"] == 1
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+def get(url: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.headers.get("Content-Type", ""), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Content-Type", ""), exc.read().decode()
+
+
+def test_http_endpoints(daemons: list[Daemon]) -> None:
+    mono = FakeMonotonic()
+    daemon = Daemon(parse_policy(POLICY), source, clock=lambda: NOW, monotonic=mono, notifiers=no_notifiers)
+    daemons.append(daemon)
+    server = StatusServer(daemon, "127.0.0.1", 0).start()
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        assert get(f"{base}/healthz")[0] == 200
+        status, _, body = get(f"{base}/readyz")
+        assert (status, body.strip()) == (503, "no cycle has completed yet")
+        assert get(f"{base}/report")[0] == 404
+
+        daemon.run_cycle()
+        status, _, body = get(f"{base}/readyz")
+        assert (status, body.strip()) == (200, "ok")
+        status, content_type, body = get(f"{base}/report")
+        assert status == 200 and content_type == "application/json"
+        report = json.loads(body)
+        assert report["mode"] == "dry-run" and report["now"] == "2026-11-29T12:00:00Z"
+        assert [d["pod"] for d in report["decisions"]] == ["a1-x", "a1-y", "a3-0", "a3-1", "a3-2"]
+
+        status, content_type, body = get(f"{base}/metrics")
+        assert status == 200 and content_type.startswith("text/plain")
+        names = {family.name for family in text_string_to_metric_families(body)}
+        for name in (
+            "gpu_rebalancer_evictions",
+            "gpu_rebalancer_proposals",
+            "gpu_rebalancer_blocked",
+            "gpu_rebalancer_cycle_duration_seconds",
+            "gpu_rebalancer_cycles",
+            "gpu_rebalancer_last_success_timestamp_seconds",
+            "gpu_rebalancer_nodes_freeable",
+            "gpu_rebalancer_idle_gpus",
+            "gpu_rebalancer_leaked_vram_bytes",
+            "gpu_rebalancer_estimated_savings_per_hour",
+            "gpu_rebalancer_build_info",
+            "gpu_rebalancer_policy_reload_errors",
+            "gpu_rebalancer_policy_valid",
+        ):
+            assert name in names, name
+        labels = 'mode="dry-run",result="would-evict",strategy="gpu-consolidation"'
+        assert f"gpu_rebalancer_evictions_total{{{labels}}} 5.0" in body
+        assert "python_gc" not in body  # a private registry, not the process-global one
+
+        mono.now += 3 * 300 + 1  # three intervals without a successful cycle
+        status, _, body = get(f"{base}/readyz")
+        assert status == 503 and "more than 3 intervals" in body
+        assert get(f"{base}/nope")[0] == 404
+    finally:
+        server.stop()
+
+
+# --------------------------------------------------------------------------- the loop (freezegun)
+
+
+def wait_until(predicate: Callable[[], bool], what: str) -> None:
+    for _ in range(300):  # real time, bounded (freezegun freezes time.monotonic)
+        if predicate():
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def settle() -> None:
+    threading.Event().wait(0.1)
+
+
+def test_loop_runs_at_start_then_every_interval(daemons: list[Daemon]) -> None:
+    with freeze_time(NOW) as frozen:
+        daemon = Daemon(parse_policy(POLICY), source, jitter=0, notifiers=no_notifiers)
+        daemons.append(daemon)
+        daemon.start()
+        wait_until(lambda: daemon.counts["success"] == 1, "the first cycle at start")
+        assert daemon.last_report is not None and daemon.last_report.now == NOW
+
+        frozen.tick(timedelta(seconds=299))
+        daemon.wakeup()
+        settle()
+        assert daemon.counts["success"] == 1
+        frozen.tick(timedelta(seconds=1))
+        daemon.wakeup()
+        wait_until(lambda: daemon.counts["success"] == 2, "the second cycle")
+        assert daemon.last_report is not None and daemon.last_report.now == NOW + timedelta(minutes=5)
+
+
+def test_missed_intervals_are_coalesced_into_one_cycle(daemons: list[Daemon]) -> None:
+    with freeze_time(NOW) as frozen:
+        daemon = Daemon(parse_policy(POLICY), source, jitter=0, notifiers=no_notifiers)
+        daemons.append(daemon)
+        daemon.start()
+        wait_until(lambda: daemon.counts["success"] == 1, "the first cycle")
+        frozen.tick(timedelta(minutes=17))  # three runs missed (5, 10, 15 min)
+        daemon.wakeup()
+        wait_until(lambda: daemon.counts["success"] == 2, "one coalesced cycle")
+        settle()
+        assert daemon.counts["success"] == 2
+        assert daemon.scheduler is not None
+        job = daemon.scheduler.get_job(JOB_ID)
+        assert job.next_run_time == NOW + timedelta(minutes=20)
+
+
+def test_an_overlapping_tick_is_skipped_not_queued(daemons: list[Daemon]) -> None:
+    release = threading.Event()
+    entered = threading.Event()
+    calls: list[datetime] = []
+
+    def slow(now: datetime, loaded: object) -> Snapshot:
+        calls.append(now)
+        if len(calls) == 1:
+            entered.set()
+            release.wait(10)
+        return cluster(now)
+
+    with freeze_time(NOW) as frozen:
+        daemon = Daemon(parse_policy(POLICY), slow, jitter=0, notifiers=no_notifiers)
+        daemons.append(daemon)
+        daemon.start()
+        wait_until(entered.is_set, "the first cycle to start")
+        frozen.tick(timedelta(minutes=5))
+        daemon.wakeup()
+        wait_until(lambda: daemon.counts["skipped"] == 1, "the overlapping tick to be skipped")
+        release.set()
+        wait_until(lambda: daemon.counts["success"] == 1, "the first cycle to finish")
+        settle()
+        assert len(calls) == 1  # the skipped tick did not run later
+        assert sample(daemon, "gpu_rebalancer_cycles_total", result="skipped") == 1
+        frozen.tick(timedelta(minutes=5))
+        daemon.wakeup()
+        wait_until(lambda: daemon.counts["success"] == 2, "the next regular cycle")
+
+
+def test_a_new_interval_reschedules_the_loop(tmp_path: Path, daemons: list[Daemon]) -> None:
+    path = write_policy(tmp_path / "policy.yaml")
+    with freeze_time(NOW) as frozen:
+        daemon = Daemon(PolicyWatcher(path), source, jitter=0, notifiers=no_notifiers)
+        daemons.append(daemon)
+        daemon.start()
+        wait_until(lambda: daemon.counts["success"] == 1, "the first cycle")
+        write_policy(path, interval="15m")
+        frozen.tick(timedelta(minutes=5))
+        daemon.wakeup()
+        wait_until(lambda: daemon.counts["success"] == 2, "the cycle that reads the new policy")
+        assert daemon.scheduler is not None
+        wait_until(
+            lambda: (
+                daemon.scheduler is not None
+                and daemon.scheduler.get_job(JOB_ID).next_run_time == NOW + timedelta(minutes=20)
+            ),
+            "the job to be rescheduled 15 minutes later",
+        )
+        frozen.tick(timedelta(minutes=10))
+        daemon.wakeup()
+        settle()
+        assert daemon.counts["success"] == 2
+        frozen.tick(timedelta(minutes=5))
+        daemon.wakeup()
+        wait_until(lambda: daemon.counts["success"] == 3, "the cycle 15 minutes later")

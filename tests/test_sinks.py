@@ -1,0 +1,521 @@
+"""Notification sinks against a real local HTTP receiver; the log sink; the metrics of one cycle."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+import structlog
+from prometheus_client.parser import text_string_to_metric_families
+
+from rebalancer.model import CycleReport, Finding, Mode, OutcomeResult, ReportedDecision, Summary
+from rebalancer.policy import SlackSinkConfig, WebhookSinkConfig
+from rebalancer.report import to_dict
+from rebalancer.sinks.log import LogSink
+from rebalancer.sinks.metrics import DaemonMetrics, cycle_state
+from rebalancer.sinks.notify import (
+    Delivery,
+    HttpPoster,
+    Notifier,
+    SinkError,
+    read_secret,
+    skip_reason,
+)
+from rebalancer.sinks.slack import SlackSink, build_message
+from rebalancer.sinks.webhook import SIGNATURE_HEADER, WebhookSink, sign, webhook_body
+from tests.builders import A100, H100, NOW, gpu_sample, node, pod, snapshot, telemetry
+from tests.http_receiver import HttpReceiver, http_receiver
+
+__all__ = ["http_receiver"]
+
+SECRET = "s3cret-shared"
+
+
+def row(
+    name: str,
+    outcome: OutcomeResult | None = "would-evict",
+    *,
+    node_name: str = "a-1",
+    strategy: str = "gpu-consolidation",
+    blocked_by: str | None = None,
+) -> ReportedDecision:
+    return ReportedDecision(
+        strategy=strategy,
+        namespace="ml",
+        pod=name,
+        node=node_name,
+        action="skip" if blocked_by else "evict",
+        outcome=outcome,
+        reason="node a-1 is 12% allocated",
+        blocked_by=blocked_by,
+        group=None,
+        target_node="a-2" if not blocked_by else None,
+    )
+
+
+def make_report(
+    mode: Mode = "dry-run",
+    *,
+    decisions: Sequence[ReportedDecision] = (),
+    findings: Sequence[Finding] = (),
+    freed: Sequence[str] = (),
+    savings: float | None = None,
+) -> CycleReport:
+    done = sum(1 for d in decisions if d.outcome in ("would-evict", "evicted"))
+    return CycleReport(
+        mode=mode,
+        now=NOW,
+        summary=Summary(
+            nodes=3,
+            gpus=24,
+            pods=6,
+            proposals=1 if decisions else 0,
+            evictions=done,
+            blocked=sum(1 for d in decisions if d.action == "skip"),
+            nodes_freed=len(freed),
+            gpus_freed=8 * len(freed),
+            estimated_savings_per_hour=savings,
+        ),
+        decisions=tuple(decisions),
+        findings=tuple(findings),
+        freed_nodes=tuple(freed),
+    )
+
+
+EVICTING = make_report(
+    "live",
+    decisions=[row("train-0", "evicted"), row("train-1", "evicted")],
+    freed=["a-1"],
+    savings=20.0,
+    findings=[
+        Finding("leaked-vram", node="a-3", gpu="GPU-9", detail="20480 MiB framebuffer used with no pod"),
+        Finding("idle-gpu", node="a-2", gpu="GPU-2", namespace="ml", pod="nb-1", detail="GPU idle: avg 0.1%"),
+    ],
+)
+QUIET = make_report()
+LEAK_ONLY = make_report(findings=[Finding("leaked-vram", node="a-3", gpu="GPU-9", detail="leaked")])
+
+
+def fast_poster(retries: int = 3, read_timeout: float = 2.0) -> HttpPoster:
+    return HttpPoster(timeout=(1.0, read_timeout), retries=retries, backoff=0.01, backoff_max=0.02)
+
+
+class Results:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def __call__(self, sink: str, result: str) -> None:
+        self.seen.append((sink, result))
+
+    def count(self, result: str) -> int:
+        return sum(1 for _, r in self.seen if r == result)
+
+    def wait(self, result: str, count: int = 1, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.count(result) < count:
+            assert time.monotonic() < deadline, f"expected {count} {result!r}, saw {self.seen}"
+            time.sleep(0.01)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def results() -> Results:
+    return Results()
+
+
+@pytest.fixture
+def notifiers() -> Iterator[list[Notifier]]:
+    made: list[Notifier] = []
+    yield made
+    for notifier in made:
+        notifier.close(0.5)
+
+
+def slack(receiver: HttpReceiver, **config: object) -> SlackSink:
+    cfg = SlackSinkConfig.model_validate({"webhook_url_env": "SLACK_URL", **config})
+    return SlackSink(cfg, poster=fast_poster(), environ={"SLACK_URL": receiver.url + "/services/T0/B0/XYZ"})
+
+
+def webhook(receiver: HttpReceiver, retries: int = 3, **config: object) -> WebhookSink:
+    cfg = WebhookSinkConfig.model_validate(
+        {"url": receiver.url + "/hook", "secret_env": "HOOK_SECRET", **config}
+    )
+    return WebhookSink(cfg, poster=fast_poster(retries), environ={"HOOK_SECRET": SECRET})
+
+
+# --------------------------------------------------------------------------- Slack
+
+
+def test_slack_message_has_summary_evictions_nodes_savings_findings_and_dashboard(
+    http_receiver: HttpReceiver, results: Results, notifiers: list[Notifier]
+) -> None:
+    sink = slack(http_receiver, dashboard_url="https://grafana.example/d/gpu")
+    notifiers.append(Notifier(sink, on_result=results))
+    notifiers[0].publish(EVICTING)
+
+    [request] = http_receiver.wait_for(1)
+    assert request.path == "/services/T0/B0/XYZ"
+    assert (request.header("Content-Type") or "").startswith("application/json")
+    message = request.json()
+    blocks = message["blocks"]
+    assert blocks[0]["type"] == "header"
+    assert blocks[0]["text"]["text"] == "gpu-rebalancer evicted 2 pods, freed 1 node"
+    fields = {f["text"].split("\n")[0]: f["text"].split("\n")[1] for f in blocks[1]["fields"]}
+    assert fields["*Mode*"] == "live"
+    assert fields["*Evictions*"] == "2"
+    assert fields["*Nodes freed*"] == "1"
+    assert fields["*GPUs freed*"] == "8"
+    assert fields["*Est. savings*"] == "$20.00/h"
+    texts = [b["text"]["text"] for b in blocks if b["type"] == "section" and "text" in b]
+    evicted = next(t for t in texts if t.startswith("*Evicted*"))
+    assert "`ml/train-0` on a-1 → a-2 (gpu-consolidation: evicted)" in evicted
+    assert any(t.startswith("*Nodes freed*\n• a-1") for t in texts)
+    findings = next(t for t in texts if t.startswith("*Top findings*"))
+    assert "idle-gpu: 1, leaked-vram: 1" in findings
+    assert "*leaked-vram* a-3 GPU-9: 20480 MiB framebuffer used with no pod" in findings
+    [actions] = [b for b in blocks if b["type"] == "actions"]
+    assert actions["elements"][0]["url"] == "https://grafana.example/d/gpu"
+    assert message["text"].startswith("gpu-rebalancer evicted 2 pods")
+    results.wait("sent")
+
+
+def test_slack_message_respects_block_kit_limits_and_escapes_mrkdwn() -> None:
+    rows = [row(f"p<{i}>&x") for i in range(40)]
+    findings = [Finding("idle-gpu", node="n", gpu=f"GPU-{i}", detail="x" * 2000) for i in range(20)]
+    message = build_message(make_report(decisions=rows, findings=findings), finding_kinds=None)
+    header = message["blocks"][0]["text"]["text"]
+    assert header.endswith("(dry-run)") and len(header) <= 150
+    for block in message["blocks"]:
+        if block["type"] == "section" and "text" in block:
+            assert len(block["text"]["text"]) <= 3000
+        assert len(block.get("fields", [])) <= 10
+    evictions = message["blocks"][2]["text"]["text"]
+    assert evictions.startswith("*Would evict*")
+    assert "`ml/p&lt;0&gt;&amp;x`" in evictions
+    assert "…and 30 more" in evictions
+
+
+def test_slack_url_from_a_file_is_read_at_every_delivery(
+    http_receiver: HttpReceiver, tmp_path: Path, results: Results, notifiers: list[Notifier]
+) -> None:
+    url_file = tmp_path / "slack-url"
+    url_file.write_text(http_receiver.url + "/first\n")
+    cfg = SlackSinkConfig(webhook_url_file=str(url_file))
+    notifiers.append(Notifier(SlackSink(cfg, poster=fast_poster()), on_result=results))
+    notifiers[0].publish(EVICTING)
+    http_receiver.wait_for(1)
+    url_file.write_text(http_receiver.url + "/rotated\n")
+    notifiers[0].publish(EVICTING)
+    assert [r.path for r in http_receiver.wait_for(2)] == ["/first", "/rotated"]
+
+
+def test_errors_never_carry_the_secret_webhook_url(results: Results, notifiers: list[Notifier]) -> None:
+    secret_url = "http://127.0.0.1:9/services/T0/B0/TOPSECRET"  # port 9: nothing listens
+    cfg = SlackSinkConfig(webhook_url_env="SLACK_URL")
+    sink = SlackSink(cfg, poster=fast_poster(retries=1), environ={"SLACK_URL": secret_url})
+    with pytest.raises(SinkError) as raised:
+        sink.send(Delivery(EVICTING))
+    assert "TOPSECRET" not in str(raised.value)
+    assert str(raised.value) == "slack: connection failed"
+    with structlog.testing.capture_logs() as logs:
+        notifiers.append(Notifier(sink, on_result=results))
+        notifiers[0].publish(EVICTING)
+        results.wait("failed")
+    assert not any("TOPSECRET" in json.dumps(entry, default=str) for entry in logs)
+
+
+def test_a_missing_secret_env_var_stops_the_delivery(http_receiver: HttpReceiver) -> None:
+    cfg = SlackSinkConfig(webhook_url_env="NOT_SET")
+    with pytest.raises(SinkError, match="env var NOT_SET is not set"):
+        SlackSink(cfg, poster=fast_poster(), environ={}).send(Delivery(EVICTING))
+    assert http_receiver.requests == []
+
+
+# --------------------------------------------------------------------------- webhooks
+
+
+def test_webhook_posts_the_json_report_signed_with_hmac_sha256(
+    http_receiver: HttpReceiver, results: Results, notifiers: list[Notifier]
+) -> None:
+    notifiers.append(Notifier(webhook(http_receiver), on_result=results))
+    notifiers[0].publish(EVICTING)
+
+    [request] = http_receiver.wait_for(1)
+    assert request.method == "POST" and request.path == "/hook"
+    assert request.json() == to_dict(EVICTING)
+    expected = "sha256=" + hmac.new(SECRET.encode(), request.body, hashlib.sha256).hexdigest()
+    signature = request.header(SIGNATURE_HEADER)
+    assert signature is not None and hmac.compare_digest(expected, signature)
+    results.wait("sent")
+
+
+def test_webhook_secret_from_a_file_and_a_tampered_body_fails_verification(tmp_path: Path) -> None:
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET + "\n")
+    assert read_secret("x", env=None, file=str(secret_file)) == SECRET
+    body = webhook_body(Delivery(EVICTING))
+    assert hmac.compare_digest(sign(SECRET, body), sign(SECRET, body))
+    assert not hmac.compare_digest(sign(SECRET, body), sign(SECRET, body + b" "))
+    assert not hmac.compare_digest(sign(SECRET, body), sign("other", body))
+
+
+def test_webhook_without_a_secret_is_sent_unsigned(http_receiver: HttpReceiver) -> None:
+    cfg = WebhookSinkConfig(url=http_receiver.url + "/hook")
+    sink = WebhookSink(cfg, poster=fast_poster())
+    assert not sink.signed
+    sink.send(Delivery(EVICTING))
+    [request] = http_receiver.wait_for(1)
+    assert request.header(SIGNATURE_HEADER) is None
+
+
+def test_retries_on_500_then_delivers(
+    http_receiver: HttpReceiver, results: Results, notifiers: list[Notifier]
+) -> None:
+    http_receiver.script([500, 503, 200])
+    notifiers.append(Notifier(webhook(http_receiver), on_result=results))
+    notifiers[0].publish(EVICTING)
+    results.wait("sent")
+    requests = http_receiver.requests
+    assert len(requests) == 3
+    assert len({r.body for r in requests}) == 1  # the same signed body every time
+
+
+def test_retries_are_bounded_and_4xx_is_not_retried(http_receiver: HttpReceiver) -> None:
+    http_receiver.script([500] * 10)
+    with pytest.raises(SinkError, match=r"webhook: HTTP 500"):
+        webhook(http_receiver, retries=2).send(Delivery(EVICTING))
+    assert len(http_receiver.requests) == 3
+
+    http_receiver.requests.clear()
+    http_receiver.script([400])
+    with pytest.raises(SinkError, match=r"webhook: HTTP 400"):
+        webhook(http_receiver).send(Delivery(EVICTING))
+    assert len(http_receiver.requests) == 1
+
+
+def test_rate_limit_drops_reports_within_min_interval(
+    http_receiver: HttpReceiver, results: Results, notifiers: list[Notifier]
+) -> None:
+    clock = FakeClock()
+    notifier = Notifier(webhook(http_receiver, min_interval="1m"), clock=clock, on_result=results)
+    notifiers.append(notifier)
+    notifier.publish(EVICTING)
+    clock.now += 30
+    notifier.publish(EVICTING)
+    clock.now += 31
+    notifier.publish(EVICTING)
+    results.wait("sent", 2)
+    assert results.count("rate-limited") == 1
+    assert len(http_receiver.requests) == 2
+
+
+@pytest.mark.parametrize(
+    ("config", "report", "reason"),
+    [
+        ({}, QUIET, "nothing to report"),
+        ({"include_dry_run": False}, LEAK_ONLY, "dry-run report"),
+        ({"only_when_evicted": True}, LEAK_ONLY, "nothing evicted"),
+        ({"finding_kinds": ["idle-gpu"]}, LEAK_ONLY, "nothing to report"),
+        ({"finding_kinds": ["leaked-vram"]}, LEAK_ONLY, None),
+        ({"only_when_evicted": True}, EVICTING, None),
+        ({"finding_kinds": []}, EVICTING, None),
+    ],
+)
+def test_filters(config: dict[str, object], report: CycleReport, reason: str | None) -> None:
+    cfg = WebhookSinkConfig.model_validate({"url": "http://x", **config})
+    got = skip_reason(
+        report,
+        include_dry_run=cfg.include_dry_run,
+        only_when_evicted=cfg.only_when_evicted,
+        finding_kinds=cfg.finding_kinds,
+    )
+    assert got == reason
+
+
+def test_finding_kinds_also_select_what_slack_shows() -> None:
+    message = build_message(EVICTING, finding_kinds=("idle-gpu",))
+    text = json.dumps(message)
+    assert "idle-gpu" in text and "leaked-vram" not in text
+
+
+def test_filtered_reports_are_not_sent(
+    http_receiver: HttpReceiver, results: Results, notifiers: list[Notifier]
+) -> None:
+    notifier = Notifier(webhook(http_receiver, include_dry_run=False), on_result=results)
+    notifiers.append(notifier)
+    notifier.publish(LEAK_ONLY)
+    notifier.publish(QUIET)
+    notifier.publish(EVICTING)
+    results.wait("sent")
+    assert results.count("filtered") == 2
+    assert [r.json()["mode"] for r in http_receiver.requests] == ["live"]
+
+
+def test_a_hung_receiver_never_blocks_publish_and_a_full_queue_drops(
+    http_receiver: HttpReceiver, results: Results, notifiers: list[Notifier]
+) -> None:
+    http_receiver.hang()
+    notifier = Notifier(webhook(http_receiver), queue_size=2, on_result=results)
+    notifiers.append(notifier)
+    started = time.monotonic()
+    for _ in range(6):
+        notifier.publish(EVICTING)
+    assert time.monotonic() - started < 0.2
+    http_receiver.wait_for(1)  # the worker is stuck in the first delivery
+    dropped = results.count("dropped")
+    assert 3 <= dropped <= 4  # two wait in the queue, maybe one more was taken by the worker
+    http_receiver.release()
+    results.wait("sent", 6 - dropped)
+
+
+def test_dry_run_digest_sends_the_latest_report_once_per_period(
+    http_receiver: HttpReceiver, results: Results, notifiers: list[Notifier]
+) -> None:
+    clock = FakeClock()
+    notifier = Notifier(webhook(http_receiver, digest="hourly"), clock=clock, on_result=results)
+    notifiers.append(notifier)
+    for _ in range(4):
+        notifier.publish(LEAK_ONLY)
+        clock.now += 15 * 60
+    notifier.publish(QUIET)  # the hour is over: this latest report goes out as the digest
+    results.wait("sent")
+    [request] = http_receiver.requests
+    body = request.json()
+    assert body["digest"] == {"period": "hourly", "cycles": 5}
+    assert body["findings"] == []
+    assert results.count("digested") == 4
+    # Live reports are not part of the digest.
+    notifier.publish(EVICTING)
+    results.wait("sent", 2)
+
+
+def test_digest_headline_in_slack() -> None:
+    message = build_message(LEAK_ONLY, delivery=Delivery(LEAK_ONLY, digest_cycles=288, digest_period="daily"))
+    assert message["blocks"][0]["text"]["text"].startswith("daily dry-run digest (288 cycles)")
+
+
+# --------------------------------------------------------------------------- log sink
+
+
+def test_log_sink_writes_one_line_per_decision_and_a_summary() -> None:
+    report = make_report(
+        decisions=[row("a"), row("b"), row("c", None, blocked_by="pdb")], findings=LEAK_ONLY.findings
+    )
+    with structlog.testing.capture_logs() as logs:
+        LogSink().publish(report)
+    decisions = [e for e in logs if e["event"] == "decision"]
+    assert [(d["pod"], d["action"], d["outcome"], d["blocked_by"]) for d in decisions] == [
+        ("a", "evict", "would-evict", None),
+        ("b", "evict", "would-evict", None),
+        ("c", "skip", None, "pdb"),
+    ]
+    [summary] = [e for e in logs if e["event"] == "cycle report"]
+    assert summary["evictions"] == 2 and summary["blocked"] == 1
+    assert summary["findings"] == {"leaked-vram": 1}
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def _samples(metrics: DaemonMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    body, _ = metrics.exposition()
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def test_cycle_state_counts_distinct_idle_gpus_by_model_and_leaked_bytes_by_node() -> None:
+    nb = pod("nb", "h-1")
+    snap = snapshot(
+        [node("a-1"), node("h-1", model=H100), node("a-3")],
+        [nb],
+        telemetry=telemetry(
+            [
+                gpu_sample("h-1", "GPU-H1", pod=nb, util=0.0),
+                gpu_sample("a-3", "GPU-9", fb_used_mib=20480.0, util=0.0),
+            ]
+        ),
+    )
+    findings = [
+        Finding("idle-gpu", node="h-1", gpu="GPU-H1", namespace="ml", pod="nb"),
+        Finding("idle-gpu", node="h-1", gpu="GPU-H1", namespace="ml", pod="nb"),  # same GPU again
+        Finding("idle-gpu", node="a-1", gpu="GPU-A1", namespace="ml", pod="x"),
+        Finding("leaked-vram", node="a-3", gpu="GPU-9"),
+    ]
+    state = cycle_state(make_report(findings=findings, freed=["a-1", "h-1"], savings=3.5), snap)
+    assert state.idle_gpus == {H100: 1, A100: 1}
+    assert state.nodes_freeable == {A100: 1, H100: 1}
+    assert state.gpus_freeable == {A100: 8, H100: 8}
+    assert state.circuit_open is False
+    assert state.leaked_vram_bytes == {"a-3": 20480.0 * 1024 * 1024}
+    assert state.estimated_savings_per_hour == 3.5
+
+
+def test_circuit_open_follows_the_actuator_finding() -> None:
+    metrics = DaemonMetrics()
+    opened = make_report(findings=[Finding("circuit-open", namespace="ml", detail="ml/train still Pending")])
+    metrics.observe_cycle(opened, None, proposals={}, duration=0.1)
+    assert _samples(metrics)[("gpu_rebalancer_circuit_open", ())] == 1
+    metrics.observe_cycle(make_report(), None, proposals={}, duration=0.1)
+    assert _samples(metrics)[("gpu_rebalancer_circuit_open", ())] == 0
+
+
+def test_metrics_of_a_cycle_use_the_contract_names_and_no_pod_labels() -> None:
+    metrics = DaemonMetrics()
+    report = make_report(
+        decisions=[row("a"), row("b", "blocked-by-pdb"), row("c", None, blocked_by="no-fit")],
+        freed=["a-1"],
+        savings=None,
+    )
+    metrics.observe_cycle(
+        report, snapshot([node("a-1")]), proposals=Counter({"gpu-consolidation": 2}), duration=1.5
+    )
+    samples = _samples(metrics)
+    evictions = "gpu_rebalancer_evictions_total"
+    mode = (("mode", "dry-run"), ("result", "would-evict"), ("strategy", "gpu-consolidation"))
+    assert samples[(evictions, mode)] == 1
+    pdb_key = (("mode", "dry-run"), ("result", "blocked-by-pdb"), ("strategy", "gpu-consolidation"))
+    assert samples[(evictions, pdb_key)] == 1
+    assert samples[("gpu_rebalancer_proposals_total", (("strategy", "gpu-consolidation"),))] == 2
+    blocked = ("gpu_rebalancer_blocked_total", (("guard", "no-fit"), ("strategy", "gpu-consolidation")))
+    assert samples[blocked] == 1
+    assert samples[("gpu_rebalancer_cycles_total", (("result", "success"),))] == 1
+    assert samples[("gpu_rebalancer_cycles_total", (("result", "error"),))] == 0
+    assert samples[("gpu_rebalancer_cycle_duration_seconds_count", ())] == 1
+    assert samples[("gpu_rebalancer_last_success_timestamp_seconds", ())] == NOW.timestamp()
+    assert samples[("gpu_rebalancer_nodes_freeable", (("gpu_model", A100),))] == 1
+    assert samples[("gpu_rebalancer_gpus_freeable", (("gpu_model", A100),))] == 8
+    assert samples[("gpu_rebalancer_circuit_open", ())] == 0
+    assert samples[("gpu_rebalancer_policy_valid", ())] == 1
+    assert samples[("gpu_rebalancer_policy_reload_errors_total", ())] == 0
+    names = {name for name, _ in samples}
+    assert "gpu_rebalancer_estimated_savings_per_hour" not in names  # no prices: no value
+    assert any(name == "gpu_rebalancer_build_info" for name in names)
+    assert all("pod" not in dict(labels) for _, labels in samples)
+
+    # The next cycle replaces the per-cycle gauges whole.
+    metrics.observe_cycle(make_report(savings=0.0), None, proposals={}, duration=0.1)
+    samples = _samples(metrics)
+    assert not any(name == "gpu_rebalancer_nodes_freeable" for name, _ in samples)
+    assert samples[("gpu_rebalancer_estimated_savings_per_hour", ())] == 0.0
+
+
+def test_openmetrics_is_served_when_asked_for() -> None:
+    body, content_type = DaemonMetrics().exposition("application/openmetrics-text; version=1.0.0")
+    assert content_type.startswith("application/openmetrics-text")
+    assert body.rstrip().endswith(b"# EOF")

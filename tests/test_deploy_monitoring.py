@@ -1,0 +1,553 @@
+"""Monitoring in deploy/: ServiceMonitor, PrometheusRule alerts and the Grafana dashboard.
+
+- the Prometheus Operator objects (no schema in kubernetes-validate) have their required fields and
+  point at the Service's port;
+- every alert expression and annotation template passes `promtool check rules`, and `promtool test
+  rules` shows each alert firing on the series the metrics sink really exports (label values taken
+  from the code) and staying quiet on a healthy replica pair;
+- the dashboard parses, is the same in its ConfigMap and in grafana/, has the panels operators need,
+  and every metric it queries is one DESIGN §8 lists and the metrics sink registers: each query is
+  evaluated by promtool over a real scrape of the sink's registry (after a cycle of the demo
+  cluster) and must return data.
+
+promtool comes from the Debian package `prometheus` (installed when missing and running as root).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from rebalancer.cycle import run_cycle
+from rebalancer.evictor import DryRunEvictor
+from rebalancer.guards import PDB
+from rebalancer.model import OutcomeResult
+from rebalancer.policy import load_policy
+from rebalancer.sinks.metrics import CYCLE_RESULTS, DaemonMetrics
+from rebalancer.sources.files import load_snapshot_dir
+from tests.test_deploy import DEPLOY, NAMESPACE, ROOT, find, policy_text
+
+Manifest = dict[str, Any]
+
+# DESIGN §8 (contract): every gpu_rebalancer_ metric, with its labels.
+DESIGN_METRICS: dict[str, frozenset[str]] = {
+    "gpu_rebalancer_evictions_total": frozenset({"strategy", "result", "mode"}),
+    "gpu_rebalancer_proposals_total": frozenset({"strategy"}),
+    "gpu_rebalancer_blocked_total": frozenset({"strategy", "guard"}),
+    "gpu_rebalancer_cycle_duration_seconds": frozenset(),
+    "gpu_rebalancer_cycles_total": frozenset({"result"}),
+    "gpu_rebalancer_last_success_timestamp_seconds": frozenset(),
+    "gpu_rebalancer_nodes_freeable": frozenset({"gpu_model"}),
+    "gpu_rebalancer_idle_gpus": frozenset({"gpu_model"}),
+    "gpu_rebalancer_leaked_vram_bytes": frozenset({"node"}),
+    "gpu_rebalancer_estimated_savings_per_hour": frozenset(),
+    "gpu_rebalancer_build_info": frozenset({"version", "python"}),
+    # Additive to §8: GPUs on the freed nodes (the "GPUs freed" panels) and the safety valve.
+    "gpu_rebalancer_gpus_freeable": frozenset({"gpu_model"}),
+    "gpu_rebalancer_circuit_open": frozenset(),
+}
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+# Labels Prometheus adds to every scraped series (ServiceMonitor target labels).
+TARGET_LABELS = frozenset({"namespace", "pod", "job", "instance", "service", "endpoint", "container"})
+PROMQL_LABEL_FUNCTIONS = {"le"}  # histogram_quantile's bucket label
+# Grafana's variables, replaced by values PromQL accepts.
+GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__range": "1h", "$namespace": ".*"}
+REQUIRED_ALERTS = {
+    "GpuRebalancerCyclesFailing",
+    "GpuRebalancerNoSuccessfulCycle",
+    "GpuRebalancerCircuitOpen",
+    "GpuRebalancerEvictionsBlockedByPdb",
+    "GpuRebalancerLeakedVram",
+    "GpuRebalancerTelemetryStale",
+}
+
+_METRIC = re.compile(r"\b(gpu_rebalancer_[a-z0-9_]+|DCGM_FI_[A-Z0-9_]+)\b(\s*\{(?P<matchers>[^}]*)\})?")
+_MATCHER = re.compile(r"(?P<label>[a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*\"(?P<value>[^\"]*)\"")
+_GROUPING = re.compile(r"\b(?:by|without|on|ignoring)\s*\((?P<labels>[^)]*)\)")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    from tests.prometheus_server import ensure_prometheus
+
+    return ensure_prometheus()[1]
+
+
+def run_promtool(promtool: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [promtool, *args], cwd=cwd, capture_output=True, text=True, check=False, timeout=120
+    )
+
+
+def base_name(sample_name: str) -> str:
+    for suffix in HISTOGRAM_SUFFIXES:
+        if sample_name.endswith(suffix) and sample_name.removesuffix(suffix) in DESIGN_METRICS:
+            return sample_name.removesuffix(suffix)
+    return sample_name
+
+
+def metric_selectors(expr: str) -> list[tuple[str, dict[str, str]]]:
+    """(metric name, {label: value}) of every gpu_rebalancer_ / DCGM selector in a PromQL expression."""
+    found = []
+    for match in _METRIC.finditer(expr):
+        matchers = {m["label"]: m["value"] for m in _MATCHER.finditer(match["matchers"] or "")}
+        found.append((match.group(1), matchers))
+    return found
+
+
+def grouping_labels(expr: str) -> set[str]:
+    return {
+        label.strip()
+        for match in _GROUPING.finditer(expr)
+        for label in match["labels"].split(",")
+        if label.strip()
+    }
+
+
+def grafana_to_promql(expr: str) -> str:
+    for variable, value in GRAFANA_VARIABLES.items():
+        expr = expr.replace(variable, value)
+    assert "$" not in expr, f"unknown Grafana variable in {expr!r}"
+    return expr
+
+
+# --------------------------------------------------------------------------- the metrics sink, scraped
+
+
+def scrape() -> dict[str, frozenset[str]]:
+    """Sample name -> label names, from the text exposition of a metrics sink that saw real cycles."""
+    loaded = load_policy(ROOT / "examples" / "demo-cluster" / "policy.yaml")
+    snapshot = load_snapshot_dir(ROOT / "examples" / "demo-cluster", loaded)
+    report = run_cycle(snapshot, loaded, DryRunEvictor())
+    proposals: dict[str, int] = {}
+    for row in report.decisions:
+        proposals[row.strategy] = proposals.get(row.strategy, 0) + 1
+    metrics = DaemonMetrics()
+    metrics.observe_cycle(report, snapshot, proposals=proposals, duration=1.5)
+    metrics.cycle_failed(0.2)
+    metrics.cycle_not_run("standby")
+    exposition = generate_latest(metrics.registry).decode()
+    samples: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            samples.setdefault(sample.name, set()).update(sample.labels)
+    return {name: frozenset(labels) for name, labels in samples.items()}
+
+
+@pytest.fixture(scope="module")
+def scraped() -> dict[str, frozenset[str]]:
+    return scrape()
+
+
+def scraped_series(scraped_text: str) -> list[tuple[str, dict[str, str], float, bool]]:
+    """(sample name, labels, value, is a counter sample) of an exposition."""
+    series = []
+    for family in text_string_to_metric_families(scraped_text):
+        counter = family.type in ("counter", "histogram")
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            series.append((sample.name, dict(sample.labels), float(sample.value), counter))
+    return series
+
+
+def test_the_sink_exports_every_design_metric_with_its_labels(scraped: dict[str, frozenset[str]]) -> None:
+    for name, labels in DESIGN_METRICS.items():
+        if name == "gpu_rebalancer_cycle_duration_seconds":
+            assert {f"{name}{suffix}" for suffix in HISTOGRAM_SUFFIXES} <= set(scraped)
+            continue
+        assert name in scraped, f"{name} is not exported"
+        assert labels <= scraped[name], (
+            f"{name} has labels {sorted(scraped[name])}, DESIGN §8 says {sorted(labels)}"
+        )
+
+
+def check_queries(
+    exprs: Iterable[str], scraped: Mapping[str, frozenset[str]], *, allow_dcgm: set[str]
+) -> None:
+    for expr in exprs:
+        selectors = metric_selectors(expr)
+        assert selectors, f"no gpu-rebalancer metric in {expr!r}"
+        known_labels = set(TARGET_LABELS) | PROMQL_LABEL_FUNCTIONS
+        for name, matchers in selectors:
+            if name.startswith("DCGM_"):
+                assert name in allow_dcgm, f"{name} is not a metric the policy reads"
+                continue
+            base = base_name(name)
+            assert base in DESIGN_METRICS, f"{name} (in {expr!r}) is not a DESIGN §8 metric"
+            assert name in scraped, f"{name} (in {expr!r}) is not exported by the metrics sink"
+            labels = scraped[name] | TARGET_LABELS
+            assert set(matchers) <= labels, f"{name} has no label {sorted(set(matchers) - labels)} ({expr!r})"
+            known_labels |= scraped[name]
+        unknown = grouping_labels(expr) - known_labels
+        assert not unknown, f"grouping by labels no queried metric has: {sorted(unknown)} in {expr!r}"
+
+
+# --------------------------------------------------------------------------- ServiceMonitor
+
+
+def test_the_service_monitor_scrapes_the_metrics_port() -> None:
+    monitor = find("ServiceMonitor", "gpu-rebalancer")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    service = find("Service", "gpu-rebalancer")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector and all(service["metadata"]["labels"].get(k) == v for k, v in selector.items())
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    assert re.fullmatch(r"\d+[smh]", endpoint["interval"])
+    assert set(monitor["spec"]) <= {"selector", "namespaceSelector", "endpoints", "jobLabel", "targetLabels"}
+
+
+# --------------------------------------------------------------------------- PrometheusRule
+
+
+def rule_groups() -> list[Manifest]:
+    rule = find("PrometheusRule", "gpu-rebalancer")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(rule["spec"]) == {"groups"}
+    groups: list[Manifest] = rule["spec"]["groups"]
+    return groups
+
+
+def alerts() -> dict[str, Manifest]:
+    return {rule["alert"]: rule for group in rule_groups() for rule in group["rules"]}
+
+
+def test_the_prometheus_rule_has_the_required_fields() -> None:
+    groups = rule_groups()
+    assert groups and len({g["name"] for g in groups}) == len(groups)
+    for group in groups:
+        assert group["name"] and group["rules"]
+        for rule in group["rules"]:
+            assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}
+            assert rule["alert"] and rule["expr"].strip()
+            assert rule["labels"]["severity"] in {"critical", "warning", "info"}
+            assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+            assert re.fullmatch(r"\d+[smh]", rule["for"])
+    assert set(alerts()) == REQUIRED_ALERTS
+
+
+def test_alert_expressions_query_exported_metrics(scraped: dict[str, frozenset[str]]) -> None:
+    telemetry = load_policy_telemetry_metrics()
+    check_queries((rule["expr"] for rule in alerts().values()), scraped, allow_dcgm=telemetry)
+
+
+def load_policy_telemetry_metrics() -> set[str]:
+    """The DCGM metric names the deployed policy reads (the stale-telemetry alert watches them)."""
+    from rebalancer.policy import loads_policy
+
+    telemetry = loads_policy(policy_text()).policy.telemetry
+    assert telemetry is not None
+    return {telemetry.utilization.name, telemetry.fb_used.name, telemetry.fb_free.name}
+
+
+def test_alert_label_values_are_ones_the_code_uses() -> None:
+    outcomes = set(typing.get_args(OutcomeResult))
+    for rule in alerts().values():
+        for name, matchers in metric_selectors(rule["expr"]):
+            if name == "gpu_rebalancer_cycles_total":
+                assert matchers["result"] in CYCLE_RESULTS
+            if name == "gpu_rebalancer_evictions_total":
+                assert matchers["result"] in outcomes
+            if name == "gpu_rebalancer_blocked_total":
+                assert matchers["guard"] == PDB
+
+
+def write_rules(directory: Path) -> Path:
+    path = directory / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule_groups()}, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def test_promtool_accepts_every_rule(promtool: str, tmp_path: Path) -> None:
+    write_rules(tmp_path)
+    done = run_promtool(promtool, "check", "rules", "rules.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(alerts())} rules found" in done.stdout
+
+
+def test_promtool_rejects_a_broken_expression(promtool: str, tmp_path: Path) -> None:
+    """The check above is real: a PromQL syntax error fails it."""
+    group = {
+        "name": "broken",
+        "rules": [{"alert": "Broken", "expr": "sum by (namespace (gpu_rebalancer_build_info)"}],
+    }
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [group]}), encoding="utf-8")
+    assert run_promtool(promtool, "check", "rules", "rules.yaml", cwd=tmp_path).returncode != 0
+
+
+# Replicas as Prometheus sees them: the leader and the standby, each scraped on its own.
+LEADER = {"namespace": NAMESPACE, "pod": "gpu-rebalancer-a", "job": "gpu-rebalancer"}
+STANDBY = {"namespace": NAMESPACE, "pod": "gpu-rebalancer-b", "job": "gpu-rebalancer"}
+
+
+def series(name: str, values: str, target: Mapping[str, str] = LEADER, **labels: str) -> dict[str, str]:
+    all_labels = {**target, **labels}
+    rendered = ",".join(f'{key}="{value}"' for key, value in sorted(all_labels.items()))
+    return {"series": f"{name}{{{rendered}}}", "values": values}
+
+
+def firing(at: str, *expected: Mapping[str, str]) -> dict[str, Any]:
+    """A promql_expr_test: exactly these alerts (labels given) are firing at `at`."""
+    keys = sorted({key for labels in expected for key in labels} | {"alertname"})
+    return {
+        "expr": f'count by ({", ".join(keys)}) (ALERTS{{alertstate="firing"}})',
+        "eval_time": at,
+        "exp_samples": [
+            {"labels": "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}", "value": 1}
+            for labels in expected
+        ],
+    }
+
+
+def quiet(at: str) -> dict[str, Any]:
+    return {"expr": 'count(ALERTS{alertstate="firing"})', "eval_time": at, "exp_samples": []}
+
+
+def alert(name: str, **labels: str) -> dict[str, str]:
+    return {"alertname": name, "severity": alerts()[name]["labels"]["severity"], **labels}
+
+
+# A healthy pair: the leader succeeds every minute, the standby waits; telemetry flows.
+HEALTHY = [
+    series("gpu_rebalancer_cycles_total", "0+1x300", result="success"),
+    series("gpu_rebalancer_cycles_total", "0x300", result="error"),
+    series("gpu_rebalancer_cycles_total", "0+1x300", STANDBY, result="standby"),
+    series("gpu_rebalancer_last_success_timestamp_seconds", "0+60x300"),
+    series("gpu_rebalancer_last_success_timestamp_seconds", "0x300", STANDBY),
+    series("gpu_rebalancer_build_info", "1x300", version="0.1.0", python="3.11.7"),
+    series("gpu_rebalancer_build_info", "1x300", STANDBY, version="0.1.0", python="3.11.7"),
+    series("gpu_rebalancer_leaked_vram_bytes", "0x300", node="gpu-a-1"),
+    series(
+        "gpu_rebalancer_evictions_total",
+        "0+1x300",
+        strategy="gpu-consolidation",
+        result="evicted",
+        mode="live",
+    ),
+    series("DCGM_FI_DEV_GPU_UTIL", "50x300", {"Hostname": "gpu-a-1", "gpu": "0"}),
+]
+
+
+def _without(*names: str) -> list[dict[str, str]]:
+    return [s for s in HEALTHY if not any(s["series"].startswith(f"{n}{{") for n in names)]
+
+
+def alert_scenarios() -> list[dict[str, Any]]:
+    ns = {"namespace": NAMESPACE}
+    return [
+        {"name": "healthy", "input_series": HEALTHY, "tests": [quiet("1h"), quiet("4h")]},
+        {
+            "name": "every cycle fails",
+            "input_series": [
+                *_without("gpu_rebalancer_cycles_total", "gpu_rebalancer_last_success_timestamp_seconds"),
+                series("gpu_rebalancer_cycles_total", "3x300", result="success"),
+                series("gpu_rebalancer_cycles_total", "0+1x300", result="error"),
+                series("gpu_rebalancer_cycles_total", "0+1x300", STANDBY, result="standby"),
+                series("gpu_rebalancer_last_success_timestamp_seconds", "180x300"),
+                series("gpu_rebalancer_last_success_timestamp_seconds", "0x300", STANDBY),
+            ],
+            "tests": [
+                quiet("10m"),  # failing for less than `for`
+                firing("40m", alert("GpuRebalancerCyclesFailing", **ns)),
+                # an hour after the last success (3m) plus 10 minutes: no successful cycle either
+                firing(
+                    "80m",
+                    alert("GpuRebalancerCyclesFailing", **ns),
+                    alert("GpuRebalancerNoSuccessfulCycle", **ns),
+                ),
+            ],
+        },
+        {
+            "name": "the circuit opens",
+            "input_series": [*HEALTHY, series("gpu_rebalancer_circuit_open", "0x10 1x100")],
+            "tests": [quiet("10m"), firing("30m", alert("GpuRebalancerCircuitOpen", **ns))],
+        },
+        {
+            "name": "PDBs block evictions for hours",
+            "input_series": [
+                *HEALTHY,
+                series(
+                    "gpu_rebalancer_evictions_total",
+                    "0+1x300",
+                    strategy="gpu-consolidation",
+                    result="blocked-by-pdb",
+                    mode="live",
+                ),
+                series("gpu_rebalancer_blocked_total", "0+1x300", strategy="idle-gpu", guard=PDB),
+                # blocked once, then never again: not "for long"
+                series("gpu_rebalancer_blocked_total", "0 1x300", strategy="topology-spread", guard=PDB),
+                series("gpu_rebalancer_blocked_total", "0+1x300", strategy="gpu-affinity", guard="no-fit"),
+            ],
+            "tests": [
+                quiet("90m"),
+                firing(
+                    "3h",
+                    alert("GpuRebalancerEvictionsBlockedByPdb", strategy="gpu-consolidation", **ns),
+                    alert("GpuRebalancerEvictionsBlockedByPdb", strategy="idle-gpu", **ns),
+                ),
+            ],
+        },
+        {
+            "name": "leaked VRAM",
+            "input_series": [
+                *HEALTHY,
+                series("gpu_rebalancer_leaked_vram_bytes", "0x10 2147483648x200", node="gpu-b-7"),
+                # the standby still shows what it saw as leader long ago: max() per node is one alert
+                series("gpu_rebalancer_leaked_vram_bytes", "1073741824x200", STANDBY, node="gpu-b-7"),
+            ],
+            "tests": [firing("30m", alert("GpuRebalancerLeakedVram", node="gpu-b-7", **ns))],
+        },
+        {
+            "name": "no DCGM telemetry",
+            "input_series": _without("DCGM_FI_DEV_GPU_UTIL"),
+            "tests": [quiet("10m"), firing("30m", alert("GpuRebalancerTelemetryStale"))],
+        },
+    ]
+
+
+def test_each_alert_fires_when_it_should_and_only_then(promtool: str, tmp_path: Path) -> None:
+    write_rules(tmp_path)
+    tests = [
+        {"interval": "1m", "input_series": s["input_series"], "promql_expr_test": s["tests"]}
+        for s in alert_scenarios()
+    ]
+    unit = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests}
+    (tmp_path / "alerts_test.yaml").write_text(yaml.safe_dump(unit, sort_keys=False), encoding="utf-8")
+    done = run_promtool(promtool, "test", "rules", "alerts_test.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    fired = {labels["alertname"] for s in alert_scenarios() for t in s["tests"] for labels in _expected(t)}
+    assert fired == REQUIRED_ALERTS, "every alert has a scenario that fires it"
+
+
+def _expected(test: Mapping[str, Any]) -> Iterable[dict[str, str]]:
+    for sample in test["exp_samples"]:
+        yield dict(_MATCHER_PLAIN.findall(sample["labels"]))
+
+
+_MATCHER_PLAIN = re.compile(r'([a-zA-Z_]+)="([^"]*)"')
+
+
+# --------------------------------------------------------------------------- Grafana dashboard
+
+
+def dashboard() -> Manifest:
+    data: Manifest = json.loads((DEPLOY / "grafana" / "gpu-rebalancer.json").read_text(encoding="utf-8"))
+    return data
+
+
+def panels() -> list[Manifest]:
+    return [p for p in dashboard()["panels"] if p["type"] != "row"]
+
+
+def dashboard_queries() -> list[str]:
+    exprs = [target["expr"] for panel in panels() for target in panel["targets"]]
+    for variable in dashboard()["templating"]["list"]:
+        if variable["type"] == "query":
+            exprs.append(variable["query"]["query"])
+    return exprs
+
+
+def test_the_dashboard_configmap_holds_the_dashboard_file() -> None:
+    configmap = find("ConfigMap", "gpu-rebalancer-dashboard")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    (key,) = configmap["data"]
+    assert key == "gpu-rebalancer.json"
+    assert configmap["data"][key] == (DEPLOY / "grafana" / "gpu-rebalancer.json").read_text(encoding="utf-8")
+
+
+def test_the_dashboard_is_well_formed() -> None:
+    board = dashboard()
+    assert board["uid"] == "gpu-rebalancer" and board["title"]
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    for panel in panels():
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert panel["targets"], f"{panel['title']} queries nothing"
+        ref_ids = [t["refId"] for t in panel["targets"]]
+        assert len(ref_ids) == len(set(ref_ids))
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24, f"{panel['title']} is wider than the dashboard"
+    names = {v["name"] for v in board["templating"]["list"]}
+    assert names == {"datasource", "namespace"}
+
+
+def test_the_dashboard_has_the_panels_operators_need() -> None:
+    titles = {p["title"] for p in panels()}
+    for wanted in (
+        "Evictions by strategy and result",
+        "Nodes freed by GPU model",
+        "GPUs freed by GPU model",
+        "Estimated savings per hour",
+        "Idle GPUs by model",
+        "Cycle duration",
+        "Blocked by guard",
+    ):
+        assert wanted in titles
+
+    def queried(title: str) -> set[str]:
+        panel = next(p for p in panels() if p["title"] == title)
+        return {base_name(n) for t in panel["targets"] for n, _ in metric_selectors(t["expr"])}
+
+    assert queried("Evictions by strategy and result") == {"gpu_rebalancer_evictions_total"}
+    assert queried("Blocked by guard") == {"gpu_rebalancer_blocked_total"}
+    assert queried("Idle GPUs by model") == {"gpu_rebalancer_idle_gpus"}
+    assert queried("Cycle duration") == {"gpu_rebalancer_cycle_duration_seconds"}
+    assert queried("Nodes freed by GPU model") == {"gpu_rebalancer_nodes_freeable"}
+    assert queried("Estimated savings per hour") == {"gpu_rebalancer_estimated_savings_per_hour"}
+
+
+def test_every_dashboard_metric_is_a_design_metric_the_sink_exports(
+    scraped: dict[str, frozenset[str]],
+) -> None:
+    check_queries(dashboard_queries(), scraped, allow_dcgm=set())
+
+
+def test_every_dashboard_query_returns_data_from_a_real_scrape(promtool: str, tmp_path: Path) -> None:
+    """Each query, evaluated by Prometheus' engine over the sink's own exposition (leader and standby)."""
+    loaded = load_policy(ROOT / "examples" / "demo-cluster" / "policy.yaml")
+    snapshot = load_snapshot_dir(ROOT / "examples" / "demo-cluster", loaded)
+    report = run_cycle(snapshot, loaded, DryRunEvictor())
+    leader, standby = DaemonMetrics(), DaemonMetrics()
+    leader.observe_cycle(report, snapshot, proposals={"gpu-consolidation": 2}, duration=1.5)
+    standby.cycle_not_run("standby")
+    input_series = []
+    for target, metrics in ((LEADER, leader), (STANDBY, standby)):
+        for name, labels, value, counter in scraped_series(generate_latest(metrics.registry).decode()):
+            values = f"{value:g}+{value:g}x120" if counter else f"{value:g}x120"
+            input_series.append(series(name, values, target, **labels))
+    tests = []
+    for expr in dashboard_queries():
+        promql = grafana_to_promql(expr)
+        if promql.startswith("label_values("):
+            metric, label = (
+                part.strip() for part in promql.removeprefix("label_values(").rstrip(")").split(",")
+            )
+            promql = f"count by ({label}) ({metric})"
+        tests.append(
+            {
+                "expr": f"count({promql}) > bool 0",
+                "eval_time": "1h",
+                "exp_samples": [{"labels": "{}", "value": 1}],
+            }
+        )
+    assert len(tests) >= 15
+    unit = {"tests": [{"interval": "1m", "input_series": input_series, "promql_expr_test": tests}]}
+    (tmp_path / "dashboard_test.yaml").write_text(yaml.safe_dump(unit, sort_keys=False), encoding="utf-8")
+    done = run_promtool(promtool, "test", "rules", "dashboard_test.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -8,8 +8,10 @@ in cycle.py and the modules it wires.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +21,13 @@ from pydantic import ValidationError
 
 from rebalancer import __version__
 from rebalancer.cycle import run_cycle
+from rebalancer.daemon import (
+    DaemonError,
+    add_live_once_arguments,
+    add_run_arguments,
+    run_command,
+    run_live_once,
+)
 from rebalancer.evictor import DryRunEvictor
 from rebalancer.policy import (
     LoadedPolicy,
@@ -30,6 +39,10 @@ from rebalancer.policy import (
 )
 from rebalancer.registry import all_strategies
 from rebalancer.report import OutputFormat, render
+from rebalancer.simulate import SimulationInputError, run_simulation
+from rebalancer.simulate import render as render_simulation
+from rebalancer.simulate.command import add_arguments as add_simulate_arguments
+from rebalancer.simulate.command import options_from_args as simulate_options
 from rebalancer.sources.dcgm import LOOKBACK_SECONDS
 from rebalancer.sources.files import SNAPSHOT_FILE, SnapshotError, load_snapshot_dir
 from rebalancer.sources.kube import KubeSource, KubeSourceError, load_api_client
@@ -64,7 +77,15 @@ def _policy(path: str | None) -> LoadedPolicy:
 def cmd_once(args: argparse.Namespace) -> int:
     loaded = _policy(args.policy)
     if args.snapshot is None:
-        raise BadInput(["once: --snapshot DIR is required (live cluster cycles come with `rebalancer run`)"])
+        # One live cycle against the cluster (e.g. as a CronJob): evicts unless dry-run.
+        try:
+            report = run_live_once(args, loaded)
+        except DaemonError as exc:
+            for problem in exc.problems:
+                print(f"rebalancer: error: {problem}", file=sys.stderr)
+            return EXIT_FAILED
+        sys.stdout.write(render(report, args.output))
+        return EXIT_OK
     try:
         snapshot = load_snapshot_dir(Path(args.snapshot), loaded)
     except SnapshotError as exc:
@@ -74,6 +95,18 @@ def cmd_once(args: argparse.Namespace) -> int:
     fmt: OutputFormat = args.output
     sys.stdout.write(render(report, fmt))
     return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """`rebalancer run`: the daemon (rebalancer.daemon); exit 0 after SIGTERM / SIGINT."""
+    try:
+        return run_command(args)
+    except PolicyError as exc:
+        raise BadInput(exc.problems) from None
+    except DaemonError as exc:
+        for problem in exc.problems:
+            print(f"rebalancer: error: {problem}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -189,6 +222,19 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Replay a GPU trace; wall time is measured here, at the edge, around the pure replay."""
+    try:
+        options = simulate_options(args)
+        started = time.perf_counter()
+        result = run_simulation(options)
+    except SimulationInputError as exc:
+        raise BadInput(exc.problems) from None
+    result = dataclasses.replace(result, wall_seconds=time.perf_counter() - started)
+    sys.stdout.write(render_simulation(result, args.output))
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rebalancer", description="A descheduler for GPU clusters.")
     parser.add_argument("--version", action="version", version=f"gpu-rebalancer {__version__}")
@@ -198,7 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
     once.add_argument("--snapshot", metavar="DIR", help="evaluate a snapshot directory (always dry-run)")
     once.add_argument("--policy", metavar="FILE", help="policy file (default: built-in safe policy)")
     once.add_argument("--output", choices=("text", "json", "markdown"), default="text")
+    add_live_once_arguments(once)  # without --snapshot: one cycle against the live cluster
     once.set_defaults(func=cmd_once)
+
+    run = sub.add_parser("run", help="the daemon: cycles every interval, leader election, /metrics")
+    add_run_arguments(run)
+    run.set_defaults(func=cmd_run)
 
     validate = sub.add_parser("validate", help="check policy files; exit 2 listing every problem")
     validate.add_argument("policies", nargs="+", metavar="POLICY")
@@ -223,6 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot.add_argument("--context", help="kubeconfig context")
     snapshot.add_argument("--telemetry-only", action="store_true", help="do not capture cluster objects")
     snapshot.set_defaults(func=cmd_snapshot)
+
+    simulate = sub.add_parser("simulate", help="replay a GPU cluster trace and report node-hours")
+    add_simulate_arguments(simulate)
+    simulate.set_defaults(func=cmd_simulate)
     return parser
 
 

@@ -220,16 +220,21 @@ class PricesConfig(StrictModel):
 DigestPeriod = Literal["hourly", "daily"]
 
 
-class SlackSinkConfig(StrictModel):
-    webhook_url_env: str | None = None
-    webhook_url_file: str | None = None
-    dashboard_url: str | None = None
+class SinkFilters(StrictModel):
+    """What a notification sink sends, and how often: shared by every kind of sink."""
+
     only_when_evicted: bool = False
     include_dry_run: bool = True
     finding_kinds: tuple[str, ...] | None = None
     min_interval: Duration = 0
     # Dry-run reports are not sent one by one but as one digest (the latest report) per period.
     digest: DigestPeriod | None = None
+
+
+class SlackSinkConfig(SinkFilters):
+    webhook_url_env: str | None = None
+    webhook_url_file: str | None = None
+    dashboard_url: str | None = None
 
     @model_validator(mode="after")
     def _has_secret_source(self) -> SlackSinkConfig:
@@ -238,15 +243,10 @@ class SlackSinkConfig(StrictModel):
         return self
 
 
-class WebhookSinkConfig(StrictModel):
+class WebhookSinkConfig(SinkFilters):
     url: str = Field(min_length=1, pattern=r"^https?://")
     secret_env: str | None = None
     secret_file: str | None = None
-    only_when_evicted: bool = False
-    include_dry_run: bool = True
-    finding_kinds: tuple[str, ...] | None = None
-    min_interval: Duration = 0
-    digest: DigestPeriod | None = None
 
 
 class NotifyConfig(StrictModel):

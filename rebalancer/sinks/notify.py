@@ -38,6 +38,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from rebalancer.model import CycleReport, Finding
+from rebalancer.policy import SinkFilters
 
 __all__ = [
     "DIGEST_PERIODS",
@@ -78,19 +79,7 @@ class NotificationSink(Protocol):
     def name(self) -> str: ...
 
     @property
-    def only_when_evicted(self) -> bool: ...
-
-    @property
-    def include_dry_run(self) -> bool: ...
-
-    @property
-    def finding_kinds(self) -> tuple[str, ...] | None: ...
-
-    @property
-    def min_interval(self) -> float: ...
-
-    @property
-    def digest(self) -> str | None: ...
+    def filters(self) -> SinkFilters: ...
 
     def send(self, delivery: Delivery) -> None: ...
 
@@ -261,14 +250,15 @@ class Notifier:
         with self._lock:
             if self._closed:
                 return
-            if sink.digest is not None and report.mode == "dry-run":
+            filters = sink.filters
+            if filters.digest is not None and report.mode == "dry-run":
                 self._digest(report)
                 return
             reason = skip_reason(
                 report,
-                include_dry_run=sink.include_dry_run,
-                only_when_evicted=sink.only_when_evicted,
-                finding_kinds=sink.finding_kinds,
+                include_dry_run=filters.include_dry_run,
+                only_when_evicted=filters.only_when_evicted,
+                finding_kinds=filters.finding_kinds,
             )
             if reason is not None:
                 self._result("filtered")
@@ -281,17 +271,17 @@ class Notifier:
         if self._digest_started is None:
             self._digest_started = now
         self._digest_cycles += 1
-        period = DIGEST_PERIODS[self.sink.digest or "daily"]
+        period = DIGEST_PERIODS[self.sink.filters.digest or "daily"]
         if now - self._digest_started < period:
             self._result("digested")
             return
-        delivery = Delivery(report, digest_cycles=self._digest_cycles, digest_period=self.sink.digest)
+        delivery = Delivery(report, digest_cycles=self._digest_cycles, digest_period=self.sink.filters.digest)
         self._digest_started, self._digest_cycles = now, 0
         self._offer(delivery, rate_limited=False)
 
     def _offer(self, delivery: Delivery, *, rate_limited: bool = True) -> None:
         now = self._clock()
-        interval = self.sink.min_interval
+        interval = float(self.sink.filters.min_interval)
         last = self._last_accepted
         if rate_limited and interval > 0 and last is not None and now - last < interval:
             self._result("rate-limited")

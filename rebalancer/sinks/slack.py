@@ -165,12 +165,8 @@ class SlackSink:
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self.config = config
+        self.filters = config
         self.name = name
-        self.only_when_evicted = config.only_when_evicted
-        self.include_dry_run = config.include_dry_run
-        self.finding_kinds = config.finding_kinds
-        self.min_interval = float(config.min_interval)
-        self.digest = config.digest
         self._poster = poster if poster is not None else HttpPoster()
         self._environ = environ
 

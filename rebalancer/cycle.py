@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rebalancer.evictor import Evictor
+from rebalancer.gcpause import collector_paused
 from rebalancer.guards import pod_refusal
 from rebalancer.model import (
     CycleReport,
@@ -66,6 +67,11 @@ def evaluate(
     snapshot: Snapshot, loaded: LoadedPolicy, *, history: DisruptionHistory | None = None
 ) -> Evaluation:
     """Run every enabled strategy in policy order, then let the planner judge all proposals together."""
+    with collector_paused():
+        return _evaluate(snapshot, loaded, history)
+
+
+def _evaluate(snapshot: Snapshot, loaded: LoadedPolicy, history: DisruptionHistory | None) -> Evaluation:
     ctx = strategy_context(snapshot, loaded)
     proposals: list[Proposal] = []
     findings: list[Finding] = list(snapshot.findings)

@@ -27,13 +27,15 @@ Model:
   higher preferred node affinity weight, then the first node name.
 
 Speed: copies are copy-on-write per node, so a what-if `copy()` costs one dictionary copy and only the
-nodes it changes are duplicated. `best_node` ranks the nodes as built once per kind of pod (same
-constraints and requests), shares that ranking with every copy, and per call re-examines only the
-nodes the state has changed since. A ClusterState is not safe to use from several threads at once.
+nodes it changes are duplicated; states built from one snapshot share its accounting, done once.
+`best_node` ranks the nodes as built once per kind of pod (same constraints and requests), shares that
+ranking with every copy, and per call re-examines only the nodes the state has changed since. A
+ClusterState is not safe to use from several threads at once.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -235,7 +237,7 @@ def _has_devices(devices: list[int], count: int, milli: int) -> bool:
     return False
 
 
-def _best_fit_devices(devices: list[int], count: int, milli: int) -> tuple[int, ...] | None:
+def best_fit_devices(devices: list[int], count: int, milli: int) -> tuple[int, ...] | None:
     """The `count` devices with the least free milli that still hold `milli` (lowest index on ties)."""
     if milli == MILLI_PER_GPU and count == 1:  # a whole device: the first entirely free one
         return (devices.index(MILLI_PER_GPU),) if MILLI_PER_GPU in devices else None
@@ -255,7 +257,7 @@ def _devices_for_existing(devices: list[int], count: int, milli: int) -> tuple[i
     """Devices for a pod already running: best fit, or, when the snapshot itself overcommits the node,
     the devices with the most free milli, so the overcommit shows as negative free instead of vanishing.
     """
-    chosen = _best_fit_devices(devices, count, milli)
+    chosen = best_fit_devices(devices, count, milli)
     if chosen is not None:
         return chosen
     most_free_first = sorted(range(len(devices)), key=lambda index: (-devices[index], index))
@@ -371,6 +373,57 @@ class _Built:
         self.rankings: dict[_RankingKey, tuple[str, ...]] = {}
 
 
+def _build(snapshot: Snapshot) -> _Built:
+    """Every active pod accounted against its node, as the snapshot shows them."""
+    nodes: dict[str, _NodeState] = {}
+    home: dict[PodKey, str] = {}
+    pods_by_node = snapshot.pods_by_node
+    for name, node in snapshot.nodes.items():
+        state = _NodeState(node, dict(node.allocatable), [MILLI_PER_GPU] * gpu_device_count(node), {})
+        nodes[name] = state
+        gpu_pods: list[tuple[_Demand, Pod]] = []
+        for pod in pods_by_node.get(name, ()):
+            demand = _demand_of(pod)
+            if demand.gpu_count:
+                gpu_pods.append((demand, pod))
+            else:
+                key = (pod.namespace, pod.name)
+                state.take(key, _Holding(demand, ()))
+                home[key] = name
+        gpu_pods.sort(key=_existing_order)
+        for demand, pod in gpu_pods:
+            key = (pod.namespace, pod.name)
+            devices = _devices_for_existing(state.devices, demand.gpu_count, demand.gpu_milli)
+            state.take(key, _Holding(demand, devices))
+            home[key] = name
+    return _Built(nodes, home)
+
+
+class _LastBuilt:
+    """The `_Built` of the snapshot that states were last built from, held only as long as it lives."""
+
+    __slots__ = ("_entry",)
+
+    def __init__(self) -> None:
+        self._entry: tuple[weakref.ref[Snapshot], _Built] | None = None
+
+    def get(self, snapshot: Snapshot) -> _Built:
+        entry = self._entry
+        if entry is not None and entry[0]() is snapshot:
+            return entry[1]
+        built = _build(snapshot)
+        self._entry = (weakref.ref(snapshot, self._forget), built)
+        return built
+
+    def _forget(self, ref: weakref.ref[Snapshot]) -> None:
+        entry = self._entry
+        if entry is not None and entry[0] is ref:
+            self._entry = None
+
+
+_LAST_BUILT = _LastBuilt()
+
+
 class ClusterState:
     """Free capacity of every node, with reservations made during a cycle. Build with `from_snapshot`.
 
@@ -400,29 +453,13 @@ class ClusterState:
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot) -> ClusterState:
-        """Account every active pod against its node. Pods on nodes the snapshot lacks are ignored."""
-        nodes: dict[str, _NodeState] = {}
-        home: dict[PodKey, str] = {}
-        pods_by_node = snapshot.pods_by_node
-        for name, node in snapshot.nodes.items():
-            state = _NodeState(node, dict(node.allocatable), [MILLI_PER_GPU] * gpu_device_count(node), {})
-            nodes[name] = state
-            gpu_pods: list[tuple[_Demand, Pod]] = []
-            for pod in pods_by_node.get(name, ()):
-                demand = _demand_of(pod)
-                if demand.gpu_count:
-                    gpu_pods.append((demand, pod))
-                else:
-                    key = (pod.namespace, pod.name)
-                    state.take(key, _Holding(demand, ()))
-                    home[key] = name
-            gpu_pods.sort(key=_existing_order)
-            for demand, pod in gpu_pods:
-                key = (pod.namespace, pod.name)
-                devices = _devices_for_existing(state.devices, demand.gpu_count, demand.gpu_milli)
-                state.take(key, _Holding(demand, devices))
-                home[key] = name
-        return cls(_Built(nodes, home), dict(nodes), moves={}, cordoned=set(), changed=set())
+        """Account every active pod against its node. Pods on nodes the snapshot lacks are ignored.
+
+        The accounting is done once per snapshot and shared by every state built from it (each strategy
+        and the planner of a cycle build one): it is never written, see `_Built`.
+        """
+        built = _LAST_BUILT.get(snapshot)
+        return cls(built, dict(built.nodes), moves={}, cordoned=set(), changed=set())
 
     def copy(self) -> ClusterState:
         """An independent what-if copy: changes to either never show in the other."""
@@ -595,7 +632,7 @@ class ClusterState:
         state = self._writable(node)
         devices: tuple[int, ...] = ()
         if demand.gpu_count:
-            chosen = _best_fit_devices(state.devices, demand.gpu_count, demand.gpu_milli)
+            chosen = best_fit_devices(state.devices, demand.gpu_count, demand.gpu_milli)
             if chosen is None:  # the fit check has seen these devices: this is a bug, not a misfit
                 raise AssertionError(f"no devices on {node} for {key} after a successful fit")
             devices = chosen

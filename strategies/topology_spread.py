@@ -172,6 +172,18 @@ def _skew(counts: Mapping[str, int], min_domains: int) -> int:
     return max(counts.values(), default=0) - _global_min(counts, min_domains)
 
 
+# (topology key, nodeSelector, required node affinity): what decides a pod's eligible nodes.
+_EligibleKey = tuple[str, tuple[tuple[str, str], ...], tuple[NodeSelectorTerm, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Eligible:
+    """The nodes carrying a topology key that a pod's nodeSelector / affinity allow, by domain."""
+
+    domain_of: Mapping[str, str]  # node -> domain
+    nodes_in: Mapping[str, tuple[str, ...]]  # domain -> its nodes by name, domains in node order
+
+
 @dataclass
 class _Run:
     """What one run of the strategy reads, and what it carries from one proposal to the next."""
@@ -185,14 +197,25 @@ class _Run:
     moved: set[PodKey] = field(default_factory=set)
     proposals: list[Proposal] = field(default_factory=list)
     pods_by_namespace: dict[str, list[Pod]] = field(default_factory=dict)
+    # Per namespace, the active pods carrying each label (key, value), in snapshot order: a selector's
+    # matchLabels narrow `counted` down to a few pods instead of the whole namespace.
+    pods_by_label: dict[str, dict[tuple[str, str], list[Pod]]] = field(default_factory=dict)
+    # eligible_nodes per (topology key, nodeSelector, required affinity): every pod of a group, and
+    # most groups, share one.
+    eligible_cache: dict[_EligibleKey, _Eligible] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         grouped: dict[str, list[Pod]] = defaultdict(list)
+        by_label: dict[str, dict[tuple[str, str], list[Pod]]] = defaultdict(lambda: defaultdict(list))
         for pod in self.snapshot.pods:
             if pod.is_active and pod.node_name is not None:
                 grouped[pod.namespace].append(pod)
                 self.location[pod.key] = pod.node_name
+                index = by_label[pod.namespace]
+                for label in pod.labels.items():
+                    index[label].append(pod)
         self.pods_by_namespace = dict(grouped)
+        self.pods_by_label = {namespace: dict(index) for namespace, index in by_label.items()}
 
     @property
     def min_age(self) -> timedelta:
@@ -205,27 +228,44 @@ class _Run:
         members = self.snapshot.gangs.get(pod.gang, ())
         return members if len(members) > 1 else (pod,)
 
-    def eligible_nodes(self, pod: Pod, topology_key: str) -> dict[str, str]:
-        """Node -> domain, for the nodes carrying the key that the pod's nodeSelector / affinity allow."""
-        eligible: dict[str, str] = {}
-        for name, node in self.snapshot.nodes.items():
-            domain = node.labels.get(topology_key)
-            if domain is not None and _affinity_allows(pod, node):
-                eligible[name] = domain
+    def eligible_nodes(self, pod: Pod, topology_key: str) -> _Eligible:
+        """The nodes carrying the key that the pod's nodeSelector / affinity allow, and their domains."""
+        key = (topology_key, tuple(sorted(pod.node_selector.items())), pod.required_affinity)
+        eligible = self.eligible_cache.get(key)
+        if eligible is None:
+            domain_of: dict[str, str] = {}
+            for name, node in self.snapshot.nodes.items():
+                domain = node.labels.get(topology_key)
+                if domain is not None and _affinity_allows(pod, node):
+                    domain_of[name] = domain
+            nodes_in: dict[str, list[str]] = {domain: [] for domain in domain_of.values()}
+            for name, domain in sorted(domain_of.items()):
+                nodes_in[domain].append(name)
+            eligible = _Eligible(domain_of, {domain: tuple(names) for domain, names in nodes_in.items()})
+            self.eligible_cache[key] = eligible
         return eligible
 
     def counted(
-        self, namespace: str, selector: LabelSelector, eligible: Mapping[str, str], *, without: PodKey | None
+        self, namespace: str, selector: LabelSelector, eligible: _Eligible, *, without: PodKey | None
     ) -> dict[str, list[Pod]]:
         """Domain -> the matching pods predicted in it; every eligible domain appears, empty or not."""
-        by_domain: dict[str, list[Pod]] = {domain: [] for domain in eligible.values()}
-        for pod in self.pods_by_namespace.get(namespace, ()):
+        by_domain: dict[str, list[Pod]] = {domain: [] for domain in eligible.nodes_in}
+        domain_of = eligible.domain_of
+        for pod in self._selector_candidates(namespace, selector):
             if pod.key == without:
                 continue
-            domain = eligible.get(self.location[pod.key])
+            domain = domain_of.get(self.location[pod.key])
             if domain is not None and label_selector_matches(selector, pod.labels):
                 by_domain[domain].append(pod)
         return by_domain
+
+    def _selector_candidates(self, namespace: str, selector: LabelSelector) -> Sequence[Pod]:
+        """The namespace's active pods that can match the selector: those carrying its rarest matchLabels
+        pair (every pod of the namespace when it has no matchLabels), in snapshot order."""
+        if not selector.match_labels:
+            return self.pods_by_namespace.get(namespace, ())
+        index = self.pods_by_label.get(namespace, {})
+        return min((index.get(label, ()) for label in selector.match_labels.items()), key=len)
 
     def hard_filter(self, pod: Pod, skip: TopologySpreadConstraint | None) -> Callable[[str], bool]:
         """The scheduler's PodTopologySpread filter for the pod's DoNotSchedule constraints but `skip`."""
@@ -238,7 +278,7 @@ class _Run:
             counts = {d: len(p) for d, p in by_domain.items()}
             self_match = 1 if label_selector_matches(constraint.label_selector, pod.labels) else 0
             room = constraint.max_skew + _global_min(counts, constraint.min_domains or 0) - self_match
-            checks.append((eligible, counts, room))
+            checks.append((eligible.domain_of, counts, room))
 
         def allows(node_name: str) -> bool:
             for eligible, counts, room in checks:
@@ -381,7 +421,7 @@ def _next_step(
     group: _Group,
     state: ClusterState,
     by_domain: Mapping[str, list[Pod]],
-    domain_nodes: Mapping[str, list[str]],
+    domain_nodes: Mapping[str, Sequence[str]],
 ) -> _Step | None:
     """The best single move: from the most-loaded domain possible to the least-loaded that takes it."""
     key = group.key
@@ -412,10 +452,9 @@ def _plan_group(run: _Run, group: _Group) -> list[_Move]:
     key = group.key
     selector = group.constraint.label_selector
     eligible = run.eligible_nodes(group.view, key.topology_key)
-    domain_nodes: dict[str, list[str]] = defaultdict(list)
-    for name, domain in sorted(eligible.items()):
-        domain_nodes[domain].append(name)
-    saved_location, saved_moved = dict(run.location), set(run.moved)
+    # What this plan changes in the run, to undo it (cheaper than copying the run's maps).
+    previous: dict[PodKey, str | None] = {}
+    newly_moved: set[PodKey] = set()
     state = run.state
     moves: list[_Move] = []
     evictions = 0
@@ -424,12 +463,15 @@ def _plan_group(run: _Run, group: _Group) -> list[_Move]:
         counts = {d: len(p) for d, p in by_domain.items()}
         skew = _skew(counts, key.min_domains)
         while skew > key.max_skew:
-            step = _next_step(run, group, state, by_domain, domain_nodes)
+            step = _next_step(run, group, state, by_domain, eligible.nodes_in)
             if step is None or evictions + len(step.placed) > run.args.max_evictions_per_constraint:
                 break
             evictions += len(step.placed)
             proposal = _skew_proposal(run, group, step, counts, skew)
             for moved_key, node in step.placed.items():
+                previous.setdefault(moved_key, run.location.get(moved_key))
+                if moved_key not in run.moved:
+                    newly_moved.add(moved_key)
                 run.location[moved_key] = node
                 run.moved.add(moved_key)
             state = step.state
@@ -438,7 +480,12 @@ def _plan_group(run: _Run, group: _Group) -> list[_Move]:
             before, skew = skew, _skew(counts, key.min_domains)
             moves.append(_Move(proposal, step.placed, state, before, skew))
     finally:
-        run.location, run.moved = saved_location, saved_moved
+        for moved_key, was in previous.items():
+            if was is None:
+                del run.location[moved_key]
+            else:
+                run.location[moved_key] = was
+        run.moved -= newly_moved
     return moves
 
 

@@ -26,14 +26,13 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import Literal, TextIO, cast
 
-from prometheus_client.openmetrics.parser import (
-    text_string_to_metric_families as openmetrics_families,
-)
+from prometheus_client.openmetrics.parser import text_fd_to_metric_families as openmetrics_lines
+from prometheus_client.parser import text_fd_to_metric_families as prometheus_lines
 from prometheus_client.parser import text_string_to_metric_families as prometheus_families
 
 from rebalancer.model import Finding, GpuTelemetry, Pod, Telemetry, TelemetryWindow
@@ -133,6 +132,15 @@ def _locate_openmetrics_error(text: str, message: str) -> int | None:
     return None
 
 
+def _lines(text: str) -> Iterator[str]:
+    """The lines of `text` with their newlines, as iterating `io.StringIO(text)` gives them."""
+    start, size = 0, len(text)
+    while start < size:
+        end = text.find("\n", start) + 1 or size
+        yield text[start:end]
+        start = end
+
+
 def parse_exposition(
     text: str,
     *,
@@ -147,11 +155,14 @@ def parse_exposition(
     when given, keeps only samples with those names. Raises ExpositionError on malformed input.
     """
     openmetrics = fmt == "openmetrics" or (fmt == "auto" and _is_openmetrics(text))
-    parser = openmetrics_families if openmetrics else prometheus_families
+    parser = openmetrics_lines if openmetrics else prometheus_lines
     wanted = frozenset(metrics) if metrics is not None else None
     collected: dict[tuple[str, tuple[tuple[str, str], ...]], list[Sample]] = {}
     try:
-        for family in parser(text):
+        # Hand the parsers the text line by line (they read any iterable of lines): given the string they
+        # wrap it in a StringIO, 4 bytes a character. Each family (every sample of one metric, a labels
+        # dict apiece) is released before the parser builds the next one.
+        for family in parser(cast(TextIO, _lines(text))):
             for sample in family.samples:
                 if wanted is not None and sample.name not in wanted:
                     continue
@@ -167,6 +178,7 @@ def parse_exposition(
                         )
                 key = (sample.name, tuple(sorted(sample.labels.items())))
                 collected.setdefault(key, []).append(Sample(value=float(sample.value), timestamp=timestamp))
+            del family
     except ExpositionError:
         raise
     except Exception as exc:  # prometheus_client raises ValueError, and a few others on odd input
@@ -393,20 +405,20 @@ class _Group:
     points: dict[_Role, _Points] = field(default_factory=dict)
 
 
-def _ms(seconds: float) -> int:
+def seconds_to_ms(seconds: float) -> int:
     return round(seconds * 1000)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _epoch_ms(moment: datetime) -> int:
+def epoch_ms(moment: datetime) -> int:
     if moment.tzinfo is None:
         raise ValueError(f"now must carry a timezone, got {moment.isoformat()}")
     return (moment - _EPOCH) // timedelta(milliseconds=1)
 
 
-def _datetime(ms: int) -> datetime:
+def datetime_from_ms(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
@@ -463,7 +475,7 @@ def _window_row(group: _Group, cfg: TelemetryConfig, lo: int, now: int) -> GpuTe
         fb_used=fb_used,
         fb_used_max=fb_used_max,
         fb_free=fb_free,
-        newest_sample=_datetime(max(newest)),
+        newest_sample=datetime_from_ms(max(newest)),
     )
 
 
@@ -488,7 +500,7 @@ def aggregate(
     """
     cfg = resolve_preset(cfg)
     roles = _roles(cfg)
-    now_ms = _epoch_ms(now)
+    now_ms = epoch_ms(now)
     merged: dict[tuple[str, tuple[tuple[str, str], ...]], dict[int, float]] = {}
     first_seen: dict[tuple[str, tuple[tuple[str, str], ...]], Series] = {}
     for one in series:
@@ -498,7 +510,7 @@ def aggregate(
         points = merged.setdefault(key, {})
         first_seen.setdefault(key, one)
         for sample in one.samples:
-            points[now_ms if sample.timestamp is None else _ms(sample.timestamp)] = sample.value
+            points[now_ms if sample.timestamp is None else seconds_to_ms(sample.timestamp)] = sample.value
 
     metric_names = ", ".join(roles)
     if not merged:
@@ -518,8 +530,9 @@ def aggregate(
             continue
         identified += 1
         identity = attribute(identity, pods)
-        bad = [v for v in points.values() if not is_valid_value(v)]
-        if bad:
+        valid = {t: v for t, v in points.items() if is_valid_value(v)}
+        if len(valid) < len(points):
+            bad = [v for v in points.values() if not is_valid_value(v)]
             findings.append(
                 Finding(
                     kind="bad-telemetry",
@@ -534,7 +547,7 @@ def aggregate(
                     ),
                 )
             )
-        good = [(t, v) for t, v in points.items() if t <= now_ms and is_valid_value(v)]
+        good = [(t, v) for t, v in valid.items() if t <= now_ms]
         if not good:
             continue
         gkey = group_key(identity)
@@ -578,12 +591,14 @@ def aggregate(
 
 def _fill(current: SeriesIdentity, other: SeriesIdentity) -> SeriesIdentity:
     """Complete descriptive fields (index, model, MIG profile) one series of a group may lack."""
-    return replace(
-        current,
-        gpu_index=current.gpu_index or other.gpu_index,
-        model_name=current.model_name or other.model_name,
-        mig_profile=current.mig_profile or other.mig_profile,
+    filled = (
+        current.gpu_index or other.gpu_index,
+        current.model_name or other.model_name,
+        current.mig_profile or other.mig_profile,
     )
+    if filled == (current.gpu_index, current.model_name, current.mig_profile):
+        return current  # the usual case: nothing to complete, and `replace` is slow
+    return replace(current, gpu_index=filled[0], model_name=filled[1], mig_profile=filled[2])
 
 
 fill_identity = _fill

@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from rebalancer.gcpause import collector_paused
 from rebalancer.model import Finding, Node, Pdb, Pod, Snapshot, Telemetry
 from rebalancer.policy import LoadedPolicy
 from rebalancer.sources.dcgm import (
@@ -47,6 +48,7 @@ from rebalancer.sources.kube_objects import (
     object_ref,
     pdb_from_json,
     pod_from_json,
+    split_unbound,
 )
 
 __all__ = ["METRIC_SUFFIXES", "OBJECT_SUFFIXES", "SNAPSHOT_FILE", "SnapshotError", "load_snapshot_dir"]
@@ -257,7 +259,11 @@ def _newest_sample(series: Sequence[Series]) -> datetime | None:
 
 def load_snapshot_dir(path: str | Path, loaded: LoadedPolicy) -> Snapshot:
     """Read a snapshot directory into a Snapshot. Raises SnapshotError (never a traceback) when unusable."""
-    root = Path(path)
+    with collector_paused():
+        return _load_snapshot_dir(Path(path), loaded)
+
+
+def _load_snapshot_dir(root: Path, loaded: LoadedPolicy) -> Snapshot:
     if not root.exists():
         raise SnapshotError([f"{root}: snapshot directory does not exist"])
     if not root.is_dir():
@@ -283,7 +289,9 @@ def load_snapshot_dir(path: str | Path, loaded: LoadedPolicy) -> Snapshot:
             text = _read_text(file, out.problems)
             if text is None:
                 continue
-            for doc, where in _documents(file, text, out.problems):
+            documents = _documents(file, text, out.problems)
+            del text  # free the text (hundreds of MB for a large cluster) before building the objects
+            for doc, where in documents:
                 if _is_foreign(doc):
                     if not _same_file(file, loaded.source):
                         out.not_objects.append(where)
@@ -328,23 +336,8 @@ def load_snapshot_dir(path: str | Path, loaded: LoadedPolicy) -> Snapshot:
             )
         )
 
-    pods: list[Pod] = []
-    for pod in out.pods.values():
-        if pod.node_name is not None and pod.node_name not in out.nodes:
-            findings.append(
-                Finding(
-                    kind="unknown-node",
-                    node=pod.node_name,
-                    namespace=pod.namespace,
-                    pod=pod.name,
-                    detail=(
-                        f"pod {pod.ref} is bound to node {pod.node_name}, which is not in the snapshot; "
-                        "ignored"
-                    ),
-                )
-            )
-            continue
-        pods.append(pod)
+    pods, unbound = split_unbound(out.pods.values(), out.nodes, missing_from="the snapshot")
+    findings.extend(unbound)
 
     if cfg is None:
         telemetry = Telemetry(available=False, problem="telemetry disabled by policy")

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rebalancer.model import MILLI_PER_GPU
-from rebalancer.placement import CPU_WEIGHT, GPU_WEIGHT, MEMORY_WEIGHT
+from rebalancer.placement import CPU_WEIGHT, GPU_WEIGHT, MEMORY_WEIGHT, best_fit_devices
 from rebalancer.simulate.trace import Job, TraceNode
 
 SchedulerModel = Literal["packed", "spread"]
@@ -148,17 +148,7 @@ class SimNode:
 
     def best_fit_devices(self, count: int, milli: int) -> tuple[int, ...] | None:
         """The `count` devices with the least free milli that still hold `milli` (lowest index on ties)."""
-        devices = self.devices
-        if count == 1:
-            chosen = -1
-            for index, free in enumerate(devices):
-                if free >= milli and (chosen < 0 or free < devices[chosen]):
-                    chosen = index
-            return (chosen,) if chosen >= 0 else None
-        candidates = sorted((free, index) for index, free in enumerate(devices) if free >= milli)
-        if len(candidates) < count:
-            return None
-        return tuple(sorted(index for _, index in candidates[:count]))
+        return best_fit_devices(self.devices, count, milli)
 
 
 def template_holds(template: TraceNode, job: Job) -> bool:

@@ -46,6 +46,7 @@ from rebalancer.sources.kube_objects import (
     node_from_json,
     pdb_from_json,
     pod_from_json,
+    split_unbound,
 )
 
 __all__ = [
@@ -233,23 +234,8 @@ class KubeSource:
                     ),
                 )
             )
-        kept: list[Pod] = []
-        for pod in pods.values():
-            if pod.node_name is not None and pod.node_name not in nodes:
-                findings.append(
-                    Finding(
-                        kind="unknown-node",
-                        node=pod.node_name,
-                        namespace=pod.namespace,
-                        pod=pod.name,
-                        detail=(
-                            f"pod {pod.ref} is bound to node {pod.node_name}, which the API did not list; "
-                            "ignored"
-                        ),
-                    )
-                )
-                continue
-            kept.append(pod)
+        kept, unbound = split_unbound(pods.values(), nodes, missing_from="the nodes the API listed")
+        findings.extend(unbound)
 
         resolved, telemetry_findings = self._resolve_telemetry(
             telemetry if telemetry is not None else self._telemetry, now, {p.key: p for p in kept}

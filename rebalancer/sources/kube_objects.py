@@ -14,7 +14,7 @@ object and the field path; it never guesses a value that could make an eviction 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from datetime import datetime
 from decimal import Decimal
 from functools import lru_cache
@@ -26,6 +26,7 @@ from rebalancer.model import (
     GPU_RESOURCE,
     MIG_RESOURCE_PREFIX,
     MILLI_PER_GPU,
+    Finding,
     GpuRequest,
     LabelRequirement,
     LabelSelector,
@@ -59,6 +60,7 @@ __all__ = [
     "pod_from_json",
     "pod_uses_gpu",
     "quantity_to_int",
+    "split_unbound",
 ]
 
 
@@ -628,3 +630,32 @@ def pdb_from_json(obj: Mapping[str, Any]) -> Pdb:
         selector = _label_selector(reader, reader.mapping(spec, "selector", "spec"), "spec.selector")
     allowed = reader.integer(status, "disruptionsAllowed", "status", 0) or 0
     return Pdb(namespace=namespace, name=name, selector=selector, disruptions_allowed=max(0, allowed))
+
+
+def split_unbound(
+    pods: Iterable[Pod], nodes: Container[str], *, missing_from: str
+) -> tuple[list[Pod], list[Finding]]:
+    """Pods on known nodes (or none yet), and an `unknown-node` finding for each pod on an unknown one.
+
+    A pod bound to a node the source did not see cannot be judged (its node's capacity and labels are
+    unknown), so it is left out; `missing_from` says where the node is missing ("the snapshot").
+    """
+    kept: list[Pod] = []
+    findings: list[Finding] = []
+    for pod in pods:
+        if pod.node_name is not None and pod.node_name not in nodes:
+            findings.append(
+                Finding(
+                    kind="unknown-node",
+                    node=pod.node_name,
+                    namespace=pod.namespace,
+                    pod=pod.name,
+                    detail=(
+                        f"pod {pod.ref} is bound to node {pod.node_name}, which is not in {missing_from}; "
+                        "ignored"
+                    ),
+                )
+            )
+            continue
+        kept.append(pod)
+    return kept, findings

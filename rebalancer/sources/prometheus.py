@@ -41,7 +41,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,11 +59,14 @@ from rebalancer.sources.dcgm import (
     Series,
     SeriesIdentity,
     attribute,
+    datetime_from_ms,
+    epoch_ms,
     fill_identity,
     group_key,
     identify,
     is_valid_value,
     resolve_preset,
+    seconds_to_ms,
     to_gpu_telemetry,
 )
 
@@ -173,25 +176,8 @@ def _vector(result: object, expr: str) -> Vector:
     return vector
 
 
-def _ms(seconds: float) -> int:
-    return round(seconds * 1000)
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _epoch_ms(moment: datetime) -> int:
-    if moment.tzinfo is None:
-        raise ValueError(f"now must carry a timezone, got {moment.isoformat()}")
-    return (moment - _EPOCH) // timedelta(milliseconds=1)
-
-
-def _datetime(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
-
-
 def _time_param(moment: datetime) -> str:
-    ms = _epoch_ms(moment)
+    ms = epoch_ms(moment)
     return f"{ms // 1000}.{ms % 1000:03d}"
 
 
@@ -402,7 +388,7 @@ class PrometheusTelemetrySource:
         self, results: Mapping[str, Vector], now: datetime, pods: Mapping[tuple[str, str], Pod] | None
     ) -> tuple[Telemetry, tuple[Finding, ...]]:
         cfg = self._cfg
-        now_ms = _epoch_ms(now)
+        now_ms = epoch_ms(now)
         by_metric: dict[str, set[LabelKey]] = defaultdict(set)
         for query in self._plan:
             by_metric[query.metric].update(results[query.expr])
@@ -453,7 +439,7 @@ class PrometheusTelemetrySource:
                     fb_used=group.used_last[1] if group.used_last is not None else None,
                     fb_used_max=group.used_max,
                     fb_free=group.free_last[1] if group.free_last is not None else None,
-                    newest_sample=_datetime(group.newest),
+                    newest_sample=datetime_from_ms(group.newest),
                 )
                 for _, group in ordered
                 if group.newest is not None
@@ -527,7 +513,7 @@ class PrometheusTelemetrySource:
                 continue
             target.util.append((total, int(count)))
             target.util_max = _max(target.util_max, peak)
-            target.seen(_ms(newest[util][key]) if key in newest[util] else None)
+            target.seen(seconds_to_ms(newest[util][key]) if key in newest[util] else None)
 
         for key, peak in plan.get((used, "max", window), {}).items():
             if not valid(used, key, peak, f"its {format_duration(window)} maximum"):
@@ -535,12 +521,12 @@ class PrometheusTelemetrySource:
             if (target := group(used, key)) is None:
                 continue
             target.used_max = _max(target.used_max, peak)
-            target.seen(_ms(newest[used][key]) if key in newest[used] else None)
+            target.seen(seconds_to_ms(newest[used][key]) if key in newest[used] else None)
 
         if free != used:
             for key, ts in newest[free].items():
                 if (target := group(free, key)) is not None:
-                    target.seen(_ms(ts))
+                    target.seen(seconds_to_ms(ts))
 
         for metric, role in ((used, "used"), (free, "free")):
             stamps = plan.get((metric, "last_ts", None), {})
@@ -550,7 +536,7 @@ class PrometheusTelemetrySource:
                     continue
                 if (target := group(metric, key)) is None:
                     continue
-                sample = (_ms(stamp), value)
+                sample = (seconds_to_ms(stamp), value)
                 if role == "used":
                     target.used_last = _newer(target.used_last, sample)
                 else:
@@ -619,7 +605,7 @@ def _stale_findings(
     for row in widest.gpus:
         if row.pod_key is not None or row.newest_sample is None:
             continue
-        age_ms = now_ms - _epoch_ms(row.newest_sample)
+        age_ms = now_ms - epoch_ms(row.newest_sample)
         if age_ms <= max_age * 1000:
             continue
         gone: list[tuple[str | None, str | None]] = sorted(
@@ -664,7 +650,7 @@ def _number(value: float) -> str:
 
 
 def _timestamp(seconds: float) -> str:
-    ms = _ms(seconds)
+    ms = seconds_to_ms(seconds)
     return f"{ms // 1000}.{ms % 1000:03d}"
 
 

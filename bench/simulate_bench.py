@@ -1,15 +1,15 @@
 """Consolidation-quality and speed benchmark of `rebalancer simulate` on the Alibaba v2023 GPU trace.
 
 Runs the table of bench/README.md: for each scenario (pod list, replicas, seed, compression) the
-configurations packed/off, spread/off, packed/on, packed/descheduler-hnu and packed/on@50% (the
-simulation policy with gpu-consolidation's default threshold), one after the other in this process
+configurations packed/off, spread/off, packed/on, packed/descheduler-hnu and packed/on@defaults (the
+simulation policy with gpu-consolidation's default arguments), one after the other in this process
 (so `wall_seconds` is one replay on one core), and prints a markdown table plus, with `--json`, one
 JSON object per run. The goals it reports against are in bench/README.md; nothing here
 is a pass/fail test. Wall time is measured here, at the edge, around `run_simulation`.
 
     .venv/bin/python bench/simulate_bench.py                      # the full table
     .venv/bin/python bench/simulate_bench.py --scenario gpuspec33 --mode packed/on
-    .venv/bin/python bench/simulate_bench.py --scenario gpuspec33 --mode 'packed/on@50%'
+    .venv/bin/python bench/simulate_bench.py --scenario gpuspec33 --mode 'packed/on@defaults'
 """
 
 from __future__ import annotations
@@ -37,8 +37,10 @@ from rebalancer.simulate.rebalancers import SIMULATION_POLICY
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "alibaba-gpu-v2023" / "csv"
 NODES = "openb_node_list_gpu_node.csv"
-# packed/on with the simulation policy but gpu-consolidation's own 50 % max_allocated_percent.
-SHIPPED_THRESHOLD = "packed/on@50%"
+# packed/on with the simulation policy but gpu-consolidation's own defaults for the arguments that
+# policy sets for the trace (threshold and node-size rules); telemetry stays off.
+SHIPPED_THRESHOLD = "packed/on@defaults"
+TRACE_TUNED_ARGS = ("max_allocated_percent", "move_to_smaller_nodes", "drain_onto_larger_nodes")
 
 
 @dataclass(frozen=True)
@@ -60,12 +62,13 @@ MODES = ("packed/off", "spread/off", "packed/on", "packed/descheduler-hnu", SHIP
 
 
 def shipped_threshold_policy(folder: Path) -> Path:
-    """The simulation policy with `max_allocated_percent` back at the strategy's default (50)."""
+    """The simulation policy with the threshold and node-size rules back at the strategy's defaults."""
     document = copy.deepcopy(SIMULATION_POLICY)
     strategies = document["strategies"]
     assert isinstance(strategies, list)
-    strategies[0]["args"].pop("max_allocated_percent", None)
-    path = folder / "policy-50.yaml"
+    for name in TRACE_TUNED_ARGS:
+        strategies[0]["args"].pop(name, None)
+    path = folder / "policy-defaults.yaml"
     path.write_text(yaml.safe_dump(document), encoding="utf-8")
     return path
 

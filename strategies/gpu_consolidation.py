@@ -9,6 +9,16 @@ by a packed (MostAllocated) scheduler, with reservations carried across pods and
 drained in the same run, and never onto a node being drained. A node is proposed whole or not at
 all; the proposal names each pod's predicted destination.
 
+Node sizes (GPUs per node) matter where GPU models are mixed: pods that may run on any model fill the
+small nodes of a scarce model first (MostAllocated prefers the node that is fullest after placement),
+and the pods that can run nowhere else then need new small nodes. Two options keep the moves monotone
+in size: with `move_to_smaller_nodes: false` no drain puts a pod on a node with fewer GPUs than the
+one it leaves, and with `drain_onto_larger_nodes: true` a node at or above `max_allocated_percent`
+is still drained when part of its pods go to nodes with more GPUs and the rest fill no more GPUs on
+nodes of its own size than it leaves free. A pod moved that way only ever climbs in size, and such a
+drain takes no more free room on nodes of its size than it gives up, so it does not ping-pong the way
+a higher `max_allocated_percent` does (nodes drained onto peers, then needed again).
+
 Better than the descheduler's HighNodeUtilization on every point: utilisation as well as requests,
 one shared what-if cluster instead of a static picture (two evicted pods never both "fit" the same
 free GPU), no half-drained nodes, gangs moved whole, per-device packing of GPU shares and MIG
@@ -48,6 +58,7 @@ from rebalancer.model import (
 from rebalancer.placement import ClusterState, gpu_device_count
 from rebalancer.policy import Duration, Percent, format_duration
 from rebalancer.registry import StrategyArgs, StrategyContext, strategy
+from rebalancer.selectors import node_selector_matches, required_affinity_matches, untolerated_taints
 
 NAME = "gpu-consolidation"
 BLOCKED_FINDING = "consolidation-blocked"
@@ -76,6 +87,13 @@ class GpuConsolidationArgs(StrategyArgs):
     packed_schedulers: tuple[str, ...] = Field(default=("gpu-packed-scheduler",), min_length=1)
     # A GPU series whose newest sample is older than this (relative to the snapshot's now) is stale.
     max_telemetry_age: Annotated[Duration, Field(gt=0)] = 300
+    # false: a drained node's pods never go to nodes with fewer GPUs than it (small GPU shapes, often
+    # a scarce model, stay free for the pods that can run nowhere else).
+    move_to_smaller_nodes: bool = True
+    # true: a node at or above `max_allocated_percent` is drained too when the packed scheduler puts
+    # part of its pods on nodes with more GPUs, none on smaller nodes, and the rest fill no more GPUs
+    # on nodes of its own size than the node leaves free (the utilisation threshold still applies).
+    drain_onto_larger_nodes: bool = False
 
     def telemetry_windows(self) -> frozenset[int]:
         return frozenset({self.window}) if self.max_utilization_percent is not None else frozenset()
@@ -185,6 +203,8 @@ class _Candidate:
     pods: tuple[Pod, ...]  # everything that would move: the node's pods plus gang members elsewhere
     on_node: frozenset[PodKey]  # the node's own non-DaemonSet pods
     price: float  # hourly price of the whole node, 0 when unknown
+    # At or above `max_allocated_percent`: drained only by lifting pods onto nodes with more GPUs.
+    needs_larger: bool = False
 
     @property
     def name(self) -> str:
@@ -217,8 +237,11 @@ def _node_candidate(
     if not movable:
         return None  # nothing to move: the node is already free for the autoscaler
     capacity = _node_capacity_gpus(node)
+    if capacity <= 0:
+        return None
     allocated = sum(_pod_gpus(pod) for pod in snapshot.pods_on(node.name))
-    if capacity <= 0 or allocated / capacity * 100 >= args.max_allocated_percent:
+    needs_larger = allocated / capacity * 100 >= args.max_allocated_percent
+    if needs_larger and not args.drain_onto_larger_nodes:
         return None
     utilisation: float | None = None
     if window is not None and args.max_utilization_percent is not None:
@@ -243,6 +266,7 @@ def _node_candidate(
         pods=tuple(sorted(moving.values(), key=lambda p: p.key)),
         on_node=frozenset(pod.key for pod in movable),
         price=capacity * price,
+        needs_larger=needs_larger,
     )
 
 
@@ -275,6 +299,85 @@ def _blocked(candidate: _Candidate, pod: Pod | None, why: str) -> Finding:
     )
 
 
+# --------------------------------------------------------------------------- node sizes
+
+
+class _Sizes:
+    """GPUs per node (GPU-equivalents, as candidates count them), and which pods could ever run on a
+    node larger than a given size."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+        self._of: dict[str, float] = {}
+        self._larger: dict[tuple[object, ...], bool] = {}
+
+    def of(self, node: str) -> float:
+        size = self._of.get(node)
+        if size is None:
+            size = _node_capacity_gpus(self._snapshot.nodes[node])
+            self._of[node] = size
+        return size
+
+    def could_go_larger(self, pod: Pod, size: float) -> bool:
+        """Whether a schedulable node with more GPUs than `size` admits the pod by its labels, affinity
+        and taints (what is free aside). A necessary condition for a placement there, nothing more."""
+        key = (pod.required_affinity, tuple(sorted(pod.node_selector.items())), pod.tolerations, size)
+        known = self._larger.get(key)
+        if known is None:
+            known = any(
+                node.is_gpu_node
+                and not node.unschedulable
+                and self.of(name) > size
+                and required_affinity_matches(pod, node)
+                and node_selector_matches(pod, node)
+                and not untolerated_taints(pod, node)
+                for name, node in self._snapshot.nodes.items()
+            )
+            self._larger[key] = known
+        return known
+
+
+# Float sums of GPU shares and MIG slices are compared with this slack.
+_EPSILON = 1e-9
+
+
+def _may_drain_upward(candidate: _Candidate, sizes: _Sizes) -> bool:
+    """Cheap necessary condition for a node at or above the threshold: some pod could go to a larger
+    node, and the pods that cannot fit in the GPUs the node leaves free."""
+    free = candidate.capacity - candidate.allocated
+    stuck = 0.0
+    lifts = False
+    for pod in candidate.pods:
+        if sizes.could_go_larger(pod, candidate.capacity):
+            lifts = True
+        else:
+            stuck += _pod_gpus(pod)
+    return lifts and stuck <= free + _EPSILON
+
+
+def _lifted(
+    candidate: _Candidate, targets: Mapping[PodKey, str], sizes: _Sizes, args: GpuConsolidationArgs
+) -> float | None:
+    """GPUs the drain puts on nodes with more GPUs than the drained one, or None when the size rules
+    refuse it: a pod onto a smaller node (when not allowed, and never from a node at or above the
+    threshold); for a node at or above the threshold, also no pod onto a larger node, or more GPUs onto
+    nodes of its own size than it leaves free."""
+    lifted = same = 0.0
+    lifts = False
+    for pod in candidate.pods:
+        size = sizes.of(targets[pod.key])
+        if size > candidate.capacity:
+            lifted += _pod_gpus(pod)
+            lifts = True
+        elif size < candidate.capacity and (candidate.needs_larger or not args.move_to_smaller_nodes):
+            return None
+        else:
+            same += _pod_gpus(pod)
+    if candidate.needs_larger and (not lifts or same > candidate.capacity - candidate.allocated + _EPSILON):
+        return None
+    return lifted
+
+
 # --------------------------------------------------------------------------- simulation
 
 
@@ -292,12 +395,18 @@ def _no_fit(candidate: _Candidate, trial: ClusterState, exclude: Collection[str]
     )
 
 
-def _reason(candidate: _Candidate, args: GpuConsolidationArgs, targets: Mapping[PodKey, str]) -> str:
+def _reason(
+    candidate: _Candidate, args: GpuConsolidationArgs, targets: Mapping[PodKey, str], lifted: float
+) -> str:
     share = candidate.allocated / candidate.capacity * 100
-    text = (
-        f"node {candidate.name}: {_num(candidate.allocated)}/{_num(candidate.capacity)} GPUs allocated "
-        f"({_pct(share)} < {_pct(args.max_allocated_percent)})"
-    )
+    text = f"node {candidate.name}: {_num(candidate.allocated)}/{_num(candidate.capacity)} GPUs allocated "
+    if candidate.needs_larger:
+        text += (
+            f"({_pct(share)} >= {_pct(args.max_allocated_percent)}), {_num(lifted)} of them onto nodes "
+            "with more GPUs"
+        )
+    else:
+        text += f"({_pct(share)} < {_pct(args.max_allocated_percent)})"
     if candidate.utilisation is not None:
         text += f", avg util {_pct(candidate.utilisation)} over {format_duration(args.window)}"
     elsewhere = len(candidate.pods) - len(candidate.on_node)
@@ -356,9 +465,12 @@ def gpu_consolidation(snapshot: Snapshot, args: GpuConsolidationArgs, ctx: Strat
             continue  # a static pod pins the node: it can never be freed
         block = _static_block(candidate, ctx)
         if block is not None:
-            findings.append(block)
+            if not candidate.needs_larger:  # findings and hints are about under-used nodes
+                findings.append(block)
             continue
         spreading = [pod for pod in candidate.pods if pod.scheduler_name not in packed]
+        if spreading and candidate.needs_larger:
+            continue
         if spreading:
             non_packed.update((pod.key, pod) for pod in spreading)
             non_packed_nodes += 1
@@ -383,12 +495,17 @@ def _simulate(
     could be drained in this run (as many as the per-cycle cap leaves) are excluded as targets too, as
     long as the node's pods fit elsewhere; otherwise they may receive them, being earlier in the order
     is worth more. A candidate that received pods, or whose pods already move, is no longer drained.
+    The size rules (`_lifted`) judge where the packed scheduler would put the pods; they never steer
+    it. A node at or above the threshold that fails them is no finding: it is not under-used.
     """
     state = ClusterState.from_snapshot(snapshot)
     proposals: list[Proposal] = []
     moved: set[PodKey] = set()  # pods already in a proposal of this run
     receivers: set[str] = set()  # nodes predicted to receive pods in this run
     done: set[str] = set()  # nodes freed in this run
+    sizes = _Sizes(snapshot)
+    # Nodes at or above the threshold that could never be drained are no upcoming drains either.
+    drainable = [c for c in drainable if not c.needs_larger or _may_drain_upward(c, sizes)]
     by_name = {c.name: c for c in drainable}
 
     def viable(candidate: _Candidate) -> bool:
@@ -414,7 +531,19 @@ def _simulate(
             # Cheaper to drain this node onto later candidates than to drain neither of them.
             targets = trial.place_all(candidate.pods, exclude={candidate.name})
         if targets is None:
-            findings.append(_no_fit(candidate, trial, {candidate.name}))
+            if not candidate.needs_larger:
+                findings.append(_no_fit(candidate, trial, {candidate.name}))
+            continue
+        lifted = _lifted(candidate, targets, sizes, args)
+        if lifted is None:
+            if not candidate.needs_larger:
+                findings.append(
+                    _blocked(
+                        candidate,
+                        None,
+                        "its pods would land on nodes with fewer GPUs (move_to_smaller_nodes)",
+                    )
+                )
             continue
         trial.cordon(candidate.name)
         moving = {pod.key for pod in candidate.pods}
@@ -442,7 +571,7 @@ def _simulate(
                 strategy=NAME,
                 kind="node",
                 pods=candidate.pods,
-                reason=_reason(candidate, args, targets),
+                reason=_reason(candidate, args, targets, lifted),
                 priority=float(args.max_nodes_per_cycle - len(proposals)),
                 node=candidate.name,
                 group=next(iter(gangs)) if len(gangs) == 1 else None,

@@ -3,7 +3,9 @@
 For random clusters (GPU models, memory labels, taints, cordoned nodes, whole GPUs and shares, node
 selectors, `Gt` affinities, gangs, DaemonSets, protected pods and non-packed schedulers), every pod
 must end on a node that satisfies all its constraints, no node may be over capacity on any resource or
-GPU device, every drained node must end empty of non-DaemonSet pods, and gangs move whole.
+GPU device, every drained node must end empty of non-DaemonSet pods, and gangs move whole. With the
+node-size options, no pod goes to a node with fewer GPUs than the drained one, and a node at or above
+the threshold is drained only by lifting pods onto larger nodes, the rest fitting in its free GPUs.
 """
 
 from __future__ import annotations
@@ -110,6 +112,10 @@ def _final(snap: Snapshot, proposals_targets: list[dict[PodKey, str]]) -> dict[P
     return where
 
 
+def _gpus(p: Pod) -> float:
+    return p.gpu.count * p.gpu.milli_per_device / 1000
+
+
 def _devices_hold(gpus: int, whole: int, shares: list[int]) -> bool:
     """Independent per-device check: whole GPUs take free devices, shares pack first-fit decreasing."""
     if whole > gpus:
@@ -130,8 +136,12 @@ def _devices_hold(gpus: int, whole: int, shares: list[int]) -> bool:
     cluster=clusters(),
     threshold=st.sampled_from((30.0, 50.0, 80.0)),
     cap=st.integers(1, 4),
+    to_smaller=st.booleans(),
+    onto_larger=st.booleans(),
 )
-def test_applying_the_plan_leaves_a_valid_cluster(cluster: Cluster, threshold: float, cap: int) -> None:
+def test_applying_the_plan_leaves_a_valid_cluster(
+    cluster: Cluster, threshold: float, cap: int, to_smaller: bool, onto_larger: bool
+) -> None:
     snap = cluster.snapshot
     protected = cluster.protected
 
@@ -139,7 +149,11 @@ def test_applying_the_plan_leaves_a_valid_cluster(cluster: Cluster, threshold: f
         return Refusal("opt-out", "protected") if p.name in protected else None
 
     args = GpuConsolidationArgs(
-        max_utilization_percent=None, max_allocated_percent=threshold, max_nodes_per_cycle=cap
+        max_utilization_percent=None,
+        max_allocated_percent=threshold,
+        max_nodes_per_cycle=cap,
+        move_to_smaller_nodes=to_smaller,
+        drain_onto_larger_nodes=onto_larger,
     )
     result = gpu_consolidation(snap, args, StrategyContext(refusal=refusal))
     assert len(result.proposals) <= cap
@@ -163,6 +177,22 @@ def test_applying_the_plan_leaves_a_valid_cluster(cluster: Cluster, threshold: f
         for gang in {p.gang for p in proposal.pods if p.gang is not None}:
             assert {m.key for m in snap.gangs[gang]} <= {p.key for p in proposal.pods}
     assert all(count == 1 for count in seen.values())
+
+    # Node sizes: never onto smaller nodes unless allowed; above the threshold, only by lifting pods.
+    for proposal in result.proposals:
+        assert proposal.node is not None
+        size = snap.nodes[proposal.node].gpu_count
+        allocated = sum(_gpus(p) for p in snap.pods_on(proposal.node))
+        lands = {p.key: snap.nodes[proposal.targets[p.key]].gpu_count for p in proposal.pods}
+        if not to_smaller:
+            assert all(gpus >= size for gpus in lands.values())
+        if allocated / size * 100 >= threshold:
+            event("drained onto larger nodes")
+            assert onto_larger
+            assert any(gpus > size for gpus in lands.values())
+            assert all(gpus >= size for gpus in lands.values())
+            same = sum(_gpus(p) for p in proposal.pods if lands[p.key] == size)
+            assert same <= size - allocated + 1e-9
     for proposal in result.proposals:
         assert not set(proposal.targets.values()) & freed
 

@@ -95,6 +95,8 @@ def test_args_defaults_registration_and_telemetry_needs() -> None:
     assert (args.window, args.min_node_age, args.max_telemetry_age) == (3600, 3600, 300)
     assert args.max_nodes_per_cycle == 3
     assert args.packed_schedulers == ("gpu-packed-scheduler",)
+    assert args.move_to_smaller_nodes
+    assert not args.drain_onto_larger_nodes
     assert args.needs_telemetry()
     assert args.telemetry_windows() == frozenset({3600})
     assert not ALLOCATION_ONLY.needs_telemetry()
@@ -517,6 +519,122 @@ def test_max_nodes_per_cycle() -> None:
         snap, result = run(nodes, pods, args)
         assert len(result.proposals) == cap
         assert_plan_fits(snap, result)
+
+
+# --------------------------------------------------------------------------- node sizes
+
+
+def only(model: str) -> NodeSelectorTerm:
+    """Required node affinity on one GPU model, as a `gpu_spec` of one model becomes."""
+    return NodeSelectorTerm(
+        match_expressions=(NodeSelectorRequirement("nvidia.com/gpu.product", "In", (model,)),)
+    )
+
+
+def gpus_of(snap: Snapshot, name: str) -> int:
+    return snap.nodes[name].gpu_count
+
+
+def test_pods_move_to_smaller_nodes_only_when_allowed() -> None:
+    # An 8-GPU node with one pod; the only room is the free GPU of a 2-GPU node.
+    nodes = [node("gpu-a-1"), node("gpu-a-2"), node("gpu-l4-1", gpus=2, model=L4)]
+    pods = [pod("lone", "gpu-a-1"), *busy("gpu-a-2", 8), *busy("gpu-l4-1", 1)]
+    snap, result = run(nodes, pods)
+    (proposal,) = result.proposals
+    assert set(proposal.targets.values()) == {"gpu-l4-1"}
+
+    keep_small_free = ALLOCATION_ONLY.model_copy(update={"move_to_smaller_nodes": False})
+    _, result = run(nodes, pods, keep_small_free)
+    assert result.proposals == ()
+    (finding,) = kinds(result, "consolidation-blocked")
+    assert finding.node == "gpu-a-1"
+    assert "fewer GPUs" in finding.detail
+
+    # The rule judges where the packed scheduler puts the pods, it does not steer them: with room on a
+    # node of the same size too, the scheduler still prefers the fuller small node, so no drain ...
+    roomy = [pod("lone", "gpu-a-1"), *busy("gpu-a-2", 6), *busy("gpu-l4-1", 1)]
+    snap, result = run(nodes, roomy, keep_small_free)
+    assert ClusterState.from_snapshot(snap).best_node(roomy[0], exclude=("gpu-a-1",)) == "gpu-l4-1"
+    assert result.proposals == ()
+    # ... until the small node is full.
+    full_small = [pod("lone", "gpu-a-1"), *busy("gpu-a-2", 6), *busy("gpu-l4-1", 2)]
+    snap, result = run(nodes, full_small, keep_small_free)
+    (proposal,) = result.proposals
+    assert set(proposal.targets.values()) == {"gpu-a-2"}
+    assert_plan_fits(snap, result)
+
+
+UPWARD = ALLOCATION_ONLY.model_copy(update={"move_to_smaller_nodes": False, "drain_onto_larger_nodes": True})
+
+
+def test_a_full_small_node_of_pods_that_may_run_anywhere_is_drained_onto_larger_nodes() -> None:
+    nodes = [node("gpu-l4-1", gpus=2, model=L4), node("gpu-a-1")]
+    pods = [*busy("gpu-l4-1", 2), *busy("gpu-a-1", 4)]
+    _, result = run(nodes, pods)
+    assert result.proposals == ()  # full: never a candidate by the allocation threshold
+
+    snap, result = run(nodes, pods, UPWARD)
+    (proposal,) = result.proposals
+    assert proposal.node == "gpu-l4-1"
+    assert all(gpus_of(snap, target) > gpus_of(snap, "gpu-l4-1") for target in proposal.targets.values())
+    assert "(100% >= 50%), 2 of them onto nodes with more GPUs" in proposal.reason
+    assert result.findings == ()
+    assert_plan_fits(snap, result)
+
+    # A protected pod keeps it, silently: a full node is no under-used node to report.
+    protected = StrategyContext(refusal=refuse(pods[0].name))
+    _, result = run(nodes, pods, UPWARD, ctx=protected)
+    assert result.proposals == ()
+    assert result.findings == ()
+
+
+def test_a_full_small_node_of_pods_bound_to_its_model_stays() -> None:
+    nodes = [node("gpu-l4-1", gpus=2, model=L4), node("gpu-l4-2", gpus=2, model=L4), node("gpu-a-1")]
+    bound = [pod(f"l4-only-{i}", "gpu-l4-1", required_affinity=[only(L4)]) for i in range(2)]
+    pods = [*bound, pod("l4-only-other", "gpu-l4-2", required_affinity=[only(L4)]), *busy("gpu-a-1", 4)]
+    _, result = run(nodes, pods, UPWARD)
+    # Its pods cannot go to larger nodes, and moving them to the other L4 node would take more room
+    # there than the drained node leaves free (none): no drain, and no finding (it is not under-used).
+    assert result.proposals == ()
+    assert result.findings == ()
+
+
+def test_pods_that_stay_on_nodes_of_the_same_size_must_fit_in_the_room_the_node_leaves() -> None:
+    nodes = [node("gpu-l4-1", gpus=4, model=L4), node("gpu-l4-2", gpus=4, model=L4), node("gpu-a-1")]
+    # The L4-only pod asks for more cpu, so it is placed first and takes the free GPU of gpu-l4-2.
+    bound = pod("l4-only", "gpu-l4-1", cpu_milli=8_000, required_affinity=[only(L4)])
+    l4_full = [pod(f"l4-full-{i}", "gpu-l4-2", required_affinity=[only(L4)]) for i in range(3)]
+    others = [*l4_full, *busy("gpu-a-1", 4)]
+
+    # 3 of 4 GPUs allocated: the one GPU that stays on a 4-GPU node fits in the one the node leaves free.
+    three = [bound, *busy("gpu-l4-1", 2, prefix="flexible")]
+    snap, result = run(nodes, [*three, *others], UPWARD)
+    (proposal,) = result.proposals
+    assert proposal.node == "gpu-l4-1"
+    assert proposal.targets[bound.key] == "gpu-l4-2"
+    assert {proposal.targets[p.key] for p in three[1:]} == {"gpu-a-1"}
+    assert_plan_fits(snap, result)
+
+    # Full: the same move would eat a free GPU of the L4 nodes that the drained node does not give back.
+    four = [bound, *busy("gpu-l4-1", 3, prefix="flexible")]
+    _, result = run(nodes, [*four, *others], UPWARD)
+    assert result.proposals == ()
+
+
+def test_nodes_under_the_threshold_still_drain_onto_nodes_of_their_size() -> None:
+    nodes = [node("gpu-a-1"), node("gpu-a-2")]
+    pods = [*busy("gpu-a-1", 2), *busy("gpu-a-2", 5)]
+    snap, result = run(nodes, pods, UPWARD)
+    (proposal,) = result.proposals
+    assert proposal.node == "gpu-a-1"
+    assert set(proposal.targets.values()) == {"gpu-a-2"}
+    assert "(25% < 50%)" in proposal.reason
+    assert_plan_fits(snap, result)
+
+    # At or above the threshold a node is drained only by lifting pods onto larger nodes: none here.
+    half = [*busy("gpu-a-1", 4), *busy("gpu-a-2", 4)]
+    _, result = run(nodes, half, UPWARD)
+    assert result.proposals == ()
 
 
 # --------------------------------------------------------------------------- proposals

@@ -60,9 +60,15 @@ SIMULATION_POLICY: dict[str, object] = {
     "strategies": [
         {
             "name": "gpu-consolidation",
-            # The replay has no DCGM telemetry: consolidate on allocated GPUs alone. A node half used is
-            # a candidate (the trace's many 2-GPU nodes with one GPU busy); the 50 % default excludes it.
-            "args": {"max_utilization_percent": None, "max_allocated_percent": 60},
+            # The replay has no DCGM telemetry: consolidate on allocated GPUs alone. The trace mixes
+            # 2-, 4- and 8-GPU nodes of several models: pods only move to nodes at least as large, and
+            # fuller nodes are drained too when part of their pods can move up to larger nodes.
+            "args": {
+                "max_utilization_percent": None,
+                "max_allocated_percent": 50,
+                "move_to_smaller_nodes": False,
+                "drain_onto_larger_nodes": True,
+            },
         }
     ],
     # Every simulated pod is a Job's pod started by the trace: no pod is too young to move.
@@ -74,9 +80,10 @@ SIMULATION_POLICY: dict[str, object] = {
 
 
 def simulation_policy() -> LoadedPolicy:
-    """gpu-consolidation on allocation alone (nodes under 60 % of their GPUs allocated), min_pod_age 0,
-    no telemetry, no per-node or per-namespace cap, at most 100 evictions per cycle; other settings
-    (min_node_age 1h, cooldown 30m, 3 nodes per cycle) are the defaults."""
+    """gpu-consolidation on allocation alone (nodes under 50 % of their GPUs allocated, and fuller ones
+    whose pods partly move up to larger nodes; never onto smaller nodes), min_pod_age 0, no telemetry,
+    no per-node or per-namespace cap, at most 100 evictions per cycle; other settings (min_node_age 1h,
+    cooldown 30m, 3 nodes per cycle) are the defaults."""
     return parse_policy(SIMULATION_POLICY, "<simulation policy>")
 
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import requests
 import structlog
@@ -213,6 +213,29 @@ class HttpPoster:
 # --------------------------------------------------------------------------- async dispatch
 
 _STOP = object()
+
+
+ConfigT = TypeVar("ConfigT", bound=SinkFilters)
+
+
+class HttpSink(Generic[ConfigT]):
+    """What every HTTP notification sink holds: its policy section (filters included), name and poster."""
+
+    default_name = "http"
+
+    def __init__(
+        self,
+        config: ConfigT,
+        *,
+        name: str | None = None,
+        poster: HttpPoster | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.filters: SinkFilters = config
+        self.name = name or self.default_name
+        self._poster = poster if poster is not None else HttpPoster()
+        self._environ = environ
 
 
 class Notifier:

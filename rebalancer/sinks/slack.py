@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from rebalancer.model import CycleReport, Finding, ReportedDecision
 from rebalancer.policy import SlackSinkConfig
-from rebalancer.sinks.notify import Delivery, HttpPoster, read_secret, selected_findings
+from rebalancer.sinks.notify import Delivery, HttpSink, SinkError, read_secret, selected_findings
 
 __all__ = ["SlackSink", "build_message"]
 
@@ -153,22 +153,10 @@ def build_message(
     return {"text": fallback, "blocks": blocks}
 
 
-class SlackSink:
+class SlackSink(HttpSink[SlackSinkConfig]):
     """Posts Block Kit messages to the incoming webhook whose URL the policy's env var / file holds."""
 
-    def __init__(
-        self,
-        config: SlackSinkConfig,
-        *,
-        name: str = "slack",
-        poster: HttpPoster | None = None,
-        environ: Mapping[str, str] | None = None,
-    ) -> None:
-        self.config = config
-        self.filters = config
-        self.name = name
-        self._poster = poster if poster is not None else HttpPoster()
-        self._environ = environ
+    default_name = "slack"
 
     def send(self, delivery: Delivery) -> None:
         cfg = self.config
@@ -178,7 +166,8 @@ class SlackSink:
             file=cfg.webhook_url_file,
             environ=self._environ,
         )
-        assert url is not None  # the policy requires one of the two sources
+        if url is None:  # the policy requires one of the two sources; never post without it
+            raise SinkError(f"{self.name}: no webhook URL configured")
         message = build_message(
             delivery.report,
             dashboard_url=cfg.dashboard_url,

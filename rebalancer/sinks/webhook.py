@@ -15,11 +15,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Mapping
 
 from rebalancer.policy import WebhookSinkConfig
 from rebalancer.report import to_dict
-from rebalancer.sinks.notify import Delivery, HttpPoster, read_secret
+from rebalancer.sinks.notify import Delivery, HttpSink, read_secret
 
 __all__ = ["SIGNATURE_HEADER", "WebhookSink", "sign", "webhook_body"]
 
@@ -38,22 +37,10 @@ def webhook_body(delivery: Delivery) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-class WebhookSink:
+class WebhookSink(HttpSink[WebhookSinkConfig]):
     """POSTs the JSON report to `url`, signed when a secret is configured."""
 
-    def __init__(
-        self,
-        config: WebhookSinkConfig,
-        *,
-        name: str = "webhook",
-        poster: HttpPoster | None = None,
-        environ: Mapping[str, str] | None = None,
-    ) -> None:
-        self.config = config
-        self.filters = config
-        self.name = name
-        self._poster = poster if poster is not None else HttpPoster()
-        self._environ = environ
+    default_name = "webhook"
 
     @property
     def signed(self) -> bool:

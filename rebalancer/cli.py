@@ -27,6 +27,7 @@ from rebalancer.daemon import (
     add_run_arguments,
     run_command,
     run_live_once,
+    utcnow,
 )
 from rebalancer.evictor import DryRunEvictor
 from rebalancer.policy import (
@@ -144,7 +145,7 @@ _CLUSTER_LISTS = (
 
 def _snapshot_now(text: str | None) -> datetime:
     if text is None:
-        moment = datetime.now(UTC)  # noqa: TID251 - the CLI is the clock edge
+        moment = utcnow()
     else:
         try:
             moment = datetime.fromisoformat(text.strip())

@@ -128,7 +128,8 @@ SnapshotSource = Callable[[datetime, LoadedPolicy], Snapshot]
 log = structlog.get_logger("rebalancer.daemon")
 
 
-def _utcnow() -> datetime:
+def utcnow() -> datetime:
+    """The wall clock, in UTC: the one place the project reads it (the CLI's live commands use it too)."""
     return datetime.now(UTC)
 
 
@@ -242,7 +243,7 @@ class LeaseElector:
         renew_deadline: float = 10.0,
         retry_period: float = 2.0,
         monotonic: Callable[[], float] = time.monotonic,
-        wall: Callable[[], datetime] = _utcnow,
+        wall: Callable[[], datetime] = utcnow,
         on_change: Callable[[bool], None] | None = None,
     ) -> None:
         if not lease_duration > renew_deadline > retry_period > 0:
@@ -562,7 +563,7 @@ class Daemon:
         metrics: DaemonMetrics | None = None,
         notifiers: NotifierFactory = _default_notifiers,
         extra_sinks: Sequence[Sink] = (),
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Callable[[], datetime] = utcnow,
         monotonic: Callable[[], float] = time.monotonic,
         jitter: float | None = None,
     ) -> None:

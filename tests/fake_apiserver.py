@@ -1332,3 +1332,13 @@ def pdb_json(
             "expectedPods": healthy,
         },
     }
+
+
+def add_consolidation_cluster(api: FakeApiServer) -> None:
+    """a-1 holds four 1-GPU pods (50 %); a-2 (5/8) and a-3 (6/8) have room for them: a drain of a-1."""
+    for name in ("a-1", "a-2", "a-3"):
+        api.add(node_json(name))
+    for index in range(4):
+        api.add(pod_json(f"x{index}", "a-1"))
+    api.add(pod_json("busy-2", "a-2", gpus=5))
+    api.add(pod_json("busy-3", "a-3", gpus=6))

@@ -37,7 +37,14 @@ from rebalancer.sinks.events import KubeEventsSink
 from rebalancer.sources.files import load_snapshot_dir
 from rebalancer.sources.kube import KubeSource
 from tests.builders import NOW
-from tests.fake_apiserver import FakeApiServer, RecordedRequest, node_json, pdb_json, pod_json
+from tests.fake_apiserver import (
+    FakeApiServer,
+    RecordedRequest,
+    add_consolidation_cluster,
+    node_json,
+    pdb_json,
+    pod_json,
+)
 
 EVICTIONS = "/api/v1/namespaces/*/pods/*/eviction"
 CFG = EvictionConfig()
@@ -153,16 +160,6 @@ def _describe(requests: list[RecordedRequest]) -> list[str]:
     return [f"{r.method} {r.path}" for r in requests]
 
 
-def _consolidation_cluster(api: FakeApiServer) -> None:
-    """a-1 holds four 1-GPU pods (50 %); a-2 (5/8) and a-3 (6/8) have room for them."""
-    for name in ("a-1", "a-2", "a-3"):
-        api.add(node_json(name))
-    for index in range(4):
-        api.add(pod_json(f"x{index}", "a-1"))
-    api.add(pod_json("busy-2", "a-2", gpus=5))
-    api.add(pod_json("busy-3", "a-3", gpus=6))
-
-
 # --------------------------------------------------------------------------- drain marks
 
 
@@ -211,7 +208,7 @@ def test_a_node_drain_marks_the_node_before_evicting_and_the_mark_stays(
 def test_a_plan_failing_part_way_removes_the_mark_and_the_report_says_what_was_done(
     api: FakeApiServer, api_client: client.ApiClient
 ) -> None:
-    _consolidation_cluster(api)
+    add_consolidation_cluster(api)
     source = KubeSource(api_client, CONSOLIDATE)
     order = [r.pod for r in run_cycle(source.snapshot(NOW), CONSOLIDATE, DryRunEvictor()).decisions]
     third = order[2]
@@ -726,7 +723,7 @@ def test_a_settled_eviction_is_forgotten(api: FakeApiServer, api_client: client.
 def test_a_live_cycle_evicts_exactly_what_the_dry_run_reported(
     api: FakeApiServer, api_client: client.ApiClient
 ) -> None:
-    _consolidation_cluster(api)
+    add_consolidation_cluster(api)
     source = KubeSource(api_client, CONSOLIDATE)
     dry = run_cycle(source.snapshot(NOW), CONSOLIDATE, DryRunEvictor())
     assert api.writes() == []
@@ -751,7 +748,7 @@ def test_a_live_cycle_evicts_exactly_what_the_dry_run_reported(
 
 def _busy_state(api: FakeApiServer) -> None:
     """A cluster where a live actuator would write: an expired mark, a checkpoint pod, an orphan."""
-    _consolidation_cluster(api)
+    add_consolidation_cluster(api)
     api.add(_marked_node("old", "c0", NOW - 2 * 60 * MINUTE))
     api.add(pod_json("stuck", "old"))
     api.add(pod_json("ckpt", "a-1", annotations={CHECKPOINT_ANNOTATION: "true"}))

@@ -16,7 +16,7 @@ from rebalancer.policy import EvictionConfig, parse_policy
 from rebalancer.sinks.events import EventsSinkError, KubeEventsSink, event_reason
 from rebalancer.sources.kube import KubeSource
 from tests.builders import NOW
-from tests.fake_apiserver import FakeApiServer, node_json, pdb_json, pod_json
+from tests.fake_apiserver import FakeApiServer, add_consolidation_cluster, pdb_json
 
 EVENTS = "/api/v1/namespaces/*/events"
 CONSOLIDATE = parse_policy(
@@ -42,16 +42,6 @@ def api() -> Iterator[FakeApiServer]:
 def api_client(api: FakeApiServer) -> Iterator[client.ApiClient]:
     with api.api_client() as api_client:
         yield api_client
-
-
-def _consolidation_cluster(api: FakeApiServer) -> None:
-    """a-1 holds four 1-GPU pods (50 %); a-2 (5/8) and a-3 (6/8) have room for them."""
-    for name in ("a-1", "a-2", "a-3"):
-        api.add(node_json(name))
-    for index in range(4):
-        api.add(pod_json(f"x{index}", "a-1"))
-    api.add(pod_json("busy-2", "a-2", gpus=5))
-    api.add(pod_json("busy-3", "a-3", gpus=6))
 
 
 def _live_cycle(
@@ -109,7 +99,7 @@ def test_reasons_are_the_strategy_in_camel_case() -> None:
 def test_an_event_per_evicted_pod_and_one_for_the_drained_node(
     api: FakeApiServer, api_client: client.ApiClient
 ) -> None:
-    _consolidation_cluster(api)
+    add_consolidation_cluster(api)
     report = _live_cycle(api_client, KubeEventsSink(api_client))
     evicted = {r.pod: r for r in report.decisions if r.outcome == "evicted"}
     assert set(evicted) == {f"x{i}" for i in range(4)}
@@ -144,7 +134,7 @@ def test_an_event_per_evicted_pod_and_one_for_the_drained_node(
 
 
 def test_a_dry_run_posts_nothing(api: FakeApiServer, api_client: client.ApiClient) -> None:
-    _consolidation_cluster(api)
+    add_consolidation_cluster(api)
     sink = KubeEventsSink(api_client)
     snap = KubeSource(api_client, CONSOLIDATE).snapshot(NOW)
     sink.begin_cycle(snap)
@@ -156,7 +146,7 @@ def test_a_dry_run_posts_nothing(api: FakeApiServer, api_client: client.ApiClien
 
 
 def test_only_evicted_rows_get_events(api: FakeApiServer, api_client: client.ApiClient) -> None:
-    _consolidation_cluster(api)
+    add_consolidation_cluster(api)
     # The budget of x2 is spent between the snapshot and the evictions: the node plan stops part-way.
     report = _live_cycle(
         api_client, KubeEventsSink(api_client), lambda: api.add(pdb_json("x2-pdb", {"app": "x2"}, 0))
@@ -206,7 +196,7 @@ def test_requests_are_bounded(api: FakeApiServer, api_client: client.ApiClient) 
 
 
 def test_a_failing_sink_does_not_fail_the_cycle(api: FakeApiServer, api_client: client.ApiClient) -> None:
-    _consolidation_cluster(api)
+    add_consolidation_cluster(api)
     api.inject(EVENTS, drop=True, times=None)
     snap = KubeSource(api_client, CONSOLIDATE).snapshot(NOW)
     actuator = ClusterActuator.from_config(api_client, EvictionConfig(), sleep=lambda _: None)

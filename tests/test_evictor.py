@@ -28,7 +28,14 @@ from rebalancer.model import Decision, Outcome, Pod, Proposal, ProposalKind
 from rebalancer.policy import parse_policy
 from rebalancer.sources.kube import KubeSource
 from tests.builders import NOW, pdb, pod
-from tests.fake_apiserver import FakeApiServer, RecordedRequest, node_json, pdb_json, pod_json
+from tests.fake_apiserver import (
+    FakeApiServer,
+    RecordedRequest,
+    add_consolidation_cluster,
+    node_json,
+    pdb_json,
+    pod_json,
+)
 
 EVICTIONS = "/api/v1/namespaces/*/pods/*/eviction"
 
@@ -406,20 +413,10 @@ CONSOLIDATE = parse_policy(
 )
 
 
-def _consolidation_cluster(api: FakeApiServer) -> None:
-    """a-1 holds four 1-GPU pods (50 %); a-2 (5/8) and a-3 (6/8) have room for them."""
-    for name in ("a-1", "a-2", "a-3"):
-        api.add(node_json(name))
-    for index in range(4):
-        api.add(pod_json(f"x{index}", "a-1"))
-    api.add(pod_json("busy-2", "a-2", gpus=5))
-    api.add(pod_json("busy-3", "a-3", gpus=6))
-
-
 def test_a_live_cycle_evicts_what_the_dry_run_reported(
     api: FakeApiServer, api_client: client.ApiClient
 ) -> None:
-    _consolidation_cluster(api)
+    add_consolidation_cluster(api)
     source = KubeSource(api_client, CONSOLIDATE)
     dry = run_cycle(source.snapshot(NOW), CONSOLIDATE, DryRunEvictor())
     assert api.writes() == []
@@ -442,7 +439,7 @@ def test_a_live_cycle_evicts_what_the_dry_run_reported(
 def test_a_pdb_refusal_mid_plan_leaves_a_consistent_report(
     api: FakeApiServer, api_client: client.ApiClient
 ) -> None:
-    _consolidation_cluster(api)
+    add_consolidation_cluster(api)
     source = KubeSource(api_client, CONSOLIDATE)
     order = [r.pod for r in run_cycle(source.snapshot(NOW), CONSOLIDATE, DryRunEvictor()).decisions]
     third = order[2]

@@ -66,7 +66,12 @@ from urllib.parse import urlsplit
 
 import structlog
 import urllib3
-from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
+from apscheduler.events import (
+    EVENT_JOB_ERROR,
+    EVENT_JOB_EXECUTED,
+    EVENT_JOB_MAX_INSTANCES,
+    JobExecutionEvent,
+)
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
@@ -595,6 +600,9 @@ class Daemon:
         self._scheduler: BackgroundScheduler | None = None
         # Ticks by result (success, error, standby, skipped), for tests and logs.
         self.counts: Counter[str] = Counter()
+        # Scheduler jobs that have returned: until then apscheduler counts the job as running and
+        # skips a tick that comes due (max_instances=1).
+        self.jobs_finished = 0
         self.metrics.leader.set(0 if elector is not None else 1)
 
     # ---- state
@@ -783,6 +791,10 @@ class Daemon:
             self._not_run("skipped")
             log.warning("cycle skipped: the previous one is still running")
 
+    def _on_job_finished(self, event: JobExecutionEvent) -> None:
+        if event.job_id == JOB_ID:
+            self.jobs_finished += 1
+
     def start(self) -> Daemon:
         """Schedule cycles every policy interval, the first one now."""
         scheduler = BackgroundScheduler(
@@ -791,6 +803,7 @@ class Daemon:
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
         scheduler.add_listener(self._on_max_instances, EVENT_JOB_MAX_INSTANCES)
+        scheduler.add_listener(self._on_job_finished, EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)
         scheduler.add_job(
             self.run_cycle,
             trigger=self._trigger(self._loaded.policy.interval),

@@ -462,6 +462,17 @@ def wait_until(predicate: Callable[[], bool], what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def wait_for_cycles(daemon: Daemon, successes: int, what: str) -> None:
+    """Wait until `successes` cycles succeeded and their scheduler jobs returned.
+
+    Until the job function returns, apscheduler counts it as running and skips a tick that comes due
+    (max_instances=1); moving the frozen clock before then would test that race instead.
+    """
+    wait_until(
+        lambda: daemon.counts["success"] == successes and daemon.jobs_finished == successes, what
+    )
+
+
 def settle() -> None:
     threading.Event().wait(0.1)
 
@@ -471,7 +482,7 @@ def test_loop_runs_at_start_then_every_interval(daemons: list[Daemon]) -> None:
         daemon = Daemon(parse_policy(POLICY), source, jitter=0, notifiers=no_notifiers)
         daemons.append(daemon)
         daemon.start()
-        wait_until(lambda: daemon.counts["success"] == 1, "the first cycle at start")
+        wait_for_cycles(daemon, 1, "the first cycle at start")
         assert daemon.last_report is not None and daemon.last_report.now == NOW
 
         frozen.tick(timedelta(seconds=299))
@@ -480,7 +491,7 @@ def test_loop_runs_at_start_then_every_interval(daemons: list[Daemon]) -> None:
         assert daemon.counts["success"] == 1
         frozen.tick(timedelta(seconds=1))
         daemon.wakeup()
-        wait_until(lambda: daemon.counts["success"] == 2, "the second cycle")
+        wait_for_cycles(daemon, 2, "the second cycle")
         assert daemon.last_report is not None and daemon.last_report.now == NOW + timedelta(minutes=5)
 
 
@@ -489,10 +500,10 @@ def test_missed_intervals_are_coalesced_into_one_cycle(daemons: list[Daemon]) ->
         daemon = Daemon(parse_policy(POLICY), source, jitter=0, notifiers=no_notifiers)
         daemons.append(daemon)
         daemon.start()
-        wait_until(lambda: daemon.counts["success"] == 1, "the first cycle")
+        wait_for_cycles(daemon, 1, "the first cycle")
         frozen.tick(timedelta(minutes=17))  # three runs missed (5, 10, 15 min)
         daemon.wakeup()
-        wait_until(lambda: daemon.counts["success"] == 2, "one coalesced cycle")
+        wait_for_cycles(daemon, 2, "one coalesced cycle")
         settle()
         assert daemon.counts["success"] == 2
         assert daemon.scheduler is not None
@@ -521,13 +532,13 @@ def test_an_overlapping_tick_is_skipped_not_queued(daemons: list[Daemon]) -> Non
         daemon.wakeup()
         wait_until(lambda: daemon.counts["skipped"] == 1, "the overlapping tick to be skipped")
         release.set()
-        wait_until(lambda: daemon.counts["success"] == 1, "the first cycle to finish")
+        wait_for_cycles(daemon, 1, "the first cycle to finish")
         settle()
         assert len(calls) == 1  # the skipped tick did not run later
         assert sample(daemon, "gpu_rebalancer_cycles_total", result="skipped") == 1
         frozen.tick(timedelta(minutes=5))
         daemon.wakeup()
-        wait_until(lambda: daemon.counts["success"] == 2, "the next regular cycle")
+        wait_for_cycles(daemon, 2, "the next regular cycle")
 
 
 def test_a_new_interval_reschedules_the_loop(tmp_path: Path, daemons: list[Daemon]) -> None:
@@ -536,11 +547,11 @@ def test_a_new_interval_reschedules_the_loop(tmp_path: Path, daemons: list[Daemo
         daemon = Daemon(PolicyWatcher(path), source, jitter=0, notifiers=no_notifiers)
         daemons.append(daemon)
         daemon.start()
-        wait_until(lambda: daemon.counts["success"] == 1, "the first cycle")
+        wait_for_cycles(daemon, 1, "the first cycle")
         write_policy(path, interval="15m")
         frozen.tick(timedelta(minutes=5))
         daemon.wakeup()
-        wait_until(lambda: daemon.counts["success"] == 2, "the cycle that reads the new policy")
+        wait_for_cycles(daemon, 2, "the cycle that reads the new policy")
         assert daemon.scheduler is not None
         wait_until(
             lambda: (
@@ -555,4 +566,4 @@ def test_a_new_interval_reschedules_the_loop(tmp_path: Path, daemons: list[Daemo
         assert daemon.counts["success"] == 2
         frozen.tick(timedelta(minutes=5))
         daemon.wakeup()
-        wait_until(lambda: daemon.counts["success"] == 3, "the cycle 15 minutes later")
+        wait_for_cycles(daemon, 3, "the cycle 15 minutes later")

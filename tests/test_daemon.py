@@ -468,9 +468,7 @@ def wait_for_cycles(daemon: Daemon, successes: int, what: str) -> None:
     Until the job function returns, apscheduler counts it as running and skips a tick that comes due
     (max_instances=1); moving the frozen clock before then would test that race instead.
     """
-    wait_until(
-        lambda: daemon.counts["success"] == successes and daemon.jobs_finished == successes, what
-    )
+    wait_until(lambda: daemon.counts["success"] == successes and daemon.jobs_finished == successes, what)
 
 
 def settle() -> None:

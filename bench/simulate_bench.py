@@ -40,7 +40,12 @@ NODES = "openb_node_list_gpu_node.csv"
 # packed/on with the simulation policy but gpu-consolidation's own defaults for the arguments that
 # policy sets for the trace (threshold and node-size rules); telemetry stays off.
 SHIPPED_THRESHOLD = "packed/on@defaults"
-TRACE_TUNED_ARGS = ("max_allocated_percent", "move_to_smaller_nodes", "drain_onto_larger_nodes")
+TRACE_TUNED_ARGS = (
+    "max_allocated_percent",
+    "move_to_smaller_nodes",
+    "drain_onto_larger_nodes",
+    "peer_pods_to_make_room",
+)
 
 
 @dataclass(frozen=True)

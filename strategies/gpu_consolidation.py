@@ -17,7 +17,11 @@ one it leaves, and with `drain_onto_larger_nodes: true` a node at or above `max_
 is still drained when part of its pods go to nodes with more GPUs and the rest fill no more GPUs on
 nodes of its own size than it leaves free. A pod moved that way only ever climbs in size, and such a
 drain takes no more free room on nodes of its size than it gives up, so it does not ping-pong the way
-a higher `max_allocated_percent` does (nodes drained onto peers, then needed again).
+a higher `max_allocated_percent` does (nodes drained onto peers, then needed again). When the pods
+bound to its size would take more than that, `peer_pods_to_make_room: N` lets the same proposal lift
+up to N pods of its peers (same GPU model and size) onto larger nodes to make the room: the node
+frees, its bound pods take the peers' room, and pods that may run anywhere climb out of the scarce
+pool. Those pods come first in the proposal, so the room exists before the drain's pods need it.
 
 Better than the descheduler's HighNodeUtilization on every point: utilisation as well as requests,
 one shared what-if cluster instead of a static picture (two evicted pods never both "fit" the same
@@ -40,7 +44,7 @@ from datetime import timedelta
 from itertools import islice
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rebalancer.guards import node_refusal
 from rebalancer.model import (
@@ -94,6 +98,16 @@ class GpuConsolidationArgs(StrategyArgs):
     # part of its pods on nodes with more GPUs, none on smaller nodes, and the rest fill no more GPUs
     # on nodes of its own size than the node leaves free (the utilisation threshold still applies).
     drain_onto_larger_nodes: bool = False
+    # With drain_onto_larger_nodes: when the pods of such a node that must stay on its size lack room
+    # on its peers (same GPU model and size), the same proposal may also move up to this many peer
+    # pods that the packed scheduler puts on nodes with more GPUs, to make that room (0: never).
+    peer_pods_to_make_room: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _room_needs_upward_drains(self) -> GpuConsolidationArgs:
+        if self.peer_pods_to_make_room and not self.drain_onto_larger_nodes:
+            raise ValueError("peer_pods_to_make_room needs drain_onto_larger_nodes: true")
+        return self
 
     def telemetry_windows(self) -> frozenset[int]:
         return frozenset({self.window}) if self.max_utilization_percent is not None else frozenset()
@@ -341,9 +355,10 @@ class _Sizes:
 _EPSILON = 1e-9
 
 
-def _may_drain_upward(candidate: _Candidate, sizes: _Sizes) -> bool:
+def _may_drain_upward(candidate: _Candidate, sizes: _Sizes, args: GpuConsolidationArgs) -> bool:
     """Cheap necessary condition for a node at or above the threshold: some pod could go to a larger
-    node, and the pods that cannot fit in the GPUs the node leaves free."""
+    node, and the pods that cannot fit in the GPUs the node leaves free (unless room may be made on
+    its peers)."""
     free = candidate.capacity - candidate.allocated
     stuck = 0.0
     lifts = False
@@ -352,30 +367,100 @@ def _may_drain_upward(candidate: _Candidate, sizes: _Sizes) -> bool:
             lifts = True
         else:
             stuck += _pod_gpus(pod)
-    return lifts and stuck <= free + _EPSILON
+    return lifts and (args.peer_pods_to_make_room > 0 or stuck <= free + _EPSILON)
 
 
-def _lifted(
-    candidate: _Candidate, targets: Mapping[PodKey, str], sizes: _Sizes, args: GpuConsolidationArgs
-) -> float | None:
-    """GPUs the drain puts on nodes with more GPUs than the drained one, or None when the size rules
-    refuse it: a pod onto a smaller node (when not allowed, and never from a node at or above the
-    threshold); for a node at or above the threshold, also no pod onto a larger node, or more GPUs onto
-    nodes of its own size than it leaves free."""
+@dataclass(frozen=True, slots=True)
+class _Landing:
+    """Where a drain's pods land, by the size of their destination against the drained node's."""
+
+    lifted: float = 0.0  # GPUs onto nodes with more GPUs
+    same: float = 0.0  # GPUs onto nodes of the same size
+    lifts: bool = False  # some pod goes to a node with more GPUs
+    smaller: bool = False  # some pod goes to a node with fewer GPUs
+
+
+def _landing(candidate: _Candidate, targets: Mapping[PodKey, str], sizes: _Sizes) -> _Landing:
     lifted = same = 0.0
-    lifts = False
+    lifts = smaller = False
     for pod in candidate.pods:
         size = sizes.of(targets[pod.key])
         if size > candidate.capacity:
             lifted += _pod_gpus(pod)
             lifts = True
-        elif size < candidate.capacity and (candidate.needs_larger or not args.move_to_smaller_nodes):
-            return None
+        elif size < candidate.capacity:
+            smaller = True
         else:
             same += _pod_gpus(pod)
-    if candidate.needs_larger and (not lifts or same > candidate.capacity - candidate.allocated + _EPSILON):
-        return None
-    return lifted
+    return _Landing(lifted=lifted, same=same, lifts=lifts, smaller=smaller)
+
+
+def _size_rules_allow(
+    candidate: _Candidate, landing: _Landing, args: GpuConsolidationArgs, room_made: float = 0.0
+) -> bool:
+    """The size rules: no pod onto a smaller node (when not allowed, and never from a node at or above
+    the threshold); for a node at or above the threshold, also some pod onto a larger node, and no more
+    GPUs onto nodes of its own size than it leaves free plus the room made there on its peers."""
+    if landing.smaller and (candidate.needs_larger or not args.move_to_smaller_nodes):
+        return False
+    if not candidate.needs_larger:
+        return True
+    free = candidate.capacity - candidate.allocated + room_made
+    return landing.lifts and landing.same <= free + _EPSILON
+
+
+def _room_makers(
+    candidate: _Candidate,
+    snapshot: Snapshot,
+    sizes: _Sizes,
+    ctx: StrategyContext,
+    args: GpuConsolidationArgs,
+    *,
+    taken: Collection[PodKey],
+    done: Collection[str],
+) -> list[Pod]:
+    """Pods of the candidate's peers (schedulable nodes of its GPU model and size) that could run on a
+    larger node and may be moved: placed by a packed scheduler, evictable, in no gang, not yet moving."""
+    packed = set(args.packed_schedulers)
+    makers: list[Pod] = []
+    for name, node in snapshot.nodes.items():
+        if (
+            name == candidate.name
+            or name in done
+            or node.unschedulable
+            or node.gpu_model != candidate.node.gpu_model
+            or sizes.of(name) != candidate.capacity
+        ):
+            continue
+        makers.extend(
+            pod
+            for pod in snapshot.pods_on(name)
+            if not pod.is_daemonset
+            and not pod.is_mirror
+            and pod.gang is None
+            and pod.scheduler_name in packed
+            and pod.key not in taken
+            and _pod_gpus(pod) > 0
+            and sizes.could_go_larger(pod, candidate.capacity)
+            and ctx.refusal(pod) is None
+        )
+    return makers
+
+
+def _fewest_covering(pods: Sequence[Pod], needed: float) -> list[Pod]:
+    """Few pods holding at least `needed` GPUs: the smallest single pod that does, else the largest
+    pods first; empty when all of them together hold less."""
+    singles = [pod for pod in pods if _pod_gpus(pod) >= needed - _EPSILON]
+    if singles:
+        return [min(singles, key=lambda p: (_pod_gpus(p), p.key))]
+    chosen: list[Pod] = []
+    held = 0.0
+    for pod in _largest_first(pods):
+        chosen.append(pod)
+        held += _pod_gpus(pod)
+        if held >= needed - _EPSILON:
+            return chosen
+    return []
 
 
 # --------------------------------------------------------------------------- simulation
@@ -396,7 +481,11 @@ def _no_fit(candidate: _Candidate, trial: ClusterState, exclude: Collection[str]
 
 
 def _reason(
-    candidate: _Candidate, args: GpuConsolidationArgs, targets: Mapping[PodKey, str], lifted: float
+    candidate: _Candidate,
+    args: GpuConsolidationArgs,
+    targets: Mapping[PodKey, str],
+    lifted: float,
+    room_makers: Sequence[Pod] = (),
 ) -> str:
     share = candidate.allocated / candidate.capacity * 100
     text = f"node {candidate.name}: {_num(candidate.allocated)}/{_num(candidate.capacity)} GPUs allocated "
@@ -411,8 +500,16 @@ def _reason(
         text += f", avg util {_pct(candidate.utilisation)} over {format_duration(args.window)}"
     elsewhere = len(candidate.pods) - len(candidate.on_node)
     extra = f" (incl. {_plural(elsewhere, 'gang member')} on other nodes)" if elsewhere else ""
-    destinations = ", ".join(sorted(set(targets.values())))
-    return f"{text}; {_plural(len(candidate.pods), 'pod')}{extra} re-placed on {destinations}"
+    destinations = ", ".join(sorted({targets[pod.key] for pod in candidate.pods}))
+    text = f"{text}; {_plural(len(candidate.pods), 'pod')}{extra} re-placed on {destinations}"
+    if room_makers:
+        peers = ", ".join(sorted({pod.node_name or "?" for pod in room_makers}))
+        lifted_to = ", ".join(sorted({targets[pod.key] for pod in room_makers}))
+        text += (
+            f"; room made on {peers} by moving {_plural(len(room_makers), 'pod')} "
+            f"({_num(sum(_pod_gpus(pod) for pod in room_makers))} GPUs) to {lifted_to}"
+        )
+    return text
 
 
 def _scheduler_hint(skipped: Mapping[PodKey, Pod], nodes: int, args: GpuConsolidationArgs) -> str:
@@ -478,7 +575,7 @@ def gpu_consolidation(snapshot: Snapshot, args: GpuConsolidationArgs, ctx: Strat
         drainable.append(candidate)
     drainable.sort(key=_Candidate.order)
 
-    proposals = _simulate(snapshot, args, drainable, findings)
+    proposals = _simulate(snapshot, args, ctx, drainable, findings)
     hints = (_scheduler_hint(non_packed, non_packed_nodes, args),) if non_packed else ()
     return StrategyResult(proposals=tuple(proposals), findings=tuple(findings), hints=hints)
 
@@ -486,6 +583,7 @@ def gpu_consolidation(snapshot: Snapshot, args: GpuConsolidationArgs, ctx: Strat
 def _simulate(
     snapshot: Snapshot,
     args: GpuConsolidationArgs,
+    ctx: StrategyContext,
     drainable: Sequence[_Candidate],
     findings: list[Finding],
 ) -> list[Proposal]:
@@ -495,7 +593,7 @@ def _simulate(
     could be drained in this run (as many as the per-cycle cap leaves) are excluded as targets too, as
     long as the node's pods fit elsewhere; otherwise they may receive them, being earlier in the order
     is worth more. A candidate that received pods, or whose pods already move, is no longer drained.
-    The size rules (`_lifted`) judge where the packed scheduler would put the pods; they never steer
+    The size rules (`_size_rules_allow`) judge where the packed scheduler would put the pods; they never steer
     it. A node at or above the threshold that fails them is no finding: it is not under-used.
     """
     state = ClusterState.from_snapshot(snapshot)
@@ -505,7 +603,7 @@ def _simulate(
     done: set[str] = set()  # nodes freed in this run
     sizes = _Sizes(snapshot)
     # Nodes at or above the threshold that could never be drained are no upcoming drains either.
-    drainable = [c for c in drainable if not c.needs_larger or _may_drain_upward(c, sizes)]
+    drainable = [c for c in drainable if not c.needs_larger or _may_drain_upward(c, sizes, args)]
     by_name = {c.name: c for c in drainable}
 
     def viable(candidate: _Candidate) -> bool:
@@ -523,30 +621,54 @@ def _simulate(
             continue
         later = (c.name for c in drainable[index + 1 :] if viable(c))
         upcoming = list(islice(later, room - 1))
+        exclude = {candidate.name, *upcoming}
         trial = state.copy()
         for pod in candidate.pods:
             trial.remove(pod)
-        targets = trial.place_all(candidate.pods, exclude={candidate.name, *upcoming})
+        targets = trial.place_all(candidate.pods, exclude=exclude)
         if targets is None and upcoming:
             # Cheaper to drain this node onto later candidates than to drain neither of them.
-            targets = trial.place_all(candidate.pods, exclude={candidate.name})
+            exclude = {candidate.name}
+            targets = trial.place_all(candidate.pods, exclude=exclude)
         if targets is None:
             if not candidate.needs_larger:
                 findings.append(_no_fit(candidate, trial, {candidate.name}))
             continue
-        lifted = _lifted(candidate, targets, sizes, args)
-        if lifted is None:
-            if not candidate.needs_larger:
-                findings.append(
-                    _blocked(
-                        candidate,
-                        None,
-                        "its pods would land on nodes with fewer GPUs (move_to_smaller_nodes)",
-                    )
+        landing = _landing(candidate, targets, sizes)
+        makers: list[Pod] = []
+        if not _size_rules_allow(candidate, landing, args):
+            made = None
+            if (
+                args.peer_pods_to_make_room
+                and candidate.needs_larger
+                and landing.lifts
+                and not landing.smaller
+            ):
+                made = _with_room_made(
+                    candidate,
+                    landing.same - (candidate.capacity - candidate.allocated),
+                    state,
+                    exclude=exclude,
+                    snapshot=snapshot,
+                    sizes=sizes,
+                    ctx=ctx,
+                    args=args,
+                    taken=moved,
+                    done=done,
                 )
-            continue
+            if made is None:
+                if not candidate.needs_larger:  # not under-used: no finding
+                    findings.append(
+                        _blocked(
+                            candidate,
+                            None,
+                            "its pods would land on nodes with fewer GPUs (move_to_smaller_nodes)",
+                        )
+                    )
+                continue
+            trial, makers, targets, landing = made
         trial.cordon(candidate.name)
-        moving = {pod.key for pod in candidate.pods}
+        moving = {pod.key for pod in (*makers, *candidate.pods)}
         landed = set(targets.values())
         freed = [candidate.name]
         # Nodes whose only pods were gang members moved along are freed too.
@@ -570,13 +692,47 @@ def _simulate(
             Proposal(
                 strategy=NAME,
                 kind="node",
-                pods=candidate.pods,
-                reason=_reason(candidate, args, targets, lifted),
+                pods=(*makers, *candidate.pods),  # room first, then the drain
+                reason=_reason(candidate, args, targets, landing.lifted, makers),
                 priority=float(args.max_nodes_per_cycle - len(proposals)),
                 node=candidate.name,
                 group=next(iter(gangs)) if len(gangs) == 1 else None,
-                targets={pod.key: targets[pod.key] for pod in candidate.pods},
+                targets=dict(targets),
                 nodes_freed=tuple(freed),
             )
         )
     return proposals
+
+
+def _with_room_made(
+    candidate: _Candidate,
+    shortfall: float,
+    state: ClusterState,
+    *,
+    exclude: Collection[str],
+    snapshot: Snapshot,
+    sizes: _Sizes,
+    ctx: StrategyContext,
+    args: GpuConsolidationArgs,
+    taken: Collection[PodKey],
+    done: Collection[str],
+) -> tuple[ClusterState, list[Pod], dict[PodKey, str], _Landing] | None:
+    """The drain of a node at or above the threshold whose pods bound to its size lack `shortfall`
+    GPUs of room on its peers, together with peer pods that the packed scheduler puts on larger nodes,
+    enough of them to make that room; None when no such set of pods does it."""
+    if shortfall <= _EPSILON:
+        return None
+    makers = _fewest_covering(
+        _room_makers(candidate, snapshot, sizes, ctx, args, taken=taken, done=done), shortfall
+    )
+    if not makers or len(makers) > args.peer_pods_to_make_room:
+        return None
+    trial = state.copy()
+    targets = trial.place_all([*makers, *candidate.pods], exclude=exclude)
+    if targets is None or any(sizes.of(targets[pod.key]) <= candidate.capacity for pod in makers):
+        return None
+    landing = _landing(candidate, targets, sizes)
+    room = sum(_pod_gpus(pod) for pod in makers)
+    if not _size_rules_allow(candidate, landing, args, room_made=room):
+        return None
+    return trial, makers, targets, landing

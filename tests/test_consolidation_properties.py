@@ -131,31 +131,76 @@ def _devices_hold(gpus: int, whole: int, shares: list[int]) -> bool:
     return True
 
 
+@st.composite
+def consolidation_args(draw: st.DrawFn) -> GpuConsolidationArgs:
+    onto_larger = draw(st.booleans())
+    return GpuConsolidationArgs(
+        max_utilization_percent=None,
+        max_allocated_percent=draw(st.sampled_from((30.0, 50.0, 80.0))),
+        max_nodes_per_cycle=draw(st.integers(1, 4)),
+        move_to_smaller_nodes=draw(st.booleans()),
+        drain_onto_larger_nodes=onto_larger,
+        peer_pods_to_make_room=draw(st.integers(0, 2)) if onto_larger else 0,
+    )
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    cluster=clusters(),
-    threshold=st.sampled_from((30.0, 50.0, 80.0)),
-    cap=st.integers(1, 4),
-    to_smaller=st.booleans(),
-    onto_larger=st.booleans(),
-)
-def test_applying_the_plan_leaves_a_valid_cluster(
-    cluster: Cluster, threshold: float, cap: int, to_smaller: bool, onto_larger: bool
-) -> None:
+@given(cluster=clusters(), args=consolidation_args())
+def test_applying_the_plan_leaves_a_valid_cluster(cluster: Cluster, args: GpuConsolidationArgs) -> None:
+    check_plan(cluster, args)
+
+
+@st.composite
+def crowded_small_nodes(draw: st.DrawFn) -> Cluster:
+    """Full and nearly full 4-GPU L4 nodes holding L4-only pods and pods that may run anywhere, beside
+    8-GPU nodes with some room: where room on peers can be made."""
+    nodes = [node(f"l4-{i}", gpus=4, model=L4) for i in range(draw(st.integers(2, 4)))]
+    nodes += [node(f"a100-{i}", model=A100) for i in range(draw(st.integers(1, 3)))]
+    pods: list[Pod] = []
+    for n in nodes:
+        target = draw(st.integers(5, 7) if n.gpu_count == 8 else st.integers(3, 4))
+        held = 0
+        while held < target:
+            gpus = min(draw(st.sampled_from((1, 1, 2))), target - held)
+            bound = n.gpu_count == 4 and draw(st.booleans())
+            pods.append(
+                pod(
+                    f"p{len(pods)}",
+                    n.name,
+                    gpus=gpus,
+                    cpu_milli=draw(st.sampled_from((2_000, 8_000))),
+                    owner=OwnerRef(kind="ReplicaSet", name=f"rs-{len(pods)}"),
+                    node_selector={"nvidia.com/gpu.product": L4} if bound else {},
+                )
+            )
+            held += gpus
+    protected = frozenset(p.name for p in pods if draw(st.integers(0, 9)) == 0)
+    return Cluster(snapshot(nodes, pods), protected)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cluster=crowded_small_nodes(), cap=st.integers(1, 3), room=st.integers(1, 2))
+def test_making_room_on_peers_leaves_a_valid_cluster(cluster: Cluster, cap: int, room: int) -> None:
+    args = GpuConsolidationArgs(
+        max_utilization_percent=None,
+        max_nodes_per_cycle=cap,
+        move_to_smaller_nodes=False,
+        drain_onto_larger_nodes=True,
+        peer_pods_to_make_room=room,
+    )
+    check_plan(cluster, args)
+
+
+def check_plan(cluster: Cluster, args: GpuConsolidationArgs) -> None:
     snap = cluster.snapshot
     protected = cluster.protected
 
     def refusal(p: Pod) -> Refusal | None:
         return Refusal("opt-out", "protected") if p.name in protected else None
 
-    args = GpuConsolidationArgs(
-        max_utilization_percent=None,
-        max_allocated_percent=threshold,
-        max_nodes_per_cycle=cap,
-        move_to_smaller_nodes=to_smaller,
-        drain_onto_larger_nodes=onto_larger,
-    )
     result = gpu_consolidation(snap, args, StrategyContext(refusal=refusal))
+    cap, threshold = args.max_nodes_per_cycle, args.max_allocated_percent
+    to_smaller, onto_larger = args.move_to_smaller_nodes, args.drain_onto_larger_nodes
     assert len(result.proposals) <= cap
     event(f"proposals: {min(len(result.proposals), 2)}{'+' if len(result.proposals) >= 2 else ''}")
     event(f"gang moved: {any(p.group for p in result.proposals)}")
@@ -178,21 +223,34 @@ def test_applying_the_plan_leaves_a_valid_cluster(
             assert {m.key for m in snap.gangs[gang]} <= {p.key for p in proposal.pods}
     assert all(count == 1 for count in seen.values())
 
-    # Node sizes: never onto smaller nodes unless allowed; above the threshold, only by lifting pods.
+    # Node sizes: never onto smaller nodes unless allowed; above the threshold, only by lifting pods,
+    # and room made on peers only by lifting at most `room` of their pods, in no gang, onto larger nodes.
     for proposal in result.proposals:
         assert proposal.node is not None
-        size = snap.nodes[proposal.node].gpu_count
+        drained = snap.nodes[proposal.node]
+        size = drained.gpu_count
         allocated = sum(_gpus(p) for p in snap.pods_on(proposal.node))
         lands = {p.key: snap.nodes[proposal.targets[p.key]].gpu_count for p in proposal.pods}
+        makers = [p for p in proposal.pods if p.node_name != proposal.node and p.gang is None]
+        assert len(makers) <= args.peer_pods_to_make_room
+        for maker in makers:
+            event("room made on a peer")
+            assert maker.node_name is not None
+            peer = snap.nodes[maker.node_name]
+            assert (peer.gpu_count, peer.gpu_model) == (size, drained.gpu_model)
+            assert lands[maker.key] > size
+        own = [p for p in proposal.pods if p not in makers]
         if not to_smaller:
-            assert all(gpus >= size for gpus in lands.values())
+            assert all(lands[p.key] >= size for p in own)
         if allocated / size * 100 >= threshold:
             event("drained onto larger nodes")
             assert onto_larger
-            assert any(gpus > size for gpus in lands.values())
-            assert all(gpus >= size for gpus in lands.values())
-            same = sum(_gpus(p) for p in proposal.pods if lands[p.key] == size)
-            assert same <= size - allocated + 1e-9
+            assert any(lands[p.key] > size for p in own)
+            assert all(lands[p.key] >= size for p in own)
+            same = sum(_gpus(p) for p in own if lands[p.key] == size)
+            assert same <= size - allocated + sum(_gpus(p) for p in makers) + 1e-9
+        else:
+            assert not makers
     for proposal in result.proposals:
         assert not set(proposal.targets.values()) & freed
 

@@ -621,6 +621,110 @@ def test_pods_that_stay_on_nodes_of_the_same_size_must_fit_in_the_room_the_node_
     assert result.proposals == ()
 
 
+MAKE_ROOM = UPWARD.model_copy(update={"peer_pods_to_make_room": 1})
+
+
+def room_cluster(
+    maker: Pod | None = None, big_busy: tuple[int, int, int] = (6, 6, 7)
+) -> tuple[list[Node], list[Pod], Pod]:
+    """gpu-l4-1 is full: one L4-only pod and three pods that may run anywhere. Its L4-only pod fits in
+    the free GPU of gpu-l4-2, but that takes a GPU of the L4 pool the full node does not give back.
+    gpu-l4-2 holds a 2-GPU pod (`maker`) that could run on the 8-GPU nodes (`big_busy` GPUs taken)."""
+    nodes = [
+        node("gpu-l4-1", gpus=4, model=L4),
+        node("gpu-l4-2", gpus=4, model=L4),
+        node("gpu-a-1"),
+        node("gpu-a-2"),
+        node("gpu-a-3"),
+    ]
+    bound = pod("l4-only", "gpu-l4-1", cpu_milli=8_000, required_affinity=[only(L4)])
+    maker = maker or pod("flexible-2gpu", "gpu-l4-2", gpus=2)
+    pods = [
+        bound,
+        *busy("gpu-l4-1", 3, prefix="flexible"),
+        pod("l4-only-peer", "gpu-l4-2", required_affinity=[only(L4)]),
+        maker,
+        *busy("gpu-a-1", big_busy[0]),
+        *busy("gpu-a-2", big_busy[1]),
+        *busy("gpu-a-3", big_busy[2]),
+    ]
+    return nodes, pods, bound
+
+
+def test_room_for_pods_bound_to_the_node_size_is_made_by_lifting_a_peer_pod() -> None:
+    nodes, pods, bound = room_cluster()
+    maker = pods[5]
+    _, result = run(nodes, pods, UPWARD)
+    assert result.proposals == ()  # the L4-only pod would take a free L4 GPU the node does not give back
+
+    snap, result = run(nodes, pods, MAKE_ROOM)
+    (proposal,) = result.proposals
+    assert proposal.node == "gpu-l4-1"
+    assert proposal.nodes_freed == ("gpu-l4-1",)
+    # One proposal, room first: the peer pod is evicted before the drain's own pods.
+    assert proposal.pods[0] == maker
+    assert {p.key for p in proposal.pods[1:]} == {p.key for p in snap.pods_on("gpu-l4-1")}
+    assert gpus_of(snap, proposal.targets[maker.key]) == 8
+    assert proposal.targets[bound.key] == "gpu-l4-2"
+    flexible = [p for p in proposal.pods if p.name.startswith("flexible-gpu-l4-1")]
+    assert len(flexible) == 3
+    assert all(gpus_of(snap, proposal.targets[p.key]) == 8 for p in flexible)
+    assert "room made on gpu-l4-2 by moving 1 pod (2 GPUs) to gpu-a-1" in proposal.reason
+    assert_plan_fits(snap, result)
+
+
+def test_room_is_made_only_by_pods_that_may_move_and_do_land_on_larger_nodes() -> None:
+    def drains(
+        maker: Pod, args: GpuConsolidationArgs = MAKE_ROOM, ctx: StrategyContext | None = None
+    ) -> bool:
+        nodes, pods, _ = room_cluster(maker)
+        return bool(run(nodes, pods, args, ctx=ctx)[1].proposals)
+
+    assert drains(pod("flexible-2gpu", "gpu-l4-2", gpus=2))
+    # Bound to L4 itself, in a gang, placed by a spreading scheduler, or protected: never a room maker.
+    assert not drains(pod("flexible-2gpu", "gpu-l4-2", gpus=2, required_affinity=[only(L4)]))
+    assert not drains(pod("flexible-2gpu", "gpu-l4-2", gpus=2, gang="ml/g"))
+    assert not drains(pod("flexible-2gpu", "gpu-l4-2", gpus=2, scheduler_name="default-scheduler"))
+    protected = StrategyContext(refusal=refuse("flexible-2gpu"))
+    assert not drains(pod("flexible-2gpu", "gpu-l4-2", gpus=2), ctx=protected)
+    # A pod the packed scheduler would put back on a node of the same size makes no room: with the
+    # 8-GPU nodes emptier, the fullest node after placing it is its own again.
+    nodes, pods, _ = room_cluster(big_busy=(3, 3, 7))
+    maker = pods[5]
+    state = ClusterState.from_snapshot(snapshot(nodes, pods))
+    state.remove(maker)
+    assert state.best_node(maker, exclude=("gpu-l4-1",)) == "gpu-l4-2"
+    assert run(nodes, pods, MAKE_ROOM)[1].proposals == ()
+
+
+def test_room_takes_no_more_peer_pods_than_the_policy_allows() -> None:
+    # Two L4-only pods would take the two free GPUs of gpu-l4-2 (kept by the autoscaler, so no
+    # candidate itself): two 1-GPU peer pods must move.
+    keep = {"cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"}
+    nodes = [node("gpu-l4-1", gpus=4, model=L4), node("gpu-l4-2", gpus=4, model=L4, annotations=keep)]
+    nodes += [node("gpu-a-1"), node("gpu-a-2"), node("gpu-a-3")]
+    bound = [pod(f"l4-only-{i}", "gpu-l4-1", cpu_milli=8_000, required_affinity=[only(L4)]) for i in range(2)]
+    makers = [pod(f"flexible-peer-{i}", "gpu-l4-2") for i in range(2)]
+    pods = [*bound, *busy("gpu-l4-1", 2, prefix="flexible"), *makers]
+    pods += [*busy("gpu-a-1", 6), *busy("gpu-a-2", 6), *busy("gpu-a-3", 7)]
+    assert run(nodes, pods, MAKE_ROOM)[1].proposals == ()
+
+    snap, result = run(nodes, pods, MAKE_ROOM.model_copy(update={"peer_pods_to_make_room": 2}))
+    (proposal,) = result.proposals
+    assert proposal.node == "gpu-l4-1"
+    assert {p.key for p in proposal.pods[:2]} == {p.key for p in makers}
+    assert {proposal.targets[p.key] for p in bound} == {"gpu-l4-2"}
+    assert all(gpus_of(snap, proposal.targets[p.key]) == 8 for p in makers)
+    assert_plan_fits(snap, result)
+
+
+def test_making_room_needs_upward_drains() -> None:
+    with pytest.raises(ValidationError, match="peer_pods_to_make_room needs drain_onto_larger_nodes: true"):
+        GpuConsolidationArgs(peer_pods_to_make_room=1)
+    with pytest.raises(ValidationError):
+        UPWARD.model_validate({**UPWARD.model_dump(), "peer_pods_to_make_room": -1})
+
+
 def test_nodes_under_the_threshold_still_drain_onto_nodes_of_their_size() -> None:
     nodes = [node("gpu-a-1"), node("gpu-a-2")]
     pods = [*busy("gpu-a-1", 2), *busy("gpu-a-2", 5)]

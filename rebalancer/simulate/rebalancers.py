@@ -61,13 +61,15 @@ SIMULATION_POLICY: dict[str, object] = {
         {
             "name": "gpu-consolidation",
             # The replay has no DCGM telemetry: consolidate on allocated GPUs alone. The trace mixes
-            # 2-, 4- and 8-GPU nodes of several models: pods only move to nodes at least as large, and
-            # fuller nodes are drained too when part of their pods can move up to larger nodes.
+            # 2-, 4- and 8-GPU nodes of several models: pods only move to nodes at least as large,
+            # fuller nodes are drained too when part of their pods can move up to larger nodes, and
+            # such a drain may lift one pod of a peer to make room for the pods bound to its size.
             "args": {
                 "max_utilization_percent": None,
                 "max_allocated_percent": 50,
                 "move_to_smaller_nodes": False,
                 "drain_onto_larger_nodes": True,
+                "peer_pods_to_make_room": 1,
             },
         }
     ],
@@ -81,9 +83,10 @@ SIMULATION_POLICY: dict[str, object] = {
 
 def simulation_policy() -> LoadedPolicy:
     """gpu-consolidation on allocation alone (nodes under 50 % of their GPUs allocated, and fuller ones
-    whose pods partly move up to larger nodes; never onto smaller nodes), min_pod_age 0, no telemetry,
-    no per-node or per-namespace cap, at most 100 evictions per cycle; other settings (min_node_age 1h,
-    cooldown 30m, 3 nodes per cycle) are the defaults."""
+    whose pods partly move up to larger nodes, lifting at most one peer pod to make room; never onto
+    smaller nodes), min_pod_age 0, no telemetry, no per-node or per-namespace cap, at most 100
+    evictions per cycle; other settings (min_node_age 1h, cooldown 30m, 3 nodes per cycle) are the
+    defaults."""
     return parse_policy(SIMULATION_POLICY, "<simulation policy>")
 
 

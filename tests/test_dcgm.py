@@ -7,6 +7,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rebalancer.model import GpuTelemetry, Telemetry
 from rebalancer.policy import LabelMapping, MetricConfig, TelemetryConfig
@@ -22,6 +24,7 @@ from rebalancer.sources.dcgm import (
     identify,
     is_valid_value,
     parse_exposition,
+    parse_exposition_lines,
     to_gpu_telemetry,
     unknown_node_findings,
 )
@@ -51,6 +54,107 @@ def only_row(telemetry: Telemetry, window: int) -> GpuTelemetry:
     assert found is not None
     (row,) = found.gpus
     return row
+
+
+# --------------------------------------------------------------------------- documents
+
+
+def lines_of(text: str) -> list[str]:
+    return text.splitlines(keepends=True)
+
+
+def cut_parse(text: str, size: int, *, openmetrics: bool = True) -> list[Series]:
+    return parse_exposition_lines(lines_of(text), source="x", openmetrics=openmetrics, document_samples=size)
+
+
+@st.composite
+def expositions(draw: st.DrawFn) -> tuple[str, bool]:
+    """Gauge, counter and untyped families of several series with timestamped samples, in either format."""
+    openmetrics = draw(st.booleans())
+    out: list[str] = []
+    for f in range(draw(st.integers(1, 4))):
+        typ = draw(st.sampled_from(("gauge", "gauge", "counter", None)))
+        name = f"m{f}"
+        if typ is not None:
+            out.append(f"# HELP {name} metric {f}")
+            out.append(f"# TYPE {name} {typ}")
+        sample = f"{name}_total" if typ == "counter" else name
+        for g in range(draw(st.integers(1, 4))):
+            labels = (
+                f'{{gpu="{g}",UUID="GPU-{f}-{g}",note="a b}}c"}}' if draw(st.booleans()) else f'{{gpu="{g}"}}'
+            )
+            for t in range(draw(st.integers(1, 4))):
+                stamp = 1_764_417_600 + 60 * t
+                out.append(f"{sample}{labels} {t * 1.5 + g} {stamp if openmetrics else stamp * 1000}")
+    text = "\n".join(out) + ("\n# EOF\n" if openmetrics else "\n")
+    return text, openmetrics
+
+
+@settings(max_examples=150, deadline=None)
+@given(exposition=expositions(), size=st.integers(1, 6))
+def test_cutting_an_exposition_into_documents_changes_nothing(
+    exposition: tuple[str, bool], size: int
+) -> None:
+    text, openmetrics = exposition
+    whole = parse_exposition(text, source="x", fmt="openmetrics" if openmetrics else "prometheus")
+    assert cut_parse(text, size, openmetrics=openmetrics) == whole
+
+
+def test_documents_are_cut_only_between_series_of_a_gauge() -> None:
+    text = om(
+        "# HELP g gauge",
+        "# TYPE g gauge",
+        'g{gpu="0"} 1 100',
+        'g{gpu="0"} 2 101',
+        'g{gpu="1"} 3 100',
+        "# TYPE c counter",
+        'c_total{gpu="0"} 1 100',
+        'c_total{gpu="1"} 2 100',
+    )
+    cut = cut_parse(text, 1)
+    assert [(s.metric, s.labels["gpu"], len(s.samples)) for s in cut] == [
+        ("g", "0", 2),
+        ("g", "1", 1),
+        ("c_total", "0", 1),
+        ("c_total", "1", 1),
+    ]
+    # A series kept whole: the parser's own check on its timestamps still sees both samples.
+    backwards = om("# TYPE g gauge", 'g{gpu="0"} 1 100', 'g{gpu="1"} 2 100', 'g{gpu="1"} 3 99')
+    with pytest.raises(ExpositionError, match="Timestamps went backwards") as info:
+        cut_parse(backwards, 1)
+    assert info.value.line == 4
+
+
+def test_errors_after_a_cut_name_the_line_of_the_input() -> None:
+    text = om("# TYPE g gauge", *(f'g{{gpu="{i}"}} {i} 100' for i in range(6)), 'g{gpu="6} 1 100')
+    with pytest.raises(ExpositionError) as info:
+        cut_parse(text, 2)
+    assert info.value.line == 8
+    prom = "# TYPE g gauge\n" + "".join(f'g{{gpu="{i}"}} {i}\n' for i in range(6)) + 'g{gpu="6} 1\n'
+    with pytest.raises(ExpositionError) as info:
+        cut_parse(prom, 2, openmetrics=False)
+    assert info.value.line == 8
+    assert str(info.value).startswith("x:8: invalid Prometheus text format")
+
+
+def test_a_family_seen_twice_is_refused_across_documents_too() -> None:
+    text = om(
+        "# TYPE g gauge",
+        'g{gpu="0"} 1 100',
+        'g{gpu="1"} 1 100',
+        "# TYPE h gauge",
+        "h 1 100",
+        'g{gpu="2"} 1 100',
+    )
+    for size in (1, 2, 1000):
+        with pytest.raises(ExpositionError, match="Clashing name: g"):
+            cut_parse(text, size)
+
+
+def test_a_missing_eof_is_still_refused_when_cut() -> None:
+    text = "# TYPE g gauge\n" + "".join(f'g{{gpu="{i}"}} {i} 100\n' for i in range(5))
+    with pytest.raises(ExpositionError, match="Missing # EOF at end"):
+        cut_parse(text, 2)
 
 
 # --------------------------------------------------------------------------- parsing real samples

@@ -2,8 +2,9 @@
 
 Owns what the snapshot-directory source and the live Prometheus source share about dcgm-exporter series:
 
-- `parse_exposition`: Prometheus text format or OpenMetrics -> `Series` (through prometheus_client's
-  parsers; timestamps become seconds since the epoch, samples without one get None);
+- `parse_exposition` / `parse_exposition_lines`: Prometheus text format or OpenMetrics -> `Series`
+  (through prometheus_client's parsers; timestamps become seconds since the epoch, samples without one
+  get None), the lines read one at a time and handed to the parser in documents of bounded size;
 - `identify`: labels -> `SeriesIdentity` (node, GPU UUID and index, model, MIG instance, pod) following the
   policy's `LabelMapping`;
 - `attribute`: a pod label counts only if it names a pod of the cluster that requests a GPU (the
@@ -26,14 +27,16 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Literal, TextIO, cast
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.parser import text_fd_to_metric_families as openmetrics_lines
 from prometheus_client.parser import text_fd_to_metric_families as prometheus_lines
 from prometheus_client.parser import text_string_to_metric_families as prometheus_families
+from prometheus_client.samples import Sample as ParsedSample
 
 from rebalancer.model import Finding, GpuTelemetry, Pod, Telemetry, TelemetryWindow
 from rebalancer.policy import LabelMapping, MetricConfig, TelemetryConfig, TelemetryPreset
@@ -55,6 +58,7 @@ __all__ = [
     "identify",
     "is_valid_value",
     "parse_exposition",
+    "parse_exposition_lines",
     "resolve_preset",
     "telemetry_metrics",
     "to_gpu_telemetry",
@@ -111,25 +115,38 @@ def _is_openmetrics(text: str) -> bool:
     return any(line.strip() == "# EOF" for line in text.splitlines())
 
 
-def _locate_text_error(text: str) -> int | None:
-    """1-based line of the first line the text-format parser rejects on its own."""
-    for number, line in enumerate(text.splitlines(), start=1):
+def _locate_text_error(lines: Iterable[str]) -> int | None:
+    """0-based index of the first line the text-format parser rejects on its own."""
+    for index, line in enumerate(lines):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
-            list(prometheus_families(line + "\n"))
+            list(prometheus_families(line if line.endswith("\n") else line + "\n"))
         except Exception:
-            return number
+            return index
     return None
 
 
-def _locate_openmetrics_error(text: str, message: str) -> int | None:
-    """1-based line whose content the OpenMetrics parser quoted in its error message, if any."""
-    for number, line in enumerate(text.splitlines(), start=1):
+def _locate_openmetrics_error(lines: Sequence[str], message: str) -> int | None:
+    """0-based index of the line whose content the OpenMetrics parser quoted in its error message, else
+    of the first sample line it rejects on its own."""
+    for index, line in enumerate(lines):
         content = line.strip()
         if content and content in message:
-            return number
+            return index
+    for index, line in enumerate(lines):
+        if not line.strip() or line.startswith("#"):
+            continue
+        try:
+            list(_any_parser(True)(cast(TextIO, iter((line.rstrip("\n") + "\n", "# EOF\n")))))
+        except Exception:
+            return index
     return None
+
+
+def _any_parser(openmetrics: bool) -> Callable[[TextIO], Iterator[Metric]]:
+    """prometheus_client's OpenMetrics or text-format parser (both read any iterable of lines)."""
+    return cast(Callable[[TextIO], Iterator[Metric]], openmetrics_lines if openmetrics else prometheus_lines)
 
 
 def _lines(text: str) -> Iterator[str]:
@@ -139,6 +156,92 @@ def _lines(text: str) -> Iterator[str]:
         end = text.find("\n", start) + 1 or size
         yield text[start:end]
         start = end
+
+
+# --------------------------------------------------------------------------- documents
+
+# Sample lines per document handed to prometheus_client. Its parsers hold a whole metric family (a
+# namedtuple and a labels dict per sample, ~1.5 KB) before yielding it, and one DCGM metric of a large
+# cluster's history is millions of samples: an exposition is cut into documents of about this size.
+DOCUMENT_SAMPLES = 20_000
+# Families whose samples are independent series, so a document may end between two of them.
+_CUTTABLE_TYPES = frozenset({"gauge", "untyped"})
+_METADATA = frozenset({"HELP", "TYPE", "UNIT"})
+
+
+@dataclass(slots=True)
+class _Document:
+    """Part of an exposition that prometheus_client parses on its own."""
+
+    lines: list[str] = field(default_factory=list)
+    numbers: list[int] = field(default_factory=list)  # 1-based input line of each line, 0 if added
+    continues: str | None = None  # the family the previous document was cut in
+
+    def add(self, line: str, number: int) -> None:
+        self.lines.append(line)
+        self.numbers.append(number)
+
+    def line_number(self, index: int | None) -> int | None:
+        return self.numbers[index] or None if index is not None else None
+
+
+def _series_text(line: str) -> str:
+    """The `name{labels}` part of a sample line (as written: two spellings of one series differ)."""
+    brace = line.find("{")
+    space = line.find(" ")
+    if brace != -1 and (space == -1 or brace < space):
+        return line[: line.rfind("}") + 1]
+    return line[:space] if space != -1 else line
+
+
+def _documents(lines: Iterable[str], *, openmetrics: bool, samples: int) -> Iterator[_Document]:
+    """Cut an exposition into documents of about `samples` sample lines.
+
+    A document ends only inside a gauge (or untyped) family, between two of its series; the next one
+    starts again with that family's metadata lines, and an OpenMetrics document gets its `# EOF`. What
+    the parsers check within a family and a series still holds in each document. Any line this does not
+    recognise simply stays in the current document, so cutting never changes what is parsed.
+    """
+    document = _Document()
+    family: str | None = None  # the family of the latest metadata lines
+    header: list[tuple[str, int]] = []
+    cuttable = False
+    taken = 0
+    previous: str | None = None  # the series of the previous sample line
+    for number, line in enumerate(lines, start=1):
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1] in _METADATA:
+                if parts[2] != family:
+                    family, header, cuttable = parts[2], [], False
+                header.append((line, number))
+                if parts[1] == "TYPE":
+                    cuttable = len(parts) == 4 and parts[3].strip() in _CUTTABLE_TYPES
+            previous = None
+        elif line.strip():
+            series = _series_text(line)
+            if (
+                taken >= samples
+                and cuttable
+                and previous is not None
+                and series != previous
+                and family is not None
+                and (series == family or series.startswith(family + "{"))
+            ):
+                if openmetrics:
+                    document.add("# EOF\n", 0)
+                yield document
+                document = _Document(continues=family)
+                for header_line, header_number in header:
+                    document.add(header_line, header_number)
+                taken = 0
+            taken += 1
+            previous = series
+        document.add(line, number)
+    yield document
+
+
+# --------------------------------------------------------------------------- parsing
 
 
 def parse_exposition(
@@ -155,41 +258,73 @@ def parse_exposition(
     when given, keeps only samples with those names. Raises ExpositionError on malformed input.
     """
     openmetrics = fmt == "openmetrics" or (fmt == "auto" and _is_openmetrics(text))
-    parser = openmetrics_lines if openmetrics else prometheus_lines
+    return parse_exposition_lines(_lines(text), source=source, openmetrics=openmetrics, metrics=metrics)
+
+
+def parse_exposition_lines(
+    lines: Iterable[str],
+    *,
+    source: str,
+    openmetrics: bool,
+    metrics: Collection[str] | None = None,
+    document_samples: int = DOCUMENT_SAMPLES,
+) -> list[Series]:
+    """`parse_exposition` over lines (with their newlines) read one at a time, e.g. from an open file:
+    neither the text nor a whole metric family is held at once, only the samples kept."""
+    parser = _any_parser(openmetrics)
+    kind = "OpenMetrics" if openmetrics else "Prometheus text format"
     wanted = frozenset(metrics) if metrics is not None else None
     collected: dict[tuple[str, tuple[tuple[str, str], ...]], list[Sample]] = {}
-    try:
-        # Hand the parsers the text line by line (they read any iterable of lines): given the string they
-        # wrap it in a StringIO, 4 bytes a character. Each family (every sample of one metric, a labels
-        # dict apiece) is released before the parser builds the next one.
-        for family in parser(cast(TextIO, _lines(text))):
-            for sample in family.samples:
-                if wanted is not None and sample.name not in wanted:
-                    continue
-                timestamp: float | None = None
-                if sample.timestamp is not None:
-                    timestamp = float(sample.timestamp)
-                    if not openmetrics and timestamp < _MIN_TEXT_TIMESTAMP_SECONDS:
-                        raise ExpositionError(
-                            source,
-                            f"{sample.name}: timestamp {timestamp * 1000:.0f} is before 1973 when read as "
-                            "milliseconds (Prometheus text format); write milliseconds, or use OpenMetrics "
-                            "(timestamps in seconds, file ends with `# EOF`)",
-                        )
-                key = (sample.name, tuple(sorted(sample.labels.items())))
-                collected.setdefault(key, []).append(Sample(value=float(sample.value), timestamp=timestamp))
-            del family
-    except ExpositionError:
-        raise
-    except Exception as exc:  # prometheus_client raises ValueError, and a few others on odd input
-        detail = str(exc) or type(exc).__name__
-        kind = "OpenMetrics" if openmetrics else "Prometheus text format"
-        line = _locate_openmetrics_error(text, detail) if openmetrics else _locate_text_error(text)
-        raise ExpositionError(source, f"invalid {kind}: {detail}", line) from None
+    families: set[str] = set()  # OpenMetrics families of earlier documents
+    for document in _documents(lines, openmetrics=openmetrics, samples=document_samples):
+        try:
+            for index, family in enumerate(parser(cast(TextIO, iter(document.lines)))):
+                if openmetrics:
+                    if family.name in families and not (index == 0 and family.name == document.continues):
+                        raise ValueError(f"Clashing name: {family.name}")
+                    families.add(family.name)
+                _collect(family.samples, collected, wanted, source=source, openmetrics=openmetrics)
+                del family
+        except ExpositionError:
+            raise
+        except Exception as exc:  # prometheus_client raises ValueError, and a few others on odd input
+            detail = str(exc) or type(exc).__name__
+            at = (
+                _locate_openmetrics_error(document.lines, detail)
+                if openmetrics
+                else _locate_text_error(document.lines)
+            )
+            raise ExpositionError(source, f"invalid {kind}: {detail}", document.line_number(at)) from None
+        del document
     return [
         Series(metric=name, labels=dict(labels), samples=tuple(samples), source=source)
         for (name, labels), samples in collected.items()
     ]
+
+
+def _collect(
+    samples: Iterable[ParsedSample],
+    collected: dict[tuple[str, tuple[tuple[str, str], ...]], list[Sample]],
+    wanted: frozenset[str] | None,
+    *,
+    source: str,
+    openmetrics: bool,
+) -> None:
+    for sample in samples:
+        if wanted is not None and sample.name not in wanted:
+            continue
+        timestamp: float | None = None
+        if sample.timestamp is not None:
+            timestamp = float(sample.timestamp)
+            if not openmetrics and timestamp < _MIN_TEXT_TIMESTAMP_SECONDS:
+                raise ExpositionError(
+                    source,
+                    f"{sample.name}: timestamp {timestamp * 1000:.0f} is before 1973 when read as "
+                    "milliseconds (Prometheus text format); write milliseconds, or use OpenMetrics "
+                    "(timestamps in seconds, file ends with `# EOF`)",
+                )
+        key = (sample.name, tuple(sorted(sample.labels.items())))
+        collected.setdefault(key, []).append(Sample(value=float(sample.value), timestamp=timestamp))
 
 
 def is_valid_value(value: float) -> bool:
@@ -502,13 +637,15 @@ def aggregate(
     roles = _roles(cfg)
     now_ms = epoch_ms(now)
     merged: dict[tuple[str, tuple[tuple[str, str], ...]], dict[int, float]] = {}
-    first_seen: dict[tuple[str, tuple[tuple[str, str], ...]], Series] = {}
+    # Where each series was first read. Not the Series itself: a caller handing series over one at a
+    # time lets each one's samples go once merged.
+    first_source: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
     for one in series:
         if one.metric not in roles:
             continue
         key = (one.metric, tuple(sorted(one.labels.items())))
         points = merged.setdefault(key, {})
-        first_seen.setdefault(key, one)
+        first_source.setdefault(key, one.source)
         for sample in one.samples:
             points[now_ms if sample.timestamp is None else seconds_to_ms(sample.timestamp)] = sample.value
 
@@ -517,16 +654,17 @@ def aggregate(
         return Telemetry(available=False, problem=f"no DCGM series of {metric_names}"), ()
 
     findings: list[Finding] = []
-    unusable: dict[tuple[str, str], list[Series]] = defaultdict(list)
+    unusable: dict[tuple[str, str], list[tuple[dict[str, str], str]]] = defaultdict(list)
     groups: dict[GroupKey, _Group] = {}
     identified = 0
-    for key, points in merged.items():
-        origin = first_seen[key]
-        metric, labels = origin.metric, dict(key[1])
+    for key in list(merged):
+        points = merged.pop(key)  # each series's points go once grouped
+        source = first_source[key]
+        metric, labels = key[0], dict(key[1])
         identity = identify(labels, cfg.labels)
         if identity is None:
             missing = "node" if _first_non_empty(labels, cfg.labels.node) is None else "uuid"
-            unusable[(metric, missing)].append(origin)
+            unusable[(metric, missing)].append((labels, source))
             continue
         identified += 1
         identity = attribute(identity, pods)
@@ -541,7 +679,7 @@ def aggregate(
                     namespace=identity.pod_namespace,
                     pod=identity.pod_name,
                     detail=(
-                        f"{metric}{_format_labels(labels)} from {origin.source or 'unknown source'}: "
+                        f"{metric}{_format_labels(labels)} from {source or 'unknown source'}: "
                         f"dropped {len(bad)} of {len(points)} samples that are NaN, infinite, negative or "
                         f"a DCGM blank value (first: {bad[0]!r})"
                     ),
@@ -561,14 +699,14 @@ def aggregate(
 
     for (metric, missing), items in sorted(unusable.items()):
         tried = ", ".join(cfg.labels.node if missing == "node" else cfg.labels.uuid)
-        example = items[0]
+        example_labels, example_source = items[0]
         findings.append(
             Finding(
                 kind="unusable-telemetry",
                 detail=(
                     f"{len(items)} series of {metric} have no {'node' if missing == 'node' else 'GPU UUID'} "
                     f"label (tried {tried}; set telemetry.labels.{missing}) and are ignored, e.g. "
-                    f"{_format_labels(example.labels)} from {example.source or 'unknown source'}"
+                    f"{_format_labels(example_labels)} from {example_source or 'unknown source'}"
                 ),
             )
         )

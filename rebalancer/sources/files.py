@@ -11,6 +11,9 @@ Owns reading one directory, non-recursively (hidden files skipped):
 - the optional `snapshot.yaml` with `now: <RFC 3339 with timezone>`; without it `now` is the newest
   sample timestamp.
 
+Large files are read as streams: a JSON `List` of 64 MiB or more item by item (ijson), an exposition
+line by line, so a 5,000-node cluster's dump and hour of DCGM history fit in well under 1 GiB.
+
 Anything that makes the snapshot unusable (unreadable directory or file, invalid JSON / YAML / exposition,
 malformed or duplicate objects, no usable `now`) raises `SnapshotError` listing every problem, each naming
 its file; problems that only lose part of the picture (a pod bound to an unknown node, bad samples) become
@@ -22,12 +25,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
+import ijson
 import yaml
 
 from rebalancer.gcpause import collector_paused
@@ -35,10 +39,9 @@ from rebalancer.model import Finding, Node, Pdb, Pod, Snapshot, Telemetry
 from rebalancer.policy import LoadedPolicy
 from rebalancer.sources.dcgm import (
     ExpositionError,
-    ExpositionFormat,
     Series,
     aggregate,
-    parse_exposition,
+    parse_exposition_lines,
     telemetry_metrics,
     unknown_node_findings,
 )
@@ -57,6 +60,9 @@ SNAPSHOT_FILE = "snapshot.yaml"
 OBJECT_SUFFIXES = (".json", ".yaml", ".yml")
 METRIC_SUFFIXES = (".prom", ".om")
 USED_KINDS = ("Node", "Pod", "PodDisruptionBudget")
+# JSON files at least this large are streamed item by item when they hold a List: decoding a kubectl
+# dump of 50,000 pods (~400 MB) whole holds its text and every decoded object at once, over 1 GiB.
+STREAM_JSON_BYTES = 64 * 1024 * 1024
 
 _NOW_HINT = (
     f"add {SNAPSHOT_FILE} with a line such as `now: 2026-11-29T12:00:00Z` (RFC 3339 with a timezone), "
@@ -97,6 +103,27 @@ def _read_text(file: Path, problems: list[str]) -> str | None:
     except UnicodeDecodeError as exc:
         problems.append(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})")
     return None
+
+
+def _read_exposition(file: Path, metrics: Collection[str] | None, problems: list[str]) -> list[Series]:
+    """The series of a `.prom` / `.om` file, read line by line (an exposition of a large cluster's
+    history is hundreds of MB). `.prom` is OpenMetrics when it has a `# EOF` line."""
+    try:
+        openmetrics = file.suffix.lower() == ".om" or _has_eof_line(file)
+        with file.open(encoding="utf-8") as handle:
+            return parse_exposition_lines(handle, source=str(file), openmetrics=openmetrics, metrics=metrics)
+    except ExpositionError as exc:
+        problems.append(str(exc))
+    except OSError as exc:
+        problems.append(f"{file}: cannot read: {exc.strerror or exc}")
+    except UnicodeDecodeError as exc:
+        problems.append(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+    return []
+
+
+def _has_eof_line(file: Path) -> bool:
+    with file.open(encoding="utf-8") as handle:
+        return any(line.strip() == "# EOF" for line in handle)
 
 
 def _yaml_problem(file: Path, exc: yaml.YAMLError) -> str:
@@ -146,6 +173,12 @@ def _objects(doc: object, where: str, problems: list[str]) -> Iterator[tuple[Map
     if not isinstance(items, list):
         problems.append(f"{where}: {kind}.items must be a list")
         return
+    yield from _list_items(kind, items, where, problems)
+
+
+def _list_items(
+    kind: str, items: Iterable[object], where: str, problems: list[str]
+) -> Iterator[tuple[Mapping[str, Any], str]]:
     # Items of typed lists (as the API returns them) carry no kind of their own.
     item_kind = kind.removesuffix("List") if kind != "List" else None
     for index, raw in enumerate(items):
@@ -159,6 +192,38 @@ def _objects(doc: object, where: str, problems: list[str]) -> Iterator[tuple[Map
             problems.append(f"{at}: nested lists are not supported")
             continue
         yield from _objects(item, at, problems)
+
+
+def _streamed_list_objects(file: Path, problems: list[str]) -> Iterator[tuple[Mapping[str, Any], str]] | None:
+    """The objects of a large JSON file holding a List, decoded one item at a time; None when the file
+    is small or holds something else (read whole then)."""
+    try:
+        if file.stat().st_size < STREAM_JSON_BYTES:
+            return None
+        with file.open("rb") as handle:
+            kind = next(ijson.items(handle, "kind"), None)
+    except (OSError, ijson.JSONError):
+        return None  # the whole-file path reports it, with the line
+    if not isinstance(kind, str) or not kind.endswith("List"):
+        return None
+    return _stream_items(file, kind, problems)
+
+
+def _stream_items(file: Path, kind: str, problems: list[str]) -> Iterator[tuple[Mapping[str, Any], str]]:
+    reported = len(problems)
+    try:
+        with file.open("rb") as handle:
+            items = ijson.items(handle, "items.item", use_float=True)
+            yield from _list_items(kind, items, str(file), problems)
+    except (OSError, ijson.JSONError, UnicodeDecodeError):
+        # The file is unusable: drop what its first items said, and say where it breaks by decoding it
+        # whole (only on this error path) for the line and column.
+        del problems[reported:]
+        text = _read_text(file, problems)
+        if text is not None:
+            _documents(file, text, problems)
+            if len(problems) == reported:
+                problems.append(f"{file}: invalid JSON")
 
 
 def _is_foreign(doc: object) -> bool:
@@ -246,6 +311,14 @@ def _parse_now(file: Path, problems: list[str]) -> datetime | None:
     return parsed.astimezone(UTC)
 
 
+def _handed_over(series: list[Series]) -> Iterator[Series]:
+    """The series in order, each dropped from the list as it is handed over, so that its samples (millions
+    for a large cluster's history) can go once aggregated."""
+    series.reverse()
+    while series:
+        yield series.pop()
+
+
 def _newest_sample(series: Sequence[Series]) -> datetime | None:
     newest = max(
         (s.timestamp for one in series for s in one.samples if s.timestamp is not None),
@@ -286,6 +359,11 @@ def _load_snapshot_dir(root: Path, loaded: LoadedPolicy) -> Snapshot:
         if file.name == SNAPSHOT_FILE:
             now = _parse_now(file, out.problems)
         elif suffix in OBJECT_SUFFIXES:
+            streamed = _streamed_list_objects(file, out.problems) if suffix == ".json" else None
+            if streamed is not None:
+                for obj, at in streamed:
+                    _add_object(obj, at, loaded, out)
+                continue
             text = _read_text(file, out.problems)
             if text is None:
                 continue
@@ -300,14 +378,7 @@ def _load_snapshot_dir(root: Path, loaded: LoadedPolicy) -> Snapshot:
                     _add_object(obj, at, loaded, out)
         elif suffix in METRIC_SUFFIXES:
             metric_files += 1
-            text = _read_text(file, out.problems)
-            if text is None:
-                continue
-            fmt: ExpositionFormat = "openmetrics" if suffix == ".om" else "auto"
-            try:
-                series.extend(parse_exposition(text, source=str(file), metrics=wanted, fmt=fmt))
-            except ExpositionError as exc:
-                out.problems.append(str(exc))
+            series.extend(_read_exposition(file, wanted, out.problems))
 
     if now is None and not out.problems:
         now = _newest_sample(series)
@@ -349,7 +420,7 @@ def _load_snapshot_dir(root: Path, loaded: LoadedPolicy) -> Snapshot:
         )
     else:
         telemetry, telemetry_findings = aggregate(
-            series, cfg, loaded.telemetry_windows(), now, {p.key: p for p in pods}
+            _handed_over(series), cfg, loaded.telemetry_windows(), now, {p.key: p for p in pods}
         )
         findings.extend(telemetry_findings)
         findings.extend(unknown_node_findings(telemetry, out.nodes))

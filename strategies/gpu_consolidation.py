@@ -39,7 +39,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from itertools import islice
 from typing import Annotated
@@ -409,40 +409,31 @@ def _size_rules_allow(
     return landing.lifts and landing.same <= free + _EPSILON
 
 
-def _room_makers(
-    candidate: _Candidate,
-    snapshot: Snapshot,
-    sizes: _Sizes,
-    ctx: StrategyContext,
-    args: GpuConsolidationArgs,
-    *,
-    taken: Collection[PodKey],
-    done: Collection[str],
-) -> list[Pod]:
+def _room_makers(candidate: _Candidate, run: _Run) -> list[Pod]:
     """Pods of the candidate's peers (schedulable nodes of its GPU model and size) that could run on a
     larger node and may be moved: placed by a packed scheduler, evictable, in no gang, not yet moving."""
-    packed = set(args.packed_schedulers)
+    packed = set(run.args.packed_schedulers)
     makers: list[Pod] = []
-    for name, node in snapshot.nodes.items():
+    for name, node in run.snapshot.nodes.items():
         if (
             name == candidate.name
-            or name in done
+            or name in run.done
             or node.unschedulable
             or node.gpu_model != candidate.node.gpu_model
-            or sizes.of(name) != candidate.capacity
+            or run.sizes.of(name) != candidate.capacity
         ):
             continue
         makers.extend(
             pod
-            for pod in snapshot.pods_on(name)
+            for pod in run.snapshot.pods_on(name)
             if not pod.is_daemonset
             and not pod.is_mirror
             and pod.gang is None
             and pod.scheduler_name in packed
-            and pod.key not in taken
+            and pod.key not in run.moved
             and _pod_gpus(pod) > 0
-            and sizes.could_go_larger(pod, candidate.capacity)
-            and ctx.refusal(pod) is None
+            and run.sizes.could_go_larger(pod, candidate.capacity)
+            and run.ctx.refusal(pod) is None
         )
     return makers
 
@@ -580,6 +571,18 @@ def gpu_consolidation(snapshot: Snapshot, args: GpuConsolidationArgs, ctx: Strat
     return StrategyResult(proposals=tuple(proposals), findings=tuple(findings), hints=hints)
 
 
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """What one run of the strategy shares between its candidates."""
+
+    snapshot: Snapshot
+    args: GpuConsolidationArgs
+    ctx: StrategyContext
+    sizes: _Sizes
+    moved: set[PodKey] = field(default_factory=set)  # pods already in a proposal of this run
+    done: set[str] = field(default_factory=set)  # nodes freed in this run
+
+
 def _simulate(
     snapshot: Snapshot,
     args: GpuConsolidationArgs,
@@ -593,15 +596,15 @@ def _simulate(
     could be drained in this run (as many as the per-cycle cap leaves) are excluded as targets too, as
     long as the node's pods fit elsewhere; otherwise they may receive them, being earlier in the order
     is worth more. A candidate that received pods, or whose pods already move, is no longer drained.
-    The size rules (`_size_rules_allow`) judge where the packed scheduler would put the pods; they never steer
-    it. A node at or above the threshold that fails them is no finding: it is not under-used.
+    The size rules (`_size_rules_allow`) judge where the packed scheduler would put the pods; they never
+    steer it. When only room on its peers is missing, `_with_room_made` may add peer pods to the drain.
+    A node at or above the threshold that fails them is no finding: it is not under-used.
     """
     state = ClusterState.from_snapshot(snapshot)
     proposals: list[Proposal] = []
-    moved: set[PodKey] = set()  # pods already in a proposal of this run
+    run = _Run(snapshot, args, ctx, _Sizes(snapshot))
+    moved, done, sizes = run.moved, run.done, run.sizes
     receivers: set[str] = set()  # nodes predicted to receive pods in this run
-    done: set[str] = set()  # nodes freed in this run
-    sizes = _Sizes(snapshot)
     # Nodes at or above the threshold that could never be drained are no upcoming drains either.
     drainable = [c for c in drainable if not c.needs_larger or _may_drain_upward(c, sizes, args)]
     by_name = {c.name: c for c in drainable}
@@ -644,20 +647,11 @@ def _simulate(
                 and landing.lifts
                 and not landing.smaller
             ):
-                made = _with_room_made(
-                    candidate,
-                    landing.same - (candidate.capacity - candidate.allocated),
-                    state,
-                    exclude=exclude,
-                    snapshot=snapshot,
-                    sizes=sizes,
-                    ctx=ctx,
-                    args=args,
-                    taken=moved,
-                    done=done,
-                )
+                shortfall = landing.same - (candidate.capacity - candidate.allocated)
+                made = _with_room_made(candidate, shortfall, state, exclude, run)
             if made is None:
-                if not candidate.needs_larger:  # not under-used: no finding
+                # A node at or above the threshold is not under-used: no finding for it.
+                if not candidate.needs_larger:
                     findings.append(
                         _blocked(
                             candidate,
@@ -705,34 +699,22 @@ def _simulate(
 
 
 def _with_room_made(
-    candidate: _Candidate,
-    shortfall: float,
-    state: ClusterState,
-    *,
-    exclude: Collection[str],
-    snapshot: Snapshot,
-    sizes: _Sizes,
-    ctx: StrategyContext,
-    args: GpuConsolidationArgs,
-    taken: Collection[PodKey],
-    done: Collection[str],
+    candidate: _Candidate, shortfall: float, state: ClusterState, exclude: Collection[str], run: _Run
 ) -> tuple[ClusterState, list[Pod], dict[PodKey, str], _Landing] | None:
     """The drain of a node at or above the threshold whose pods bound to its size lack `shortfall`
     GPUs of room on its peers, together with peer pods that the packed scheduler puts on larger nodes,
     enough of them to make that room; None when no such set of pods does it."""
     if shortfall <= _EPSILON:
         return None
-    makers = _fewest_covering(
-        _room_makers(candidate, snapshot, sizes, ctx, args, taken=taken, done=done), shortfall
-    )
-    if not makers or len(makers) > args.peer_pods_to_make_room:
+    makers = _fewest_covering(_room_makers(candidate, run), shortfall)
+    if not makers or len(makers) > run.args.peer_pods_to_make_room:
         return None
     trial = state.copy()
     targets = trial.place_all([*makers, *candidate.pods], exclude=exclude)
-    if targets is None or any(sizes.of(targets[pod.key]) <= candidate.capacity for pod in makers):
+    if targets is None or any(run.sizes.of(targets[pod.key]) <= candidate.capacity for pod in makers):
         return None
-    landing = _landing(candidate, targets, sizes)
+    landing = _landing(candidate, targets, run.sizes)
     room = sum(_pod_gpus(pod) for pod in makers)
-    if not _size_rules_allow(candidate, landing, args, room_made=room):
+    if not _size_rules_allow(candidate, landing, run.args, room_made=room):
         return None
     return trial, makers, targets, landing

@@ -12,7 +12,7 @@ Owns reading one directory, non-recursively (hidden files skipped):
   sample timestamp.
 
 Large files are read as streams: a JSON `List` of 64 MiB or more item by item (ijson), an exposition
-line by line, so a 5,000-node cluster's dump and hour of DCGM history fit in well under 1 GiB.
+line by line, so a 5,000-node cluster's dump and hour of DCGM history fit in under 1 GiB.
 
 Anything that makes the snapshot unusable (unreadable directory or file, invalid JSON / YAML / exposition,
 malformed or duplicate objects, no usable `now`) raises `SnapshotError` listing every problem, each naming

@@ -28,14 +28,23 @@ before each cycle's `run_cycle` and `end_cycle()` after it. It owns three safety
   `evict()` answers `error` ("circuit open: <ns>/<workload> still Pending <n>m after eviction") without
   a request, `circuit_open` is True and `findings()` holds a `circuit-open` finding per workload. It
   closes by itself at the first `begin_cycle` where those pods are placed (or gone), or when an operator
-  calls `reset_circuit()`. The memory can be kept across restarts with a `StateStore`.
+  calls `reset_circuit()`.
+
+The memory (evictions watched by the circuit breaker, drains this process owns) survives restarts and
+leader changes through a `StateStore`: loaded when the actuator is built and again by `load_state()` (a
+new leadership term), saved by `begin_cycle`, `end_cycle`, `cleanup_orphans` and `reset_circuit`. Stores:
+`FileStateStore` (a JSON file) and `ConfigMapStateStore` (JSON under one key of a ConfigMap in the
+rebalancer's own namespace, what `rebalancer run` uses by default). A store never stops the daemon: an
+unreadable state is logged and read as none, a failed save is logged and made again at the next cycle.
 
 In dry-run (a `DryRunEvictor`, or server-side dry-run) the actuator writes nothing of its own: no marks,
-no annotations, and evictions are the wrapped evictor's (`would-evict`); the circuit still refuses.
+no annotations, no saved state, and evictions are the wrapped evictor's (`would-evict`); the circuit
+still refuses.
 
 It must not plan or re-judge decisions (the planner did), read the clock (every time is the snapshot's
-`now` given to `begin_cycle`), write Events (sinks/events.py does) or touch taints and annotations other
-than its own keys.
+`now` given to `begin_cycle`), write Events (sinks/events.py does), touch taints and annotations other
+than its own keys, or write any object but nodes (its mark), pods (its annotations, evictions) and its
+own state ConfigMap.
 """
 
 from __future__ import annotations
@@ -67,6 +76,7 @@ from rebalancer.evictor import (
     NodeTainter,
     TaintChange,
     exponential_backoff,
+    release_unread,
 )
 from rebalancer.model import Decision, Finding, Mode, Node, Outcome, OutcomeResult, Pod, Snapshot
 from rebalancer.policy import EvictionConfig
@@ -79,8 +89,11 @@ __all__ = [
     "DRAINING_SINCE_ANNOTATION",
     "DRAIN_TIMEOUT",
     "EVICTION_REQUESTED_AT_ANNOTATION",
+    "STATE_CONFIGMAP",
+    "STATE_KEY",
     "ActuatorState",
     "ClusterActuator",
+    "ConfigMapStateStore",
     "DrainRecord",
     "EvictionRecord",
     "FileStateStore",
@@ -96,6 +109,10 @@ CHECKPOINT_ANNOTATION = "rebalancer.gpu/checkpoint"
 EVICTION_REQUESTED_AT_ANNOTATION = "rebalancer.gpu/eviction-requested-at"
 CHECKPOINT_DONE_ANNOTATION = "rebalancer.gpu/checkpoint-done"
 DRAINING_SINCE_ANNOTATION = "rebalancer.gpu/draining-since"
+# Where `rebalancer run` keeps the actuator's memory by default: this key of this ConfigMap, in its own
+# namespace (deploy/rbac.yaml grants exactly this name).
+STATE_CONFIGMAP = "gpu-rebalancer-state"
+STATE_KEY = "actuator-state.json"
 # Finding kinds.
 CIRCUIT_OPEN = "circuit-open"
 DRAIN_TIMEOUT = "drain-timeout"
@@ -285,6 +302,146 @@ class FileStateStore:
             raise
 
 
+class ConfigMapStateStore:
+    """Keeps the state as JSON under one key (`STATE_KEY`) of a ConfigMap, in the rebalancer's namespace.
+
+    The ConfigMap outlives pods and is shared by the replicas, so a restart or a new leader finds the
+    memory of the last one. `save()` is one JSON merge patch of that key (other keys, labels and
+    annotations stay); a missing ConfigMap is created. `load()` reads it: a missing ConfigMap or key is no
+    state, unreadable content is logged and read as no state. Transport errors, 429 and 5xx answers are
+    retried (`retries`, `backoff`); what still fails is logged, never raised: load reads as no state, and
+    the actuator saves again at its next cycle. Every request carries `request_timeout`.
+    """
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        namespace: str,
+        name: str = STATE_CONFIGMAP,
+        key: str = STATE_KEY,
+        retries: int = 3,
+        backoff: Backoff | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        request_timeout: RequestTimeout = (5.0, 30.0),
+    ) -> None:
+        self.namespace = namespace
+        self.name = name
+        self.key = key
+        self._core = client.CoreV1Api(api_client)
+        self._retries = retries
+        self._backoff = backoff or exponential_backoff()
+        self._sleep = sleep
+        self._timeout = request_timeout
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def load(self) -> ActuatorState | None:
+        raw = self._attempt("read", self._read)
+        if raw is None:
+            return None
+        try:
+            doc = json.loads(raw)
+            data = doc.get("data") if isinstance(doc, dict) else None
+            text = data.get(self.key) if isinstance(data, dict) else None
+            if text is None:
+                log.warning("ConfigMap %s has no key %s: no stored actuator state", self.ref, self.key)
+                return None
+            return ActuatorState.from_json(json.loads(text))
+        except (ValueError, TypeError) as exc:
+            log.warning("ignoring unreadable actuator state in ConfigMap %s: %s", self.ref, exc)
+            return None
+
+    def save(self, state: ActuatorState) -> None:
+        text = json.dumps(state.to_json(), indent=1, sort_keys=True) + "\n"
+        self._attempt("save", lambda: self._write(text))
+
+    # ---- requests
+
+    def _read(self) -> bytes | None:
+        """The ConfigMap as the API server sent it; None when there is none (404)."""
+        try:
+            response = cast(
+                "urllib3.BaseHTTPResponse",
+                self._core.read_namespaced_config_map(
+                    self.name, self.namespace, _preload_content=False, _request_timeout=self._timeout
+                ),
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        try:
+            return bytes(response.data)
+        finally:
+            response.release_conn()
+
+    def _write(self, text: str) -> None:
+        try:
+            response = cast(
+                "urllib3.BaseHTTPResponse",
+                self._core.patch_namespaced_config_map(
+                    self.name,
+                    self.namespace,
+                    {"data": {self.key: text}},
+                    _content_type=_MERGE_PATCH,
+                    _preload_content=False,
+                    _request_timeout=self._timeout,
+                ),
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            body = client.V1ConfigMap(
+                api_version="v1",
+                kind="ConfigMap",
+                metadata=client.V1ObjectMeta(
+                    name=self.name,
+                    namespace=self.namespace,
+                    labels={
+                        "app.kubernetes.io/name": "gpu-rebalancer",
+                        "app.kubernetes.io/managed-by": "gpu-rebalancer",
+                    },
+                ),
+                data={self.key: text},
+            )
+            response = cast(
+                "urllib3.BaseHTTPResponse",
+                self._core.create_namespaced_config_map(
+                    self.namespace, body, _preload_content=False, _request_timeout=self._timeout
+                ),
+            )
+        release_unread(response)
+
+    def _attempt(self, what: str, request: Callable[[], bytes | None]) -> bytes | None:
+        """`request()`, retried on transport errors, 429, 5xx (and 409: a create raced another writer's,
+        the next attempt patches it); None, logged, when it still fails."""
+        attempt = 0
+        while True:
+            try:
+                return request()
+            except ApiException as exc:
+                status = exc.status or 0
+                problem = f"HTTP {status}: {_message(exc)}" if status else f"no valid answer: {_message(exc)}"
+                transient = status in (0, 409, 429) or status >= 500
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                problem = describe_transport_error(exc)
+                transient = True
+            if not transient or attempt >= self._retries:
+                log.error(
+                    "cannot %s the actuator state in ConfigMap %s: %s (after %d attempts)",
+                    what,
+                    self.ref,
+                    problem,
+                    attempt + 1,
+                )
+                return None
+            self._sleep(self._backoff(attempt))
+            attempt += 1
+
+
 # --------------------------------------------------------------------------- the actuator
 
 
@@ -440,6 +597,17 @@ class ClusterActuator:
         return reset
 
     # ---- lifecycle
+
+    def load_state(self) -> bool:
+        """Take the store's memory in place of this one's (a new leadership term: another replica may
+        have evicted, drained or settled since this one loaded); True when the store had a state. Without
+        a readable one the memory is kept, so an unreadable store never closes an open circuit."""
+        state = self._store.load() if self._store is not None else None
+        if state is None:
+            return False
+        self._evictions = list(state.evictions)
+        self._drains = dict(state.drains)
+        return True
 
     def cleanup_orphans(self) -> tuple[TaintChange, ...]:
         """Start-up: unmark every node whose mark no drain of this process (or of its stored state) owns."""
@@ -775,7 +943,7 @@ class ClusterActuator:
     # ---- state
 
     def _save(self) -> None:
-        if self._store is None:
+        if self._store is None or not self.live:  # a dry run writes nothing, not even its memory
             return
         try:
             self._store.save(self.state)

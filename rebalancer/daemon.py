@@ -23,6 +23,10 @@ Owns everything that is about running over time rather than about one cycle:
   at least `lease_duration - renew_deadline + leader_margin` seconds before another can take over;
 - the HTTP endpoint (`StatusServer`): `/metrics` (private registry), `/healthz`, `/readyz` (a cycle,
   or a standby check, succeeded within three intervals), `/report` (the last report as JSON);
+- the actuator's memory across restarts and leader changes (`build_state_store`): unless the run is
+  forced dry (`--dry-run`), the ClusterActuator keeps it in the ConfigMap `--state-configmap` of the
+  Lease's namespace (or the file `--state-file`), and a leader takes the stored memory at the start of
+  each term, so an open circuit stays open;
 - policy hot reload (`PolicyWatcher`): the mounted file's content hash is compared every cycle (a
   ConfigMap update is an atomic symlink swap); a valid change is used from that cycle on, a new
   `interval` reschedules the job; an invalid one keeps the running policy, logs every field-level
@@ -78,7 +82,13 @@ from apscheduler.triggers.interval import IntervalTrigger
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from rebalancer.actuator import ClusterActuator
+from rebalancer.actuator import (
+    STATE_CONFIGMAP,
+    ClusterActuator,
+    ConfigMapStateStore,
+    FileStateStore,
+    StateStore,
+)
 from rebalancer.cycle import Sink, assemble_report, evaluate, execute
 from rebalancer.evictor import REQUESTER, DryRunEvictor, Evictor, KubeEvictor, release_unread
 from rebalancer.model import CycleReport, Decision, Finding, Outcome, Snapshot
@@ -116,6 +126,7 @@ __all__ = [
     "add_live_once_arguments",
     "add_run_arguments",
     "build_notifiers",
+    "build_state_store",
     "kube_snapshot_source",
     "run_command",
     "run_live_once",
@@ -1027,6 +1038,19 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="time left before the renew deadline that a decision needs to start (default 2s)",
     )
+    memory = parser.add_argument_group(
+        "actuator memory (circuit breaker, owned drains), kept across restarts and leader changes"
+    )
+    where = memory.add_mutually_exclusive_group()
+    where.add_argument(
+        "--state-configmap",
+        default=STATE_CONFIGMAP,
+        metavar="NAME",
+        help=f"a ConfigMap in the Lease's namespace (default {STATE_CONFIGMAP}; unused with --dry-run)",
+    )
+    where.add_argument(
+        "--state-file", metavar="PATH", default=None, help="a JSON file instead (e.g. on a persistent volume)"
+    )
 
 
 def _prometheus_url(args: argparse.Namespace) -> str | None:
@@ -1041,6 +1065,18 @@ def _api_client(args: argparse.Namespace) -> client.ApiClient:
         return load_api_client(args.kubeconfig, args.context)
     except KubeSourceError as exc:
         raise DaemonError(exc.problems) from None
+
+
+def build_state_store(args: argparse.Namespace, api_client: client.ApiClient) -> StateStore | None:
+    """Where `rebalancer run` keeps the actuator's memory: None when the run is forced dry (`--dry-run`
+    writes nothing), else the file `--state-file` or the ConfigMap `--state-configmap` in the Lease's
+    namespace (`--lease-namespace`, default the pod's). Builds the store only: no request is made."""
+    if args.dry_run is True:
+        return None
+    if args.state_file is not None:
+        return FileStateStore(args.state_file)
+    namespace = args.lease_namespace or _default_namespace()
+    return ConfigMapStateStore(api_client, namespace=namespace, name=args.state_configmap)
 
 
 def run_live_once(args: argparse.Namespace, loaded: LoadedPolicy) -> CycleReport:
@@ -1077,13 +1113,25 @@ class _LiveEdge:
     """What `rebalancer run` puts around live evictions: the ClusterActuator and the Events sink.
 
     The actuator (drain marks, checkpoint-before-evict, circuit breaker) is built once from the policy's
-    `eviction:` section (a change there needs a restart: the actuator's memory must not be lost); orphan
-    drain marks are cleaned before the first live cycle of every leadership term, by the leader only.
+    `eviction:` section (a change there needs a restart: the actuator's memory must not be lost), with
+    `state_store` keeping that memory across restarts. Before the first live cycle of every leadership
+    term, by the leader only, the actuator takes the stored memory (another replica may have led since)
+    and then cleans orphan drain marks.
     """
 
-    def __init__(self, api_client: client.ApiClient, loaded: LoadedPolicy, identity: str) -> None:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        loaded: LoadedPolicy,
+        identity: str,
+        *,
+        state_store: StateStore | None = None,
+    ) -> None:
         self.actuator = ClusterActuator.from_config(
-            api_client, loaded.policy.eviction, requested_by=f"{REQUESTER}/{identity}"
+            api_client,
+            loaded.policy.eviction,
+            state_store=state_store,
+            requested_by=f"{REQUESTER}/{identity}",
         )
         self.events = KubeEventsSink(api_client)
         self._cleaned = False
@@ -1093,6 +1141,7 @@ class _LiveEdge:
 
     def begin_cycle(self, snapshot: Snapshot, cycle_id: str) -> None:
         if not self._cleaned:
+            self.actuator.load_state()
             for change in self.actuator.cleanup_orphans():
                 log.info("orphan drain mark removed", node=change.node, ok=change.ok, detail=change.detail)
             self._cleaned = True
@@ -1111,7 +1160,12 @@ def run_command(args: argparse.Namespace) -> int:
     api_client = _api_client(args)
     identity = args.identity or _default_identity()
     metrics = DaemonMetrics()
-    live = _LiveEdge(api_client, policy.current if isinstance(policy, PolicyWatcher) else policy, identity)
+    live = _LiveEdge(
+        api_client,
+        policy.current if isinstance(policy, PolicyWatcher) else policy,
+        identity,
+        state_store=build_state_store(args, api_client),
+    )
 
     def on_leadership(leading: bool) -> None:
         metrics.leader.set(1 if leading else 0)

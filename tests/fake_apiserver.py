@@ -3,7 +3,7 @@
 The official `kubernetes` client talks to it unchanged (a `Configuration` whose host is this server), so
 the code under test runs its real request building, serialisation and error handling. It serves:
 
-- core/v1 `nodes` (cluster-scoped), `pods`, `events`; `policy/v1` `poddisruptionbudgets`;
+- core/v1 `nodes` (cluster-scoped), `pods`, `events`, `configmaps`; `policy/v1` `poddisruptionbudgets`;
   `events.k8s.io/v1` `events`; `coordination.k8s.io/v1` `leases`;
 - list (all namespaces or one), with `labelSelector`, `fieldSelector` (`=`, `==`, `!=`) and pagination
   (`limit` / `continue` over a consistent snapshot, `metadata.continue` in the List; a token can be
@@ -131,6 +131,7 @@ _KINDS: tuple[_Kind, ...] = (
         },
     ),
     _Kind("", "v1", "events", "Event", True, _EVENT_FIELDS),
+    _Kind("", "v1", "configmaps", "ConfigMap", True),
     _Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
     _Kind(
         "events.k8s.io",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -18,8 +19,10 @@ from rebalancer.actuator import (
     DRAIN_TIMEOUT,
     DRAINING_SINCE_ANNOTATION,
     EVICTION_REQUESTED_AT_ANNOTATION,
+    STATE_KEY,
     ActuatorState,
     ClusterActuator,
+    ConfigMapStateStore,
     DrainRecord,
     EvictionRecord,
     FileStateStore,
@@ -703,6 +706,230 @@ def test_the_circuit_survives_a_restart_through_the_state_store(
 
     store.path.write_text("{not json")
     assert store.load() is None
+
+
+STATE_NS = "gpu-rebalancer"
+CONFIGMAP = f"/api/v1/namespaces/{STATE_NS}/configmaps/*"
+
+
+def _store(api_client: client.ApiClient, **kwargs: Any) -> ConfigMapStateStore:
+    kwargs.setdefault("sleep", Sleeps())
+    return ConfigMapStateStore(api_client, namespace=STATE_NS, name="rebalancer-memory", **kwargs)
+
+
+def _stored(api: FakeApiServer, name: str = "rebalancer-memory") -> dict[str, Any] | None:
+    return api.get("ConfigMap", name, STATE_NS)
+
+
+def test_the_configmap_store_creates_its_configmap_then_patches_its_key(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    store = _store(api_client)
+    assert store.load() is None  # no ConfigMap yet
+    assert [(r.method, r.path) for r in api.requests] == [
+        ("GET", f"/api/v1/namespaces/{STATE_NS}/configmaps/rebalancer-memory")
+    ]
+    first = ActuatorState(
+        evictions=(EvictionRecord(Workload("ml", "ReplicaSet", "trainer-abc"), "train-0", NOW),),
+        drains={"a-1": DrainRecord("c1", NOW - MINUTE)},
+    )
+    api.clear_requests()
+    store.save(first)
+    assert [r.method for r in api.writes()] == ["PATCH", "POST"]  # not there: created
+    created = _stored(api)
+    assert created is not None
+    assert set(created["data"]) == {STATE_KEY}
+    assert json.loads(created["data"][STATE_KEY]) == first.to_json()
+    assert store.load() == first
+
+    # Someone labels it and adds a note: the next save replaces the state and keeps the rest.
+    created["metadata"].setdefault("labels", {})["team"] = "ml-platform"
+    created["data"]["README"] = "gpu-rebalancer memory"
+    api.add(created)
+    second = ActuatorState(
+        evictions=(
+            *first.evictions,
+            EvictionRecord(Workload("ml", "Job", "sweep"), "sweep-7", NOW + MINUTE),
+        ),
+    )
+    api.clear_requests()
+    store.save(second)
+    assert [r.method for r in api.writes()] == ["PATCH"]
+    updated = _stored(api)
+    assert updated is not None
+    assert updated["metadata"]["uid"] == created["metadata"]["uid"]
+    assert updated["metadata"]["resourceVersion"] != created["metadata"]["resourceVersion"]
+    assert updated["metadata"]["labels"]["team"] == "ml-platform"
+    assert updated["data"]["README"] == "gpu-rebalancer memory"
+    assert json.loads(updated["data"][STATE_KEY]) == second.to_json()
+    assert _store(api_client).load() == second  # another replica reads the same memory
+    assert api.objects("ConfigMap") == [updated]  # one object, in its namespace
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {STATE_KEY: "{not json"},
+        {STATE_KEY: json.dumps({"evictions": [{"namespace": "ml"}]})},
+        {STATE_KEY: json.dumps(["a", "list"])},
+        {STATE_KEY: json.dumps({"evictions": [], "drains": {"a-1": {"cycle": "c1", "since": "soon"}}})},
+        {"something-else": "{}"},
+        None,
+    ],
+    ids=["not-json", "missing-fields", "not-an-object", "bad-time", "no-key", "no-data"],
+)
+def test_unreadable_configmap_state_is_read_as_no_state(
+    api: FakeApiServer,
+    api_client: client.ApiClient,
+    caplog: pytest.LogCaptureFixture,
+    data: dict[str, str] | None,
+) -> None:
+    configmap: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "rebalancer-memory", "namespace": STATE_NS},
+    }
+    if data is not None:
+        configmap["data"] = data
+    api.add(configmap)
+    with caplog.at_level(logging.WARNING, logger="rebalancer.actuator"):
+        assert _store(api_client).load() is None
+    assert any(f"{STATE_NS}/rebalancer-memory" in r.getMessage() for r in caplog.records)
+    # The daemon starts with no memory and its next save writes a readable state over it.
+    actuator = _actuator(api_client, state_store=_store(api_client))
+    actuator.begin_cycle(Snapshot(now=NOW, nodes={}, pods=()), "c1")
+    assert _store(api_client).load() == ActuatorState()
+
+
+def test_configmap_store_failures_are_retried_then_logged_never_raised(
+    api: FakeApiServer, api_client: client.ApiClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    state = ActuatorState(
+        evictions=(EvictionRecord(Workload("ml", "ReplicaSet", "trainer-abc"), "train-0", NOW),)
+    )
+    sleeps = Sleeps()
+    store = _store(api_client, retries=2, sleep=sleeps)
+
+    # A transient 500 is retried with backoff.
+    api.inject(CONFIGMAP, status=500)
+    store.save(state)
+    assert store.load() == state
+    assert sleeps == [0.5]
+
+    # Failing every time: logged, not raised; the stored state is untouched.
+    api.inject(CONFIGMAP, status=500, times=None)
+    api.clear_requests()
+    sleeps.clear()
+    with caplog.at_level(logging.ERROR, logger="rebalancer.actuator"):
+        store.save(ActuatorState())
+        assert store.load() is None
+    assert len(api.requests) == 6 and sleeps == [0.5, 1.0, 0.5, 1.0]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith(f"cannot save the actuator state in ConfigMap {STATE_NS}/") for m in messages)
+    assert any(m.startswith(f"cannot read the actuator state in ConfigMap {STATE_NS}/") for m in messages)
+    api.clear_faults()
+    assert store.load() == state
+
+    # A refusal (403: RBAC) is not retried; a dropped connection or a timeout is.
+    api.inject(CONFIGMAP, status=403, times=None)
+    api.clear_requests()
+    store.save(ActuatorState())
+    assert len(api.requests) == 1
+    api.clear_faults()
+    api.inject(CONFIGMAP, drop=True)
+    store.save(ActuatorState())
+    assert store.load() == ActuatorState()
+    # A hung API server: every request ends at the store's timeout.
+    slow = _store(api_client, retries=0, request_timeout=(1.0, 0.2))
+    api.inject(CONFIGMAP, delay=5.0, times=None)
+    assert slow.load() is None
+    slow.save(state)
+    api.clear_faults()
+    assert store.load() == ActuatorState()
+
+
+def test_the_circuit_survives_a_restart_and_a_leader_change_through_the_configmap(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    _circuit_cluster(api)
+    # The standby replica starts with the leader: nothing stored yet.
+    with api.api_client() as standby_client:
+        standby = _actuator(standby_client, state_store=_store(standby_client))
+        leader = _actuator(api_client, state_store=_store(api_client))
+        _evict_train(api, api_client, leader)
+        snap = _snapshot(api_client, NOW + 20 * MINUTE)
+        leader.begin_cycle(snap, "c2")
+        assert leader.circuit_open
+        leader.end_cycle()
+
+        # A restart: a new actuator, a new client, the same API server.
+        with api.api_client() as restarted_client:
+            restarted = _actuator(restarted_client, state_store=_store(restarted_client))
+            restarted.begin_cycle(snap, "c3")
+            assert restarted.circuit_open
+            api.clear_requests()
+            refused = restarted.evict(_plan(snap, "serve-0"))
+            assert [(o.result, o.detail) for o in refused] == [
+                ("error", "circuit open: ml/trainer-abc still Pending 20m after eviction")
+            ]
+            assert api.requests == []
+            restarted.end_cycle()
+
+        # A leader change: the standby takes the stored memory at the start of its term.
+        assert standby.state == ActuatorState()
+        assert standby.load_state()
+        standby.begin_cycle(snap, "c4")
+        assert standby.circuit_open
+        assert standby.evict(_plan(snap, "serve-1"))[0].result == "error"
+        assert _evicted(api) == []  # none since the first replica's
+        # The circuit closes only once the pods are placed; that too is remembered.
+        placed = _replacement("train-1", NOW + MINUTE)
+        placed["spec"]["nodeName"] = "a-1"
+        placed["status"]["phase"] = "Running"
+        api.add(placed)
+        standby.begin_cycle(_snapshot(api_client, NOW + 25 * MINUTE), "c5")
+        assert not standby.circuit_open
+        standby.end_cycle()
+    assert _store(api_client).load() == ActuatorState()
+    again = _actuator(api_client, state_store=_store(api_client))
+    again.begin_cycle(_snapshot(api_client, NOW + 26 * MINUTE), "c6")
+    assert not again.circuit_open
+
+
+def test_an_unreadable_store_never_closes_an_open_circuit(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    _circuit_cluster(api)
+    store = _store(api_client, retries=0)
+    actuator = _actuator(api_client, state_store=store)
+    _evict_train(api, api_client, actuator)
+    api.inject(CONFIGMAP, status=500, times=None)
+    assert not actuator.load_state()  # a new term, but the store cannot be read: the memory stays
+    actuator.begin_cycle(_snapshot(api_client, NOW + 20 * MINUTE), "c2")
+    assert actuator.circuit_open
+
+
+def test_a_dry_run_actuator_saves_no_state(api: FakeApiServer, api_client: client.ApiClient) -> None:
+    _busy_state(api)
+    stored = ActuatorState(
+        evictions=(EvictionRecord(Workload("ml", "ReplicaSet", "trainer-abc"), "gone-0", NOW - MINUTE),)
+    )
+    _store(api_client).save(stored)
+    api.clear_requests()
+    for actuator in (
+        ClusterActuator(DryRunEvictor(), DryRunTainter(), api_client, CFG, state_store=_store(api_client)),
+        _actuator(api_client, EvictionConfig(server_dry_run=True), state_store=_store(api_client)),
+    ):
+        assert actuator.mode == "dry-run"
+        actuator.cleanup_orphans()
+        assert actuator.load_state()
+        snap = KubeSource(api_client, CONSOLIDATE).snapshot(NOW)
+        actuator.begin_cycle(snap, "c1")
+        run_cycle(snap, CONSOLIDATE, actuator)
+        actuator.end_cycle()
+        actuator.reset_circuit()
+    assert not [w for w in api.writes() if "/configmaps" in w.path]
+    assert _store(api_client).load() == stored
 
 
 def test_a_settled_eviction_is_forgotten(api: FakeApiServer, api_client: client.ApiClient) -> None:

@@ -1,4 +1,5 @@
-"""`rebalancer run` as a real process (SIGTERM -> exit 0, lease released) and `rebalancer once` live."""
+"""`rebalancer run` as a real process (SIGTERM -> exit 0, lease released, the actuator's memory in its
+ConfigMap, nothing written in dry-run) and `rebalancer once` live."""
 
 from __future__ import annotations
 
@@ -11,13 +12,19 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
 
-from rebalancer.cli import main
+from rebalancer.actuator import STATE_CONFIGMAP, STATE_KEY, ActuatorState, ConfigMapStateStore, FileStateStore
+from rebalancer.cli import build_parser, main
+from rebalancer.daemon import Daemon, _LiveEdge, build_state_store, kube_snapshot_source
+from rebalancer.policy import parse_policy
+from tests.builders import NOW
 from tests.fake_apiserver import FakeApiServer, node_json, pod_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,3 +201,167 @@ def test_run_with_an_invalid_policy_exits_2(tmp_path: Path, capsys: pytest.Captu
     bad.write_text("interval: 1s\n")
     assert main(["run", "--policy", str(bad), "--no-leader-election"]) == 2
     assert "interval must be at least 10s" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the actuator's memory
+
+STATE_NS = "gpu-rebalancer"
+CONFIGMAPS = "/api/v1/namespaces/*/configmaps*"
+
+
+def test_run_builds_the_state_store_its_options_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("POD_NAMESPACE", "rebalancer-ns")
+    parser = build_parser()
+    with FakeApiServer() as api, api.api_client() as api_client:
+        default = build_state_store(parser.parse_args(["run"]), api_client)
+        assert isinstance(default, ConfigMapStateStore)
+        assert (default.namespace, default.name, default.key) == ("rebalancer-ns", STATE_CONFIGMAP, STATE_KEY)
+        named = build_state_store(
+            parser.parse_args(
+                ["run", "--no-dry-run", "--state-configmap", "memory", "--lease-namespace", "ops"]
+            ),
+            api_client,
+        )
+        assert isinstance(named, ConfigMapStateStore) and named.ref == "ops/memory"
+        in_file = build_state_store(
+            parser.parse_args(["run", "--state-file", str(tmp_path / "state.json")]), api_client
+        )
+        assert isinstance(in_file, FileStateStore) and in_file.path == tmp_path / "state.json"
+        # A forced dry run keeps no memory: nothing to write.
+        assert (
+            build_state_store(parser.parse_args(["run", "--dry-run", "--state-configmap", "x"]), api_client)
+            is None
+        )
+        assert api.requests == []  # building a store makes no request
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--state-configmap", "x", "--state-file", "y"])
+    assert exited.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+@contextmanager
+def serving(api: FakeApiServer, tmp_path: Path, *options: str) -> Iterator[int]:
+    """`rebalancer run` as a process against the fake, ready (a first cycle done); stopped with SIGTERM."""
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "rebalancer.cli",
+        "run",
+        "--kubeconfig",
+        str(kubeconfig(tmp_path / "kubeconfig", api.url)),
+        "--policy",
+        str(policy(tmp_path / "policy.yaml")),
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--log-format",
+        "json",
+        "--lease-namespace",
+        STATE_NS,
+        *options,
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "POD_NAMESPACE")}
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 15
+        while get(f"http://127.0.0.1:{port}/readyz")[0] != 200:
+            assert process.poll() is None, process.communicate()[1].decode()[-3000:]
+            assert time.monotonic() < deadline, "the daemon did not become ready"
+            time.sleep(0.05)
+        yield port
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=10)
+        assert process.returncode == 0, stderr.decode()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def test_a_live_daemon_keeps_its_memory_in_the_state_configmap(api: FakeApiServer, tmp_path: Path) -> None:
+    with serving(api, tmp_path, "--no-dry-run", "--state-configmap", "rebalancer-memory") as port:
+        report = json.loads(get(f"http://127.0.0.1:{port}/report")[1])
+        evicted = [d["pod"] for d in report["decisions"] if d["outcome"] == "evicted"]
+        assert report["mode"] == "live" and evicted
+        stored = api.get("ConfigMap", "rebalancer-memory", STATE_NS)
+        assert stored is not None
+        memory = json.loads(stored["data"][STATE_KEY])
+        assert sorted(e["pod"] for e in memory["evictions"]) == sorted(evicted)
+    assert [c["metadata"]["name"] for c in api.objects("ConfigMap")] == ["rebalancer-memory"]
+    paths = {r.path for r in api.requests_to(CONFIGMAPS)}
+    assert paths == {
+        f"/api/v1/namespaces/{STATE_NS}/configmaps",
+        f"/api/v1/namespaces/{STATE_NS}/configmaps/rebalancer-memory",
+    }
+
+
+def test_a_dry_run_daemon_writes_nothing_not_even_its_memory(api: FakeApiServer, tmp_path: Path) -> None:
+    with serving(api, tmp_path, "--dry-run", "--state-configmap", "rebalancer-memory") as port:
+        report = json.loads(get(f"http://127.0.0.1:{port}/report")[1])
+        assert report["mode"] == "dry-run"
+        assert any(d["outcome"] == "would-evict" for d in report["decisions"])
+    assert api.requests_to(CONFIGMAPS) == []
+    # Only its leader Lease (acquired, renewed, released): no eviction, mark, annotation, Event or state.
+    writes = {(r.method, r.path.rsplit("/", 1)[0]) for r in api.writes()}
+    assert writes <= {
+        ("POST", f"/apis/coordination.k8s.io/v1/namespaces/{STATE_NS}"),
+        ("PUT", f"/apis/coordination.k8s.io/v1/namespaces/{STATE_NS}/leases"),
+    }
+    assert api.objects("ConfigMap") == []
+
+
+LIVE = parse_policy({**POLICY, "dry_run": False})
+
+
+def test_a_new_leader_keeps_the_circuit_its_predecessor_opened(api: FakeApiServer) -> None:
+    args = build_parser().parse_args(
+        ["run", "--state-configmap", "rebalancer-memory", "--lease-namespace", STATE_NS]
+    )
+    clock = [NOW]
+
+    def replica(stack: ExitStack, identity: str, *, remember: bool = True) -> Daemon:
+        """What `rebalancer run` builds around live evictions, for one replica."""
+        api_client = stack.enter_context(api.api_client())
+        store = build_state_store(args, api_client) if remember else None
+        edge = _LiveEdge(api_client, LIVE, identity, state_store=store)
+        return Daemon(
+            LIVE,
+            kube_snapshot_source(api_client),
+            live_evictor=edge.actuator,
+            begin_live_cycle=edge.begin_cycle,
+            end_live_cycle=edge.actuator.end_cycle,
+            live_findings=edge.actuator.findings,
+            extra_sinks=(edge.events,),
+            dry_run=args.dry_run,
+            notifiers=lambda _notify, _count: (),
+            clock=lambda: clock[0],
+        )
+
+    with ExitStack() as stack:
+        standby = replica(stack, "replica-b")  # started with the leader: nothing stored yet
+        forgetful = replica(stack, "replica-c", remember=False)
+        first = replica(stack, "replica-a").run_cycle(raise_errors=True)
+        assert first is not None
+        assert [d.pod for d in first.decisions if d.outcome == "evicted"] == ["lonely"]
+        # Its ReplicaSet re-creates it; no node takes it.
+        pending = pod_json("lonely-2", None, phase="Pending")
+        pending["metadata"]["creationTimestamp"] = "2026-11-29T12:01:00Z"
+        api.add(pending)
+
+        clock[0] = NOW + timedelta(minutes=20)
+        evictions = len(api.requests_to("/api/v1/namespaces/*/pods/*/eviction"))
+        report = standby.run_cycle(raise_errors=True)
+        assert report is not None
+        assert [f.kind for f in report.findings if f.kind == "circuit-open"] == ["circuit-open"]
+        assert all(d.outcome != "evicted" for d in report.decisions)
+        assert len(api.requests_to("/api/v1/namespaces/*/pods/*/eviction")) == evictions
+        # Without the stored memory, the same takeover would not know the circuit is open.
+        blind = forgetful.run_cycle(raise_errors=True)
+        assert blind is not None and not [f for f in blind.findings if f.kind == "circuit-open"]
+    stored = api.get("ConfigMap", "rebalancer-memory", STATE_NS)
+    assert stored is not None
+    assert [r.pod for r in ActuatorState.from_json(json.loads(stored["data"][STATE_KEY])).evictions] == [
+        "lonely"
+    ]

@@ -4,7 +4,8 @@ Every component that talks to the API server runs against the recording fake API
 tests/fake_apiserver.py the way the daemon runs it: leader election on the Lease, a live daemon cycle
 (cluster snapshot, gpu-consolidation draining a node: drain mark, evictions, Events), the start-up
 cleanup of stale drain marks, checkpoint-before-evict (pod annotation), a PodDisruptionBudget read
-after its 429, and giving the Lease up. Each request the fake saw is turned into the (verb, resource,
+after its 429, the actuator's memory in the state ConfigMap the Deployment names (read, created,
+patched), and giving the Lease up. Each request the fake saw is turned into the (verb, resource,
 subresource) the API server authorizes (GET: get / list / watch, POST: create, PUT: update, PATCH:
 patch, DELETE: delete / deletecollection) and checked against the ClusterRole and Role bound to the
 service account; then every verb granted on every resource must have been used.
@@ -17,6 +18,7 @@ fails here until deploy/rbac.yaml grants it.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
@@ -33,7 +35,13 @@ import pytest
 from kubernetes import client
 
 from rebalancer.actuator import ClusterActuator
-from rebalancer.daemon import DEFAULT_LEASE_NAME, Daemon, LeaseElector, kube_snapshot_source
+from rebalancer.daemon import (
+    DEFAULT_LEASE_NAME,
+    Daemon,
+    LeaseElector,
+    build_state_store,
+    kube_snapshot_source,
+)
 from rebalancer.evictor import DRAINING_TAINT_KEY
 from rebalancer.model import Decision, Proposal, Snapshot
 from rebalancer.policy import EvictionConfig, parse_policy
@@ -41,7 +49,7 @@ from rebalancer.sinks.events import KubeEventsSink
 from rebalancer.sources.kube import KubeSource
 from tests.builders import NOW
 from tests.fake_apiserver import FakeApiServer, RecordedRequest, node_json, pdb_json, pod_json
-from tests.test_deploy import NAMESPACE, ROOT, container, find, load_documents
+from tests.test_deploy import NAMESPACE, ROOT, _run_parser, container, find, load_documents
 
 SERVICE_ACCOUNT = "gpu-rebalancer"
 CONSOLIDATE = parse_policy(
@@ -186,15 +194,27 @@ def _pod_plan(snapshot: Snapshot, name: str) -> Decision:
     return Decision(proposal=proposal, approved=True)
 
 
+def live_args() -> argparse.Namespace:
+    """The Deployment's arguments once it goes live (`--no-dry-run` in place of `--dry-run`)."""
+    args = container(find("Deployment", "gpu-rebalancer"))["args"]
+    return _run_parser().parse_args([("--no-dry-run" if a == "--dry-run" else a) for a in args])
+
+
 def exercise(api: FakeApiServer, api_client: client.ApiClient) -> list[RecordedRequest]:
-    """Everything gpu-rebalancer does to a cluster (daemon, actuator, Events, Lease); the requests seen."""
+    """Everything gpu-rebalancer does to a cluster (daemon, actuator, Events, Lease, its memory); the
+    requests seen."""
     _cluster(api)
     deployment = find("Deployment", "gpu-rebalancer")
     assert "--lease-name" not in container(deployment)["args"]
     elector = LeaseElector(api_client, name=DEFAULT_LEASE_NAME, namespace=NAMESPACE, identity="replica-a")
     assert elector.try_acquire_or_renew()  # creates the Lease
     assert elector.try_acquire_or_renew()  # renews it
-    actuator = ClusterActuator.from_config(api_client, EvictionConfig(), sleep=_NoSleep())
+    # The state store the live Deployment builds, in the pod's namespace (POD_NAMESPACE, as it sets it).
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("POD_NAMESPACE", NAMESPACE)
+        store = build_state_store(live_args(), api_client)
+    assert store is not None
+    actuator = ClusterActuator.from_config(api_client, EvictionConfig(), sleep=_NoSleep(), state_store=store)
     assert [change.node for change in actuator.cleanup_orphans()] == ["old"]
     events = KubeEventsSink(api_client)
 
@@ -279,6 +299,9 @@ def test_the_exercise_covers_what_the_daemon_does(seen: list[Access]) -> None:
         ("create", "events", ""),
         ("create", "leases", ""),
         ("update", "leases", ""),
+        ("get", "configmaps", ""),
+        ("create", "configmaps", ""),
+        ("patch", "configmaps", ""),
     } <= verbs
 
 
@@ -289,6 +312,22 @@ def test_the_lease_is_the_one_the_deployment_elects_on(seen: list[Access]) -> No
     assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     lease_rules = [g for g in grants() if "leases" in g.rule["resources"]]
     assert lease_rules and all(g.namespace == NAMESPACE for g in lease_rules), "Leases only in its namespace"
+
+
+def test_the_state_configmap_is_the_one_the_deployment_names(seen: list[Access]) -> None:
+    name = live_args().state_configmap
+    assert live_args().state_file is None
+    configmaps = [a for a in seen if a.resource == "configmaps"]
+    assert {(a.namespace, a.name) for a in configmaps if a.name} == {(NAMESPACE, name)}
+    assert {(a.verb, a.namespace) for a in configmaps if not a.name} == {("create", NAMESPACE)}
+    rules = [g for g in grants() if "configmaps" in g.rule["resources"]]
+    assert rules and all(g.namespace == NAMESPACE for g in rules), "ConfigMaps only in its namespace"
+    # By name, except `create` (which the API server cannot limit to a name).
+    for grant in rules:
+        for verb, _, granted_name in grant.pairs():
+            assert granted_name == name or verb == "create", f"{verb} configmaps not limited to {name}"
+    other = Access("get", "", "configmaps", namespace=NAMESPACE, name="gpu-rebalancer-policy")
+    assert not any(g.allows(other) for g in grants()), "resourceNames limit the state ConfigMap"
 
 
 def _flatten(rules: Iterable[Grant]) -> Iterator[tuple[str, str, str]]:
@@ -302,7 +341,15 @@ def test_the_roles_are_least_privilege() -> None:
     flat = set(_flatten(grants()))
     assert not any("*" in part for triple in flat for part in triple), "no wildcards"
     resources = {resource for _, resource, _ in flat}
-    assert "secrets" not in resources and "configmaps" not in resources
+    assert "secrets" not in resources
+    # ConfigMaps: only its own state ConfigMap (by name) in its namespace, and `create` there.
+    configmaps = [g for g in grants() if "configmaps" in g.rule["resources"]]
+    assert all(g.namespace == NAMESPACE and g.rule["resources"] == ["configmaps"] for g in configmaps)
+    assert {(verb, name) for g in configmaps for verb, _, name in g.pairs()} == {
+        ("create", None),
+        ("get", live_args().state_configmap),
+        ("patch", live_args().state_configmap),
+    }
     assert not {verb for _, resource, verb in flat if resource == "pods"} & {"delete", "deletecollection"}
     # Cluster-wide writes: node taints, pod checkpoint annotations, evictions, Events. Nothing else.
     cluster_writes = {

@@ -215,6 +215,16 @@ class Pod:
         """Bound and not finished: the pod occupies resources on its node."""
         return self.node_name is not None and self.phase not in ("Succeeded", "Failed")
 
+    @property
+    def mig_instances(self) -> int:
+        """MIG instances the pod requests (`nvidia.com/mig-*` resources), whatever their profile."""
+        return sum(v for k, v in self.requests.items() if k.startswith(MIG_RESOURCE_PREFIX) and v > 0)
+
+    @property
+    def uses_gpu(self) -> bool:
+        """Whether the pod requests any GPU: whole devices, a share, or a MIG instance."""
+        return self.gpu.count > 0 or self.mig_instances > 0
+
 
 @dataclass(frozen=True, slots=True)
 class Pdb:

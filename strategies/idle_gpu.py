@@ -1,10 +1,11 @@
 """The `idle-gpu` strategy: reclaim GPUs that pods hold but do not use, and report leaked VRAM.
 
 Owns the judgement "this pod's GPUs stayed idle long enough to give them back" and the leaked-VRAM
-findings. A pod is idle when every GPU series attributed to it averaged below
-`max_utilization_percent` over `window`, with fresh and sufficient samples, and the pod is older than
-`min_pod_age`. Idle pods always yield an `idle-gpu` finding; they become eviction proposals only in
-namespaces the policy opts in, and a gang only moves when every GPU-holding member is idle.
+findings. A pod holding GPUs (whole devices, shares or MIG instances) is idle when every GPU series
+attributed to it (one per device or MIG instance it holds) averaged below `max_utilization_percent`
+over `window`, with fresh and sufficient samples, and the pod is older than `min_pod_age`. Idle pods
+always yield an `idle-gpu` finding; they become eviction proposals only in namespaces the policy opts
+in, and a gang only moves when every GPU-holding member is idle.
 Missing, stale or thin telemetry is never read as idle: it yields a `stale-telemetry` finding instead.
 Framebuffer in use with no pod attached, or held by a pod that computed nothing for the whole window,
 yields a `leaked-vram` finding and never an eviction.
@@ -133,8 +134,10 @@ def _judge(pod: Pod, window: TelemetryWindow, args: IdleGpuArgs, now: datetime) 
         for row in rows:
             problems.extend(_row_problems(row, args, now))
         devices = {row.device_key for row in rows}
-        if len(devices) < pod.gpu.count:
-            problems.append(f"telemetry covers {len(devices)} of the {pod.gpu.count} GPUs the pod holds")
+        held = pod.gpu.count + pod.mig_instances
+        if len(devices) < held:
+            what = "GPUs" if not pod.mig_instances else "GPUs and MIG instances"
+            problems.append(f"telemetry covers {len(devices)} of the {held} {what} the pod holds")
     idle = bool(rows) and all(
         row.util_avg_percent is not None and row.util_avg_percent < args.max_utilization_percent
         for row in rows
@@ -242,7 +245,7 @@ def _gang_note(
     gang: str, members: Sequence[Pod], verdicts: Mapping[tuple[str, str], _Verdict], args: IdleGpuArgs
 ) -> tuple[bool, str]:
     """Whether the whole gang may move, and why not when it may not."""
-    holders = [m for m in members if m.gpu.count > 0]
+    holders = [m for m in members if m.uses_gpu]
     idle = [m for m in holders if verdicts[m.key].evictable_idle]
     if len(idle) < len(holders):
         return False, f"gang {gang}: {len(idle)} of {len(holders)} GPU members idle, a gang moves whole"
@@ -260,7 +263,7 @@ def idle_gpu(snapshot: Snapshot, args: IdleGpuArgs, ctx: StrategyContext) -> Str
         return StrategyResult(skipped=f"telemetry unavailable: {problem}")
 
     now = snapshot.now
-    holders = [p for p in snapshot.pods if p.is_active and p.gpu.count > 0]
+    holders = [p for p in snapshot.pods if p.is_active and p.uses_gpu]
     verdicts: dict[tuple[str, str], _Verdict] = {p.key: _judge(p, window, args, now) for p in holders}
 
     findings: list[Finding] = []
@@ -304,9 +307,9 @@ def idle_gpu(snapshot: Snapshot, args: IdleGpuArgs, ctx: StrategyContext) -> Str
 def _gang_proposal(
     gang: str, members: Sequence[Pod], verdicts: Mapping[tuple[str, str], _Verdict], args: IdleGpuArgs
 ) -> Proposal:
-    rows = [row for m in members if m.gpu.count > 0 for row in verdicts[m.key].rows]
+    rows = [row for m in members if m.uses_gpu for row in verdicts[m.key].rows]
     worst = max((row.util_avg_percent or 0.0) for row in rows)
-    holders = sum(1 for m in members if m.gpu.count > 0)
+    holders = sum(1 for m in members if m.uses_gpu)
     reason = (
         f"GPU idle: all {holders} GPU members of gang {gang} below "
         f"{_pct(args.max_utilization_percent)} over {format_duration(args.window)} "

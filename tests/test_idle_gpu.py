@@ -118,6 +118,31 @@ def test_idle_pod_in_opted_in_namespace_is_proposed() -> None:
     assert "1000 MiB" in finding.detail
 
 
+MIG_1G = "nvidia.com/mig-1g.10gb"
+
+
+def mig_row(p: Pod, instance: str, util: float) -> GpuTelemetry:
+    row = gpu_sample("gpu-a-1", "GPU-1", pod=p, util=util)
+    return replace(row, mig_instance=instance, mig_profile="1g.10gb")
+
+
+def test_a_pod_holding_only_mig_instances_is_judged_by_them() -> None:
+    p = pod("notebook", "gpu-a-1", gpus=0, extra={MIG_1G: 2})
+    assert p.gpu.count == 0 and p.mig_instances == 2 and p.uses_gpu
+
+    [proposal] = run([p], [mig_row(p, "3", 0.5), mig_row(p, "4", 1.0)]).proposals
+    assert proposal.pods == (p,)
+    assert "GPU-1 (MIG 3 1g.10gb)" in proposal.reason and "GPU-1 (MIG 4 1g.10gb)" in proposal.reason
+
+    # One busy instance keeps it.
+    assert run([p], [mig_row(p, "3", 0.5), mig_row(p, "4", 40.0)]).proposals == ()
+    # Telemetry for one of its two instances is no verdict: stale, never idle.
+    result = run([p], [mig_row(p, "3", 0.5)])
+    assert result.proposals == ()
+    [stale] = kinds(result, "stale-telemetry")
+    assert "telemetry covers 1 of the 2 GPUs and MIG instances the pod holds" in stale.detail
+
+
 def test_busy_pod_is_left_alone() -> None:
     p = pod("train", "gpu-a-1")
     result = run([p], [gpu_sample("gpu-a-1", "GPU-1", pod=p, util=63.0)])

@@ -27,7 +27,6 @@ from rebalancer.sources.kube_objects import (
     node_from_json,
     pdb_from_json,
     pod_from_json,
-    pod_uses_gpu,
 )
 
 GIB = 1024**3
@@ -338,7 +337,7 @@ def test_full_pod() -> None:
     )
     assert pod.created == datetime(2026, 11, 28, 10, 0, tzinfo=UTC)
     assert pod.started == datetime(2026, 11, 28, 10, 1, tzinfo=UTC)
-    assert pod_uses_gpu(pod)
+    assert pod.uses_gpu
 
 
 def test_sidecar_counts_during_later_init_containers() -> None:
@@ -390,7 +389,7 @@ def test_gpu_shares(resources: dict[str, str], expected: GpuRequest) -> None:
     obj = _pod(containers=[{"name": "m", "resources": {"limits": resources}}])
     pod = pod_from_json(obj, gangs=GANGS, sharing=SHARING)
     assert pod.gpu == expected
-    assert pod_uses_gpu(pod) is bool(resources)
+    assert pod.uses_gpu is bool(resources)
 
 
 def test_time_sliced_nvidia_gpu_configured_as_share() -> None:

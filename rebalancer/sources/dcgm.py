@@ -40,7 +40,6 @@ from prometheus_client.samples import Sample as ParsedSample
 
 from rebalancer.model import Finding, GpuTelemetry, Pod, Telemetry, TelemetryWindow
 from rebalancer.policy import LabelMapping, MetricConfig, TelemetryConfig, TelemetryPreset
-from rebalancer.sources.kube_objects import pod_uses_gpu
 
 __all__ = [
     "LOOKBACK_SECONDS",
@@ -412,7 +411,7 @@ def attribute(identity: SeriesIdentity, pods: Mapping[tuple[str, str], Pod] | No
     if key is None or pods is None:
         return identity
     pod = pods.get(key)
-    if pod is None or not pod_uses_gpu(pod):
+    if pod is None or not pod.uses_gpu:
         return identity.without_pod()
     return identity
 

@@ -24,7 +24,6 @@ from kubernetes.utils import parse_quantity
 
 from rebalancer.model import (
     GPU_RESOURCE,
-    MIG_RESOURCE_PREFIX,
     MILLI_PER_GPU,
     Finding,
     GpuRequest,
@@ -58,7 +57,6 @@ __all__ = [
     "object_ref",
     "pdb_from_json",
     "pod_from_json",
-    "pod_uses_gpu",
     "quantity_to_int",
     "split_unbound",
 ]
@@ -601,13 +599,6 @@ def pod_from_json(obj: Mapping[str, Any], *, gangs: GangConfig, sharing: GpuShar
         created=reader.timestamp(meta, "creationTimestamp", "metadata"),
         started=reader.timestamp(status, "startTime", "status"),
     )
-
-
-def pod_uses_gpu(pod: Pod) -> bool:
-    """Whether the pod requests any GPU: whole devices, a share, or a MIG instance."""
-    if pod.gpu.count > 0:
-        return True
-    return any(v > 0 for k, v in pod.requests.items() if k.startswith(MIG_RESOURCE_PREFIX))
 
 
 # --------------------------------------------------------------------------- PDBs

@@ -353,12 +353,18 @@ def test_decisions_at_now_are_the_expected_ones(dcgm_server: PrometheusServer, t
     result = idle_gpu(replace(snapshot, telemetry=telemetry), IDLE, StrategyContext())
 
     evicted = sorted(pod.name for p in result.proposals for pod in p.pods)
-    # MIG pods are not judged by idle-gpu (they hold no whole-GPU request); their rows are checked below.
-    assert evicted == ["idle-0", "share-0", "share-1"]
+    # A MIG pod is judged by its own instance's series: mig-idle is idle, mig-busy is not.
+    assert evicted == ["idle-0", "mig-idle", "share-0", "share-1"]
     by_kind: dict[str, set[str | None]] = defaultdict(set)
     for finding in result.findings:
         by_kind[finding.kind].add(finding.pod)
-    assert by_kind["idle-gpu"] == {"idle-0", "share-0", "share-1", "infer-0"}  # infer-0: report only
+    assert by_kind["idle-gpu"] == {
+        "idle-0",
+        "mig-idle",
+        "share-0",
+        "share-1",
+        "infer-0",
+    }  # infer-0: report only
     assert by_kind["stale-telemetry"] == {"late-0", "stalled-0"}
     assert by_kind["leaked-vram"] == {None}
     (leak,) = [f for f in result.findings if f.kind == "leaked-vram"]
@@ -601,7 +607,7 @@ def test_snapshot_command_replays_to_the_same_telemetry(
     assert main(["once", "--snapshot", str(out), "--policy", str(policy), "--output", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     idle_pods = {f["pod"] for f in report["findings"] if f["kind"] == "idle-gpu"}
-    assert {"idle-0", "share-0", "share-1", "infer-0"} <= idle_pods
+    assert {"idle-0", "mig-idle", "share-0", "share-1", "infer-0"} <= idle_pods
 
 
 def test_the_kube_source_takes_the_prometheus_source_as_its_telemetry(
@@ -612,7 +618,8 @@ def test_the_kube_source_takes_the_prometheus_source_as_its_telemetry(
     assert snapshot.telemetry.available
     assert [f.pod for f in snapshot.findings if f.kind == "stale-telemetry"] == ["gone-0"]
     result = idle_gpu(snapshot, IDLE, StrategyContext())
-    assert sorted(pod.name for p in result.proposals for pod in p.pods) == ["idle-0", "share-0", "share-1"]
+    proposed = sorted(pod.name for p in result.proposals for pod in p.pods)
+    assert proposed == ["idle-0", "mig-idle", "share-0", "share-1"]
 
 
 def test_snapshot_without_a_cluster_writes_telemetry_and_warns(

@@ -76,6 +76,7 @@ from rebalancer.evictor import (
     NodeTainter,
     TaintChange,
     exponential_backoff,
+    read_or_none,
     release_unread,
 )
 from rebalancer.model import Decision, Finding, Mode, Node, Outcome, OutcomeResult, Pod, Snapshot
@@ -362,21 +363,11 @@ class ConfigMapStateStore:
 
     def _read(self) -> bytes | None:
         """The ConfigMap as the API server sent it; None when there is none (404)."""
-        try:
-            response = cast(
-                "urllib3.BaseHTTPResponse",
-                self._core.read_namespaced_config_map(
-                    self.name, self.namespace, _preload_content=False, _request_timeout=self._timeout
-                ),
+        return read_or_none(
+            lambda: self._core.read_namespaced_config_map(
+                self.name, self.namespace, _preload_content=False, _request_timeout=self._timeout
             )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        try:
-            return bytes(response.data)
-        finally:
-            response.release_conn()
+        )
 
     def _write(self, text: str) -> None:
         try:

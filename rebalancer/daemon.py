@@ -90,7 +90,7 @@ from rebalancer.actuator import (
     StateStore,
 )
 from rebalancer.cycle import Sink, assemble_report, evaluate, execute
-from rebalancer.evictor import REQUESTER, DryRunEvictor, Evictor, KubeEvictor, release_unread
+from rebalancer.evictor import REQUESTER, DryRunEvictor, Evictor, KubeEvictor, read_or_none, release_unread
 from rebalancer.model import CycleReport, Decision, Finding, Outcome, Snapshot
 from rebalancer.planner import DisruptionHistory, workload_key
 from rebalancer.policy import (
@@ -310,21 +310,14 @@ class LeaseElector:
     # ---- one round
 
     def _get(self) -> dict[str, Any] | None:
-        try:
-            response = cast(
-                "urllib3.BaseHTTPResponse",
-                self._api.read_namespaced_lease(
-                    self.name, self.namespace, _preload_content=False, _request_timeout=self._timeout
-                ),
+        raw = read_or_none(
+            lambda: self._api.read_namespaced_lease(
+                self.name, self.namespace, _preload_content=False, _request_timeout=self._timeout
             )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        try:
-            lease = json.loads(response.data)
-        finally:
-            response.release_conn()
+        )
+        if raw is None:
+            return None
+        lease = json.loads(raw)
         if not isinstance(lease, dict):
             raise ValueError("the Lease is not a JSON object")
         return lease

@@ -69,6 +69,8 @@ __all__ = [
     "TaintChange",
     "exponential_backoff",
     "not_attempted",
+    "read_or_none",
+    "release_unread",
 ]
 
 REQUESTED_BY_ANNOTATION = "rebalancer.gpu/requested-by"
@@ -471,6 +473,20 @@ class KubeTainter:
                 return TaintChange(node, ok=False, detail=f"{problem} (after {attempt + 1} attempts)")
             self._sleep(self._backoff(attempt))
             attempt += 1
+
+
+def read_or_none(request: Callable[[], object]) -> bytes | None:
+    """The body of a read made with `_preload_content=False`; None when the object does not exist (404)."""
+    try:
+        response = cast(urllib3.BaseHTTPResponse, request())
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    try:
+        return bytes(response.data)
+    finally:
+        response.release_conn()
 
 
 def release_unread(response: urllib3.BaseHTTPResponse) -> None:

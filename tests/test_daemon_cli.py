@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -83,8 +84,26 @@ def get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
-def test_run_serves_then_exits_0_on_sigterm_releasing_the_lease(api: FakeApiServer, tmp_path: Path) -> None:
-    port = free_port()
+STATE_NS = "gpu-rebalancer"
+
+
+@dataclass
+class Served:
+    """A `rebalancer run` process serving on `port`; `stderr` (its logs) once it has exited."""
+
+    port: int
+    stderr: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextmanager
+def serving(api: FakeApiServer, tmp_path: Path, *options: str) -> Iterator[Served]:
+    """`rebalancer run` as a process against the fake, ready (a first cycle done); stopped with SIGTERM,
+    which must end it with exit code 0."""
+    served = Served(free_port())
     command = [
         sys.executable,
         "-m",
@@ -95,13 +114,34 @@ def test_run_serves_then_exits_0_on_sigterm_releasing_the_lease(api: FakeApiServ
         "--policy",
         str(policy(tmp_path / "policy.yaml")),
         "--listen",
-        f"127.0.0.1:{port}",
+        f"127.0.0.1:{served.port}",
         "--log-format",
         "json",
         "--lease-namespace",
-        "gpu-rebalancer",
-        "--identity",
-        "replica-a",
+        STATE_NS,
+        *options,
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "POD_NAMESPACE")}
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 15
+        while get(f"{served.url}/readyz")[0] != 200:
+            assert process.poll() is None, process.communicate()[1].decode()[-3000:]
+            assert time.monotonic() < deadline, "the daemon did not become ready"
+            time.sleep(0.05)
+        yield served
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=10)
+        served.stderr = stderr.decode()
+        assert process.returncode == 0, served.stderr[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def test_run_serves_then_exits_0_on_sigterm_releasing_the_lease(api: FakeApiServer, tmp_path: Path) -> None:
+    timing = (
         "--lease-duration",
         "3s",
         "--renew-deadline",
@@ -110,29 +150,14 @@ def test_run_serves_then_exits_0_on_sigterm_releasing_the_lease(api: FakeApiServ
         "1s",
         "--leader-margin",
         "0s",
-    ]
-    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 15
-        while get(f"http://127.0.0.1:{port}/readyz")[0] != 200:
-            assert process.poll() is None, process.communicate()[1].decode()[-3000:]
-            assert time.monotonic() < deadline, "the daemon did not become ready"
-            time.sleep(0.05)
-        status, body = get(f"http://127.0.0.1:{port}/report")
+    )
+    with serving(api, tmp_path, "--identity", "replica-a", *timing) as served:
+        status, body = get(f"{served.url}/report")
         assert status == 200 and json.loads(body)["mode"] == "dry-run"
-        assert "gpu_rebalancer_leader 1.0" in get(f"http://127.0.0.1:{port}/metrics")[1]
+        assert "gpu_rebalancer_leader 1.0" in get(f"{served.url}/metrics")[1]
         lease = api.get("Lease", "gpu-rebalancer", "gpu-rebalancer", "coordination.k8s.io/v1")
         assert lease is not None and lease["spec"]["holderIdentity"] == "replica-a"
-
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=10)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-    assert process.returncode == 0, stderr.decode()[-3000:]
-    events = [json.loads(line) for line in stderr.decode().splitlines() if line.startswith("{")]
+    events = [json.loads(line) for line in served.stderr.splitlines() if line.startswith("{")]
     names = [e["event"] for e in events]
     assert "daemon started" in names and "stop requested" in names and names[-1] == "daemon stopped"
     decisions = [e for e in events if e["event"] == "decision"]
@@ -205,7 +230,6 @@ def test_run_with_an_invalid_policy_exits_2(tmp_path: Path, capsys: pytest.Captu
 
 # --------------------------------------------------------------------------- the actuator's memory
 
-STATE_NS = "gpu-rebalancer"
 CONFIGMAPS = "/api/v1/namespaces/*/configmaps*"
 
 
@@ -241,48 +265,9 @@ def test_run_builds_the_state_store_its_options_name(
     assert "not allowed with argument" in capsys.readouterr().err
 
 
-@contextmanager
-def serving(api: FakeApiServer, tmp_path: Path, *options: str) -> Iterator[int]:
-    """`rebalancer run` as a process against the fake, ready (a first cycle done); stopped with SIGTERM."""
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "rebalancer.cli",
-        "run",
-        "--kubeconfig",
-        str(kubeconfig(tmp_path / "kubeconfig", api.url)),
-        "--policy",
-        str(policy(tmp_path / "policy.yaml")),
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--log-format",
-        "json",
-        "--lease-namespace",
-        STATE_NS,
-        *options,
-    ]
-    env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "POD_NAMESPACE")}
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 15
-        while get(f"http://127.0.0.1:{port}/readyz")[0] != 200:
-            assert process.poll() is None, process.communicate()[1].decode()[-3000:]
-            assert time.monotonic() < deadline, "the daemon did not become ready"
-            time.sleep(0.05)
-        yield port
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=10)
-        assert process.returncode == 0, stderr.decode()[-3000:]
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-
-
 def test_a_live_daemon_keeps_its_memory_in_the_state_configmap(api: FakeApiServer, tmp_path: Path) -> None:
-    with serving(api, tmp_path, "--no-dry-run", "--state-configmap", "rebalancer-memory") as port:
-        report = json.loads(get(f"http://127.0.0.1:{port}/report")[1])
+    with serving(api, tmp_path, "--no-dry-run", "--state-configmap", "rebalancer-memory") as served:
+        report = json.loads(get(f"{served.url}/report")[1])
         evicted = [d["pod"] for d in report["decisions"] if d["outcome"] == "evicted"]
         assert report["mode"] == "live" and evicted
         stored = api.get("ConfigMap", "rebalancer-memory", STATE_NS)
@@ -298,8 +283,8 @@ def test_a_live_daemon_keeps_its_memory_in_the_state_configmap(api: FakeApiServe
 
 
 def test_a_dry_run_daemon_writes_nothing_not_even_its_memory(api: FakeApiServer, tmp_path: Path) -> None:
-    with serving(api, tmp_path, "--dry-run", "--state-configmap", "rebalancer-memory") as port:
-        report = json.loads(get(f"http://127.0.0.1:{port}/report")[1])
+    with serving(api, tmp_path, "--dry-run", "--state-configmap", "rebalancer-memory") as served:
+        report = json.loads(get(f"{served.url}/report")[1])
         assert report["mode"] == "dry-run"
         assert any(d["outcome"] == "would-evict" for d in report["decisions"])
     assert api.requests_to(CONFIGMAPS) == []

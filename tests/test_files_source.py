@@ -303,6 +303,11 @@ def test_streamed_json_problems_name_item_file_and_line(tmp_path: Path, stream_e
     write(tmp_path, "nodes.json", '{\n  "kind": "List",\n  "items": [{"kind": "Node"}, ]\n}\n')
     (problem,) = problems_of(tmp_path)
     assert problem == f"{tmp_path / 'nodes.json'}:3:31: invalid JSON: Expecting value"
+    # What only a strict decoder refuses (NaN) is still a problem, named by that decoder.
+    write(tmp_path, "nodes.json", '{"kind": "List", "items": [{"kind": "Node", "x": NaN}]}')
+    assert problems_of(tmp_path) == (
+        f"{tmp_path / 'nodes.json'}: invalid JSON: lexical error: invalid char in json text.",
+    )
 
 
 def test_invalid_yaml_names_file_and_line(tmp_path: Path) -> None:

@@ -215,15 +215,16 @@ def _stream_items(file: Path, kind: str, problems: list[str]) -> Iterator[tuple[
         with file.open("rb") as handle:
             items = ijson.items(handle, "items.item", use_float=True)
             yield from _list_items(kind, items, str(file), problems)
-    except (OSError, ijson.JSONError, UnicodeDecodeError):
+    except (OSError, ijson.JSONError, UnicodeDecodeError) as exc:
         # The file is unusable: drop what its first items said, and say where it breaks by decoding it
         # whole (only on this error path) for the line and column.
         del problems[reported:]
         text = _read_text(file, problems)
         if text is not None:
             _documents(file, text, problems)
-            if len(problems) == reported:
-                problems.append(f"{file}: invalid JSON")
+            if len(problems) == reported:  # valid for Python's decoder, not for a strict one (NaN...)
+                detail = next(iter(str(exc).splitlines()), "").strip("'\" ") or type(exc).__name__
+                problems.append(f"{file}: invalid JSON: {detail}")
 
 
 def _is_foreign(doc: object) -> bool:

@@ -197,8 +197,11 @@ def _documents(lines: Iterable[str], *, openmetrics: bool, samples: int) -> Iter
     """Cut an exposition into documents of about `samples` sample lines.
 
     A document ends only inside a gauge (or untyped) family, between two of its series; the next one
-    starts again with that family's metadata lines, and an OpenMetrics document gets its `# EOF`. What
-    the parsers check within a family and a series still holds in each document. Any line this does not
+    starts again with that family's metadata lines, and an OpenMetrics document gets its `# EOF`. A
+    series is never cut, so the parsers' checks on it (timestamps in order, no mixed presence) hold; a
+    family seen twice is refused across documents by the caller. What is only checked within a document
+    is an OpenMetrics gauge series that shows up again after other series of its family (interleaved
+    groups): two documents apart, its samples are merged as if contiguous. Any line this does not
     recognise simply stays in the current document, so cutting never changes what is parsed.
     """
     document = _Document()

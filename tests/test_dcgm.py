@@ -151,6 +151,14 @@ def test_a_family_seen_twice_is_refused_across_documents_too() -> None:
             cut_parse(text, size)
 
 
+def test_an_interleaved_series_is_refused_across_documents_too() -> None:
+    lines = ["# TYPE g gauge", 'g{gpu="0"} 1 100', 'g{gpu="1"} 1 100', 'g{gpu="2"} 1 100', 'g{gpu="0"} 2 101']
+    for size in (1, 2, 1000):
+        with pytest.raises(ExpositionError, match="Invalid metric grouping") as info:
+            cut_parse(om(*lines), size)
+        assert info.value.line == 5
+
+
 def test_a_missing_eof_is_still_refused_when_cut() -> None:
     text = "# TYPE g gauge\n" + "".join(f'g{{gpu="{i}"}} {i} 100\n' for i in range(5))
     with pytest.raises(ExpositionError, match="Missing # EOF at end"):

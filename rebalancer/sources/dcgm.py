@@ -193,16 +193,16 @@ def _series_text(line: str) -> str:
     return line[:space] if space != -1 else line
 
 
-def _documents(lines: Iterable[str], *, openmetrics: bool, samples: int) -> Iterator[_Document]:
+def _documents(lines: Iterable[str], *, openmetrics: bool, samples: int, source: str) -> Iterator[_Document]:
     """Cut an exposition into documents of about `samples` sample lines.
 
     A document ends only inside a gauge (or untyped) family, between two of its series; the next one
     starts again with that family's metadata lines, and an OpenMetrics document gets its `# EOF`. A
     series is never cut, so the parsers' checks on it (timestamps in order, no mixed presence) hold; a
-    family seen twice is refused across documents by the caller. What is only checked within a document
-    is an OpenMetrics gauge series that shows up again after other series of its family (interleaved
-    groups): two documents apart, its samples are merged as if contiguous. Any line this does not
-    recognise simply stays in the current document, so cutting never changes what is parsed.
+    family seen twice is refused across documents by the caller, and an OpenMetrics series that shows up
+    again after others of its family (interleaved groups) here, as the parser would within a document.
+    Any line this does not recognise simply stays in the current document, so cutting never changes what
+    is parsed.
     """
     document = _Document()
     family: str | None = None  # the family of the latest metadata lines
@@ -210,18 +210,25 @@ def _documents(lines: Iterable[str], *, openmetrics: bool, samples: int) -> Iter
     cuttable = False
     taken = 0
     previous: str | None = None  # the series of the previous sample line
+    seen: set[str] = set()  # the series of the current family, when it may be cut
     for number, line in enumerate(lines, start=1):
         if line.startswith("#"):
             parts = line.split(None, 3)
             if len(parts) >= 3 and parts[1] in _METADATA:
                 if parts[2] != family:
                     family, header, cuttable = parts[2], [], False
+                    seen = set()
                 header.append((line, number))
                 if parts[1] == "TYPE":
                     cuttable = len(parts) == 4 and parts[3].strip() in _CUTTABLE_TYPES
             previous = None
         elif line.strip():
             series = _series_text(line)
+            if openmetrics and cuttable and series != previous:
+                if series in seen:
+                    message = f"invalid OpenMetrics: Invalid metric grouping: {line.strip()}"
+                    raise ExpositionError(source, message, number)
+                seen.add(series)
             if (
                 taken >= samples
                 and cuttable
@@ -278,7 +285,7 @@ def parse_exposition_lines(
     wanted = frozenset(metrics) if metrics is not None else None
     collected: dict[tuple[str, tuple[tuple[str, str], ...]], list[Sample]] = {}
     families: set[str] = set()  # OpenMetrics families of earlier documents
-    for document in _documents(lines, openmetrics=openmetrics, samples=document_samples):
+    for document in _documents(lines, openmetrics=openmetrics, samples=document_samples, source=source):
         try:
             for index, family in enumerate(parser(cast(TextIO, iter(document.lines)))):
                 if openmetrics:

@@ -92,7 +92,7 @@ from rebalancer.actuator import (
 from rebalancer.cycle import Sink, assemble_report, evaluate, execute
 from rebalancer.evictor import REQUESTER, DryRunEvictor, Evictor, KubeEvictor, read_or_none, release_unread
 from rebalancer.model import CycleReport, Decision, Finding, Outcome, Snapshot
-from rebalancer.planner import DisruptionHistory, workload_key
+from rebalancer.planner import DisruptionHistory, WorkloadKey, workload_key
 from rebalancer.policy import (
     LoadedPolicy,
     NotifyConfig,
@@ -487,12 +487,19 @@ class GatedEvictor:
 
 
 def updated_history(
-    history: DisruptionHistory, snapshot: Snapshot, report: CycleReport, *, keep: timedelta
+    history: DisruptionHistory,
+    snapshot: Snapshot,
+    report: CycleReport,
+    *,
+    keep: timedelta,
+    keep_disruptions: timedelta = timedelta(0),
 ) -> DisruptionHistory:
-    """History plus this live cycle's evicted workloads and freed nodes, without entries older than `keep`."""
+    """History plus this live cycle's evicted workloads and freed nodes: last disruptions older than
+    `keep` (the cooldown) and disruption times older than `keep_disruptions` (the budget's window) go."""
     now = snapshot.now
     nodes = {n: t for n, t in history.nodes.items() if now - t < keep}
     workloads = {k: t for k, t in history.workloads.items() if now - t < keep}
+    evicted: set[WorkloadKey] = set()
     if report.mode == "live":
         for row in report.decisions:
             if row.outcome == "evicted":
@@ -500,9 +507,16 @@ def updated_history(
                 key = workload_key(pod) if pod is not None else None
                 if key is not None:
                     workloads[key] = now
+                    evicted.add(key)
         for node in report.freed_nodes:
             nodes[node] = now
-    return DisruptionHistory(nodes=nodes, workloads=workloads)
+    disruptions: dict[WorkloadKey, tuple[datetime, ...]] = {}
+    for key in set(history.disruptions) | evicted:
+        times = tuple(t for t in history.disruptions.get(key, ()) if now - t < keep_disruptions)
+        times += (now,) if key in evicted else ()
+        if times and keep_disruptions > timedelta(0):
+            disruptions[key] = times
+    return DisruptionHistory(nodes=nodes, workloads=workloads, disruptions=disruptions)
 
 
 # --------------------------------------------------------------------------- notifiers
@@ -765,8 +779,16 @@ class Daemon:
                 return None
             duration = self._mono() - started
             proposals = Counter(d.proposal.strategy for d in evaluation.decisions)
-            keep = timedelta(seconds=max(loaded.policy.guards.cooldown, 0))
-            self._history = updated_history(self._history, snapshot, report, keep=keep)
+            guarded = loaded.policy.guards
+            self._history = updated_history(
+                self._history,
+                snapshot,
+                report,
+                keep=timedelta(seconds=max(guarded.cooldown, 0)),
+                keep_disruptions=timedelta(
+                    seconds=guarded.disruption_window if guarded.max_disruptions_per_workload else 0
+                ),
+            )
             self.metrics.observe_cycle(report, snapshot, proposals=proposals, duration=duration)
             self._last_report = report
             self._last_ok = self._mono()

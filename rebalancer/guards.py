@@ -39,6 +39,7 @@ LIMIT_NODE = "limit-node"
 LIMIT_NAMESPACE = "limit-namespace"
 LIMIT_CYCLE = "limit-cycle"
 COOLDOWN = "cooldown"
+DISRUPTION_BUDGET = "disruption-budget"
 DUPLICATE = "duplicate"
 
 POD_GUARD_NAMES: tuple[str, ...] = (
@@ -64,6 +65,7 @@ GUARD_NAMES: tuple[str, ...] = (
     LIMIT_CYCLE,
     COOLDOWN,
     DUPLICATE,
+    DISRUPTION_BUDGET,
 )
 """Every guard name that can appear as `blocked_by` (contract: only ever extended)."""
 

@@ -2,17 +2,18 @@
 
 Owns `plan()`, the `Ledger` of one cycle (remaining PDB disruptions, evictions per source node, per
 namespace and per cycle, the pods already approved, and the simulated cluster with every approved
-move reserved) and `DisruptionHistory`, the cooldown memory handed in by the caller. A proposal is
+move reserved) and `DisruptionHistory`, the cooldown and disruption-budget memory handed in by the
+caller. A proposal is
 approved whole or refused whole by the first guard that fails; the refusal names the guard and,
 where one pod sank the proposal, that pod.
 
 Guards, in the order they run: `duplicate` (pods approved earlier this cycle are dropped; nothing
 left refuses), the static per-pod guards of `rebalancer.guards`, the node opt-out for node proposals,
-`gang`, `cooldown`, `limit-cycle`, `limit-namespace`, `limit-node`, `pdb`, `no-fit` (simulated on a
-copy of the ledger's cluster: the proposal's pods removed, a drained node cordoned, each pod placed on
-its predicted target or else on the packed scheduler's best node; a node already chosen as a
-destination this cycle cannot be drained). `plan()` judges a whole cycle; `decide()` one proposal
-against a caller's `Ledger`.
+`gang`, `cooldown`, `disruption-budget`, `limit-cycle`, `limit-namespace`, `limit-node`, `pdb`,
+`no-fit` (simulated on a copy of the ledger's cluster: the proposal's pods removed, a drained node
+cordoned, each pod placed on its predicted target or else on the packed scheduler's best node; a node
+already chosen as a destination this cycle cannot be drained). `plan()` judges a whole cycle;
+`decide()` one proposal against a caller's `Ledger`.
 
 This module must stay pure: no I/O, no clock (`snapshot.now` is the time), no evictions, and it never
 mutates the Snapshot or the proposals. It does not order proposals either: the caller does.
@@ -42,11 +43,14 @@ WorkloadKey = tuple[str, str, str]
 class DisruptionHistory:
     """When nodes were last drained and workloads last had a pod evicted, before this cycle.
 
-    `workloads` is keyed by (namespace, owner kind, owner name) of the evicted pods' controller.
+    `workloads` is keyed by (namespace, owner kind, owner name) of the evicted pods' controller;
+    `disruptions` holds, per workload, the time of every cycle that evicted its pods (for
+    `guards.max_disruptions_per_workload`; only the recent ones matter).
     """
 
     nodes: Mapping[str, datetime] = field(default_factory=dict)
     workloads: Mapping[WorkloadKey, datetime] = field(default_factory=dict)
+    disruptions: Mapping[WorkloadKey, tuple[datetime, ...]] = field(default_factory=dict)
 
 
 NO_HISTORY = DisruptionHistory()
@@ -221,6 +225,27 @@ def _cooldown(ctx: _Context) -> _Block | None:
     return None
 
 
+def _disruption_budget(ctx: _Context) -> _Block | None:
+    limit = ctx.policy.guards.max_disruptions_per_workload
+    if limit is None:
+        return None
+    period = ctx.policy.guards.disruption_window
+    now = ctx.snapshot.now
+    for pod in ctx.pods:
+        key = workload_key(pod)
+        if key is None:
+            continue
+        recent = sum(1 for t in ctx.history.disruptions.get(key, ()) if now - t < timedelta(seconds=period))
+        if recent >= limit:
+            return _Block(
+                guards.DISRUPTION_BUDGET,
+                f"workload {key[1]} {key[0]}/{key[2]} was disrupted {_plural(recent, 'time')} in the last "
+                f"{format_duration(period)} (max_disruptions_per_workload: {limit})",
+                pod,
+            )
+    return None
+
+
 def _ago(delta: timedelta) -> str:
     seconds = int(delta.total_seconds())
     if seconds < 0:
@@ -376,7 +401,17 @@ def _place(ctx: _Context) -> tuple[ClusterState, dict[PodKey, str]] | _Block:
     return sim, {pod.key: placed[pod.key] for pod in ctx.pods}
 
 
-_CHECKS = (_static, _node, _gang, _cooldown, _limit_cycle, _limit_namespace, _limit_node, _pdb)
+_CHECKS = (
+    _static,
+    _node,
+    _gang,
+    _cooldown,
+    _disruption_budget,
+    _limit_cycle,
+    _limit_namespace,
+    _limit_node,
+    _pdb,
+)
 
 
 # --------------------------------------------------------------------------- plan

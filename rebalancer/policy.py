@@ -125,6 +125,10 @@ class GuardsConfig(StrictModel):
     allow_shm_empty_dir: bool = True
     evict_bare_pods: bool = False
     cooldown: Duration = 1800
+    # At most this many disruptions of one workload (cycles that evicted pods of its controller) within
+    # `disruption_window`; null: no limit beyond the cooldown.
+    max_disruptions_per_workload: int | None = Field(default=3, ge=1)
+    disruption_window: Annotated[Duration, Field(gt=0)] = 86400
 
 
 class LimitsConfig(StrictModel):

@@ -175,6 +175,27 @@ def test_live_cycles_remember_disruptions_for_the_cooldown(daemons: list[Daemon]
     assert {d.blocked_by for d in second.decisions} == {"cooldown"}
 
 
+def test_live_cycles_count_disruptions_against_the_workload_budget(daemons: list[Daemon]) -> None:
+    guards = {"cooldown": 0, "max_disruptions_per_workload": 2, "disruption_window": "1h"}
+    loaded = parse_policy({**POLICY, "dry_run": False, "guards": guards})
+    now = [NOW]
+    daemon = Daemon(
+        loaded, source, live_evictor=RecordingEvictor(), clock=lambda: now[0], notifiers=no_notifiers
+    )
+    daemons.append(daemon)
+    evictions = []
+    for minutes in (0, 10, 20, 61, 65):  # the same (stale) cluster each time, no cooldown
+        now[0] = NOW + timedelta(minutes=minutes)
+        report = daemon.run_cycle()
+        assert report is not None and report.mode == "live"
+        evictions.append(report.summary.evictions)
+        if report.summary.evictions == 0:
+            assert {d.blocked_by for d in report.decisions} == {"disruption-budget"}
+    # Two disruptions per workload per hour: at 20 minutes both (0, 10) count; at 61 the one at 0 has
+    # left the window; at 65 those at 10 and 61 both count again.
+    assert evictions == [5, 5, 0, 5, 0]
+
+
 def test_live_without_an_evictor_fails_the_cycle(daemons: list[Daemon]) -> None:
     daemon = Daemon(parse_policy(POLICY), source, dry_run=False, clock=lambda: NOW, notifiers=no_notifiers)
     daemons.append(daemon)

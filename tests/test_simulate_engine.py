@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from dataclasses import replace
@@ -10,12 +11,15 @@ from pathlib import Path
 import pytest
 
 from rebalancer.placement import ClusterState
+from rebalancer.policy import parse_policy
 from rebalancer.simulate import SimulationOptions, result_to_dict, run_simulation
 from rebalancer.simulate.cluster import InvariantViolation, SimCluster
 from rebalancer.simulate.engine import EngineConfig, Replay, simulate
 from rebalancer.simulate.rebalancers import (
     PACKED_SCHEDULER,
+    SIMULATION_POLICY,
     HighNodeUtilization,
+    PolicyRebalancer,
     SnapshotBuilder,
     build_pod,
 )
@@ -269,6 +273,25 @@ def test_packed_scheduler_model_agrees_with_placement() -> None:
             cluster.place(candidate, chosen, 0)
             compared += 1
     assert compared >= 10
+
+
+def test_the_real_rebalancer_spends_each_workloads_disruption_budget() -> None:
+    # j00 alone on g2-a, 5 GPUs taken on g2-b: g2-a is drained onto g2-b at every tick it is asked.
+    cluster = SimCluster([g2("g2-a"), g2("g2-b")])
+    (pool,) = cluster.pools
+    lone, busy = cluster.add_node(pool, 0), cluster.add_node(pool, 0)
+    jobs = [job(i, 0, 48 * HOUR) for i in range(6)]
+    cluster.place(jobs[0], lone, 0)
+    for filler in jobs[1:]:
+        cluster.place(filler, busy, 0)
+    document = copy.deepcopy(SIMULATION_POLICY)
+    document["guards"] = {"min_pod_age": 0, "cooldown": 0, "max_disruptions_per_workload": 2}
+    rebalancer = PolicyRebalancer(parse_policy(document), SnapshotBuilder(jobs, PACKED_SCHEDULER))
+
+    # The cluster is left as it is, so each tick proposes the same drain: twice a day at most.
+    moved = [bool(rebalancer.plan(t * HOUR, cluster).evictions) for t in (1, 2, 3, 24, 25.5, 26)]
+    assert moved == [True, True, False, False, True, True]
+    assert rebalancer.refused == {"disruption-budget": 2}
 
 
 # --------------------------------------------------------------------------- invariants

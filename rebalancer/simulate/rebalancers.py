@@ -248,15 +248,28 @@ class PolicyRebalancer:
         self.skipped: Counter[str] = Counter()  # "strategy: reason" -> cycles it was skipped
         self._drained: dict[str, datetime] = {}
         self._disrupted: dict[WorkloadKey, datetime] = {}
+        self._disruptions: dict[WorkloadKey, list[datetime]] = {}
 
     # ----------------------------------------------------------------------- cycle
 
     def history(self, now: datetime) -> DisruptionHistory:
-        """Disruptions still inside the cooldown (older ones can never refuse anything again)."""
-        horizon = now - timedelta(seconds=self.loaded.policy.guards.cooldown)
+        """Disruptions still inside the cooldown, and inside the disruption budget's window when the
+        policy sets one (older ones can never refuse anything again)."""
+        guards = self.loaded.policy.guards
+        horizon = now - timedelta(seconds=guards.cooldown)
         self._drained = {k: v for k, v in self._drained.items() if v > horizon}
         self._disrupted = {k: v for k, v in self._disrupted.items() if v > horizon}
-        return DisruptionHistory(nodes=dict(self._drained), workloads=dict(self._disrupted))
+        if guards.max_disruptions_per_workload is None:
+            self._disruptions.clear()
+        else:
+            budget = now - timedelta(seconds=guards.disruption_window)
+            recent = {k: [t for t in v if t > budget] for k, v in self._disruptions.items()}
+            self._disruptions = {k: v for k, v in recent.items() if v}
+        return DisruptionHistory(
+            nodes=dict(self._drained),
+            workloads=dict(self._disrupted),
+            disruptions={k: tuple(v) for k, v in self._disruptions.items()},
+        )
 
     def plan(self, now: float, cluster: SimCluster) -> TickPlan:
         snapshot = self.builder.snapshot(now, cluster)
@@ -285,6 +298,8 @@ class PolicyRebalancer:
                 seen.add(index)
                 key = workload_key(pod)
                 if key is not None:
+                    if self._disrupted.get(key) != snapshot.now:  # one disruption per cycle
+                        self._disruptions.setdefault(key, []).append(snapshot.now)
                     self._disrupted[key] = snapshot.now
                 evictions.append(Eviction(job=index, target=targets.get(pod.key)))
         if not evictions and not drain:

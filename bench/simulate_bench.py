@@ -2,7 +2,8 @@
 
 Runs the table of bench/README.md: for each scenario (pod list, replicas, seed, compression) the
 configurations packed/off, spread/off, packed/on, packed/descheduler-hnu and packed/on@defaults (the
-simulation policy with gpu-consolidation's default arguments), one after the other in this process
+simulation policy with gpu-consolidation's default arguments and no disruption budget, the
+defaults), one after the other in this process
 (so `wall_seconds` is one replay on one core), and prints a markdown table plus, with `--json`, one
 JSON object per run. The goals it reports against are in bench/README.md; nothing here
 is a pass/fail test. Wall time is measured here, at the edge, around `run_simulation`.
@@ -46,6 +47,7 @@ TRACE_TUNED_ARGS = (
     "drain_onto_larger_nodes",
     "peer_pods_to_make_room",
 )
+TRACE_TUNED_GUARDS = ("max_disruptions_per_workload", "disruption_window")
 
 
 @dataclass(frozen=True)
@@ -67,12 +69,17 @@ MODES = ("packed/off", "spread/off", "packed/on", "packed/descheduler-hnu", SHIP
 
 
 def shipped_threshold_policy(folder: Path) -> Path:
-    """The simulation policy with the threshold and node-size rules back at the strategy's defaults."""
+    """The simulation policy with the threshold, node-size rules and disruption budget back at their
+    defaults."""
     document = copy.deepcopy(SIMULATION_POLICY)
     strategies = document["strategies"]
     assert isinstance(strategies, list)
     for name in TRACE_TUNED_ARGS:
         strategies[0]["args"].pop(name, None)
+    guards = document["guards"]
+    assert isinstance(guards, dict)
+    for name in TRACE_TUNED_GUARDS:
+        guards.pop(name, None)
     path = folder / "policy-defaults.yaml"
     path.write_text(yaml.safe_dump(document), encoding="utf-8")
     return path

@@ -127,7 +127,7 @@ class GuardsConfig(StrictModel):
     cooldown: Duration = 1800
     # At most this many disruptions of one workload (cycles that evicted pods of its controller) within
     # `disruption_window`; null: no limit beyond the cooldown.
-    max_disruptions_per_workload: int | None = Field(default=3, ge=1)
+    max_disruptions_per_workload: int | None = Field(default=None, ge=1)
     disruption_window: Annotated[Duration, Field(gt=0)] = 86400
 
 

@@ -311,8 +311,8 @@ def test_a_workload_disrupted_too_often_in_the_window_is_refused() -> None:
     key = ("ml", "StatefulSet", "trainer")
     hours = (2, 9, 20)
     three = DisruptionHistory(disruptions={key: tuple(NOW - timedelta(hours=h) for h in hours)})
-    assert POLICY.guards.max_disruptions_per_workload == 3  # the default
-    decision = plan([proposal(p)], snap, POLICY, history=three)[0]
+    budget = Policy(guards=GuardsConfig(max_disruptions_per_workload=3))
+    decision = plan([proposal(p)], snap, budget, history=three)[0]
     assert decision.blocked_by == "disruption-budget"
     assert decision.blocked_pod == p.key
     assert decision.reason == (
@@ -321,12 +321,12 @@ def test_a_workload_disrupted_too_often_in_the_window_is_refused() -> None:
     )
     # One of them older than the window (24h): two left, under the budget.
     older = DisruptionHistory(disruptions={key: (NOW - timedelta(hours=25), *three.disruptions[key][1:])})
-    assert plan([proposal(p)], snap, POLICY, history=older)[0].approved
-    # Another workload's disruptions do not count; null lifts the limit.
+    assert plan([proposal(p)], snap, budget, history=older)[0].approved
+    # Another workload's disruptions do not count; no budget (the default) lifts the limit.
     other = DisruptionHistory(disruptions={("ml", "StatefulSet", "other"): three.disruptions[key]})
-    assert plan([proposal(p)], snap, POLICY, history=other)[0].approved
-    unlimited = Policy(guards=GuardsConfig(max_disruptions_per_workload=None))
-    assert plan([proposal(p)], snap, unlimited, history=three)[0].approved
+    assert plan([proposal(p)], snap, budget, history=other)[0].approved
+    assert POLICY.guards.max_disruptions_per_workload is None
+    assert plan([proposal(p)], snap, POLICY, history=three)[0].approved
 
 
 # --------------------------------------------------------------------------- pdb

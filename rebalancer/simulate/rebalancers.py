@@ -73,8 +73,9 @@ SIMULATION_POLICY: dict[str, object] = {
             },
         }
     ],
-    # Every simulated pod is a Job's pod started by the trace: no pod is too young to move.
-    "guards": {"min_pod_age": 0},
+    # Every simulated pod is a Job's pod started by the trace: no pod is too young to move. Upward
+    # drains move pods more often: no workload more than 3 times a day.
+    "guards": {"min_pod_age": 0, "max_disruptions_per_workload": 3, "disruption_window": "24h"},
     # A drained node's pods all move at once, so no per-node or per-namespace cap; keep a cycle cap.
     "limits": {"max_per_node": None, "max_per_namespace": None, "max_per_cycle": 100},
     "telemetry": None,
@@ -85,8 +86,8 @@ def simulation_policy() -> LoadedPolicy:
     """gpu-consolidation on allocation alone (nodes under 50 % of their GPUs allocated, and fuller ones
     whose pods partly move up to larger nodes, lifting at most one peer pod to make room; never onto
     smaller nodes), min_pod_age 0, no telemetry, no per-node or per-namespace cap, at most 100
-    evictions per cycle; other settings (min_node_age 1h, cooldown 30m, 3 nodes per cycle) are the
-    defaults."""
+    evictions per cycle, at most 3 disruptions of a workload a day; other settings (min_node_age 1h,
+    cooldown 30m, 3 nodes per cycle) are the defaults."""
     return parse_policy(SIMULATION_POLICY, "<simulation policy>")
 
 

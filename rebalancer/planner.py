@@ -3,9 +3,8 @@
 Owns `plan()`, the `Ledger` of one cycle (remaining PDB disruptions, evictions per source node, per
 namespace and per cycle, the pods already approved, and the simulated cluster with every approved
 move reserved) and `DisruptionHistory`, the cooldown and disruption-budget memory handed in by the
-caller. A proposal is
-approved whole or refused whole by the first guard that fails; the refusal names the guard and,
-where one pod sank the proposal, that pod.
+caller. A proposal is approved whole or refused whole by the first guard that fails; the refusal
+names the guard and, where one pod sank the proposal, that pod.
 
 Guards, in the order they run: `duplicate` (pods approved earlier this cycle are dropped; nothing
 left refuses), the static per-pod guards of `rebalancer.guards`, the node opt-out for node proposals,

@@ -52,6 +52,7 @@ __all__ = [
     "SeriesIdentity",
     "aggregate",
     "attribute",
+    "bad_telemetry_finding",
     "fill_identity",
     "group_key",
     "identify",
@@ -334,6 +335,18 @@ def _collect(
                 )
         key = (sample.name, tuple(sorted(sample.labels.items())))
         collected.setdefault(key, []).append(Sample(value=float(sample.value), timestamp=timestamp))
+
+
+def bad_telemetry_finding(identity: SeriesIdentity, detail: str) -> Finding:
+    """The `bad-telemetry` finding for a series whose samples were dropped, naming its GPU and pod."""
+    return Finding(
+        kind="bad-telemetry",
+        node=identity.node,
+        gpu=identity.uuid,
+        namespace=identity.pod_namespace,
+        pod=identity.pod_name,
+        detail=detail,
+    )
 
 
 def is_valid_value(value: float) -> bool:
@@ -681,17 +694,11 @@ def aggregate(
         if len(valid) < len(points):
             bad = [v for v in points.values() if not is_valid_value(v)]
             findings.append(
-                Finding(
-                    kind="bad-telemetry",
-                    node=identity.node,
-                    gpu=identity.uuid,
-                    namespace=identity.pod_namespace,
-                    pod=identity.pod_name,
-                    detail=(
-                        f"{metric}{_format_labels(labels)} from {source or 'unknown source'}: "
-                        f"dropped {len(bad)} of {len(points)} samples that are NaN, infinite, negative or "
-                        f"a DCGM blank value (first: {bad[0]!r})"
-                    ),
+                bad_telemetry_finding(
+                    identity,
+                    f"{metric}{_format_labels(labels)} from {source or 'unknown source'}: "
+                    f"dropped {len(bad)} of {len(points)} samples that are NaN, infinite, negative or "
+                    f"a DCGM blank value (first: {bad[0]!r})",
                 )
             )
         good = [(t, v) for t, v in valid.items() if t <= now_ms]

@@ -59,6 +59,7 @@ from rebalancer.sources.dcgm import (
     Series,
     SeriesIdentity,
     attribute,
+    bad_telemetry_finding,
     datetime_from_ms,
     epoch_ms,
     fill_identity,
@@ -449,16 +450,10 @@ class PrometheusTelemetrySource:
         for (metric, key), what in sorted(bad.items()):
             identity = identities[(metric, key)]
             findings.append(
-                Finding(
-                    kind="bad-telemetry",
-                    node=identity.node,
-                    gpu=identity.uuid,
-                    namespace=identity.pod_namespace,
-                    pod=identity.pod_name,
-                    detail=(
-                        f"{metric}{_format_labels(key)} from {self._where()}: {what} is NaN, infinite, "
-                        "negative or a DCGM blank value; ignored"
-                    ),
+                bad_telemetry_finding(
+                    identity,
+                    f"{metric}{_format_labels(key)} from {self._where()}: {what} is NaN, infinite, "
+                    "negative or a DCGM blank value; ignored",
                 )
             )
         telemetry = Telemetry(available=True, windows=windows)

@@ -31,6 +31,7 @@ NAMESPACE = "namespace"
 LABEL_SELECTOR = "label-selector"
 OPT_OUT = "opt-out"
 MIN_POD_AGE = "min-pod-age"
+TERMINATING = "terminating"
 # Guards the planner applies with the cycle's ledger.
 GANG = "gang"
 PDB = "pdb"
@@ -43,6 +44,7 @@ DISRUPTION_BUDGET = "disruption-budget"
 DUPLICATE = "duplicate"
 
 POD_GUARD_NAMES: tuple[str, ...] = (
+    TERMINATING,
     MIRROR_OR_STATIC,
     DAEMONSET,
     SYSTEM_CRITICAL,
@@ -113,6 +115,14 @@ def selector_mismatch(selector: LabelSelector, labels: Mapping[str, str]) -> str
 
 
 # --------------------------------------------------------------------------- pod guards
+
+
+def terminating(pod: Pod) -> Refusal | None:
+    """A pod being deleted is already leaving (upstream's DefaultEvictor refuses it the same way)."""
+    if pod.deleting_since is not None:
+        since = pod.deleting_since.isoformat().replace("+00:00", "Z")
+        return Refusal(TERMINATING, f"pod is already terminating (deletionTimestamp {since})")
+    return None
 
 
 def mirror_or_static(pod: Pod) -> Refusal | None:
@@ -244,6 +254,7 @@ def min_pod_age(pod: Pod, snapshot: Snapshot, cfg: GuardsConfig) -> Refusal | No
 PodGuard = Callable[[Pod, Snapshot, GuardsConfig], Refusal | None]
 
 POD_GUARDS: tuple[tuple[str, PodGuard], ...] = (
+    (TERMINATING, lambda pod, _s, _c: terminating(pod)),
     (MIRROR_OR_STATIC, lambda pod, _s, _c: mirror_or_static(pod)),
     (DAEMONSET, lambda pod, _s, _c: daemonset(pod)),
     (SYSTEM_CRITICAL, lambda pod, _s, cfg: system_critical(pod, cfg)),

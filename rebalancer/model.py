@@ -193,6 +193,9 @@ class Pod:
     gang: str | None = None
     created: datetime | None = None
     started: datetime | None = None
+    # metadata.deletionTimestamp: the pod is terminating. It still holds its node's resources until it
+    # is gone (the scheduler counts it), but it is never moved and never counted in spread or gangs.
+    deleting_since: datetime | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -214,6 +217,11 @@ class Pod:
     def is_active(self) -> bool:
         """Bound and not finished: the pod occupies resources on its node."""
         return self.node_name is not None and self.phase not in ("Succeeded", "Failed")
+
+    @property
+    def terminating(self) -> bool:
+        """Being deleted (`metadata.deletionTimestamp` set), as upstream's `IsPodTerminating`."""
+        return self.deleting_since is not None
 
     @property
     def mig_instances(self) -> int:
@@ -359,10 +367,11 @@ class Snapshot:
 
     @cached_property
     def gangs(self) -> Mapping[str, tuple[Pod, ...]]:
-        """Active pods grouped by gang id (namespace-qualified by the source)."""
+        """Active pods grouped by gang id (namespace-qualified by the source); terminating members are
+        already leaving and do not count."""
         grouped: dict[str, list[Pod]] = defaultdict(list)
         for pod in self.pods:
-            if pod.gang is not None and pod.is_active:
+            if pod.gang is not None and pod.is_active and not pod.terminating:
                 grouped[pod.gang].append(pod)
         return {k: tuple(v) for k, v in grouped.items()}
 

@@ -137,7 +137,7 @@ def _old_enough(pod: Pod, snapshot: Snapshot, args: GpuAffinityArgs) -> bool:
 
 def _candidates(snapshot: Snapshot, args: GpuAffinityArgs) -> Iterable[tuple[Pod, Node]]:
     for pod in snapshot.pods:
-        if not pod.is_active or pod.node_name is None:
+        if not pod.is_active or pod.node_name is None or pod.terminating:
             continue
         node = snapshot.nodes.get(pod.node_name)
         if node is None or not _old_enough(pod, snapshot, args):

@@ -263,7 +263,8 @@ def idle_gpu(snapshot: Snapshot, args: IdleGpuArgs, ctx: StrategyContext) -> Str
         return StrategyResult(skipped=f"telemetry unavailable: {problem}")
 
     now = snapshot.now
-    holders = [p for p in snapshot.pods if p.is_active and p.uses_gpu]
+    # A terminating pod gives its GPUs back on its own: neither judged nor proposed.
+    holders = [p for p in snapshot.pods if p.is_active and p.uses_gpu and not p.terminating]
     verdicts: dict[tuple[str, str], _Verdict] = {p.key: _judge(p, window, args, now) for p in holders}
 
     findings: list[Finding] = []

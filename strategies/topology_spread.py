@@ -208,7 +208,9 @@ class _Run:
         grouped: dict[str, list[Pod]] = defaultdict(list)
         by_label: dict[str, dict[tuple[str, str], list[Pod]]] = defaultdict(lambda: defaultdict(list))
         for pod in self.snapshot.pods:
-            if pod.is_active and pod.node_name is not None:
+            # A terminating pod is leaving its domain: neither counted nor moved (as upstream's
+            # descheduler and kube-scheduler's PodTopologySpread both skip it).
+            if pod.is_active and pod.node_name is not None and not pod.terminating:
                 grouped[pod.namespace].append(pod)
                 self.location[pod.key] = pod.node_name
                 index = by_label[pod.namespace]
@@ -328,7 +330,7 @@ def _wanted(constraint: TopologySpreadConstraint, include_soft: bool) -> bool:
 def _groups(snapshot: Snapshot, include_soft: bool) -> list[_Group]:
     found: dict[_GroupKey, tuple[TopologySpreadConstraint, list[Pod]]] = {}
     for pod in snapshot.pods:
-        if not pod.is_active:
+        if not pod.is_active or pod.terminating:
             continue
         seen: set[_GroupKey] = set()
         for constraint in pod.topology_spread:

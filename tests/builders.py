@@ -98,6 +98,7 @@ def pod(
     phase: str = "Running",
     age: timedelta = timedelta(days=1),
     uid: str | None = None,
+    terminating_for: timedelta | None = None,
 ) -> Pod:
     requests = {"cpu": cpu_milli, "memory": memory}
     if gpus and gpu_milli >= 1000:
@@ -127,6 +128,7 @@ def pod(
         gang=gang,
         created=NOW - age,
         started=NOW - age,
+        deleting_since=NOW - terminating_for if terminating_for is not None else None,
     )
 
 

@@ -32,6 +32,7 @@ def test_guard_names_are_unique_and_cover_the_planner() -> None:
     assert len(set(GUARD_NAMES)) == len(GUARD_NAMES)
     assert set(POD_GUARD_NAMES) <= set(GUARD_NAMES)
     for name in (
+        "terminating",
         "mirror-or-static",
         "daemonset",
         "system-critical",
@@ -56,6 +57,7 @@ def test_guard_names_are_unique_and_cover_the_planner() -> None:
 def test_pod_guards_run_in_the_documented_order() -> None:
     assert [name for name, _ in guards.POD_GUARDS] == list(POD_GUARD_NAMES)
     assert POD_GUARD_NAMES == (
+        "terminating",
         "mirror-or-static",
         "daemonset",
         "system-critical",

@@ -598,6 +598,7 @@ def pod_from_json(obj: Mapping[str, Any], *, gangs: GangConfig, sharing: GpuShar
         gang=_gang(namespace, labels, annotations, gangs),
         created=reader.timestamp(meta, "creationTimestamp", "metadata"),
         started=reader.timestamp(status, "startTime", "status"),
+        deleting_since=reader.timestamp(meta, "deletionTimestamp", "metadata"),
     )
 
 

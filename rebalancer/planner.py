@@ -30,6 +30,7 @@ from rebalancer.model import GPU_RESOURCE, MILLI_PER_GPU, Decision, Pdb, Pod, Pr
 from rebalancer.placement import ClusterState
 from rebalancer.policy import Policy, format_duration
 from rebalancer.selectors import label_selector_matches
+from rebalancer.wording import plural
 
 PodKey = tuple[str, str]
 WorkloadKey = tuple[str, str, str]
@@ -148,10 +149,6 @@ class _Context:
         return None
 
 
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
-
-
 def _refs(keys: Iterable[PodKey], limit: int = 3) -> str:
     names = [f"{ns}/{name}" for ns, name in keys]
     shown = ", ".join(names[:limit])
@@ -190,7 +187,7 @@ def _gang(ctx: _Context) -> _Block | None:
             return _Block(
                 guards.GANG,
                 f"gang {pod.gang} moves whole or not at all, but the proposal lacks "
-                f"{_refs(missing)} ({len(missing)} of {_plural(len(members), 'active member')})",
+                f"{_refs(missing)} ({len(missing)} of {plural(len(members), 'active member')})",
                 pod,
             )
     return None
@@ -238,7 +235,7 @@ def _disruption_budget(ctx: _Context) -> _Block | None:
         if recent >= limit:
             return _Block(
                 guards.DISRUPTION_BUDGET,
-                f"workload {key[1]} {key[0]}/{key[2]} was disrupted {_plural(recent, 'time')} in the last "
+                f"workload {key[1]} {key[0]}/{key[2]} was disrupted {plural(recent, 'time')} in the last "
                 f"{format_duration(period)} (max_disruptions_per_workload: {limit})",
                 pod,
             )
@@ -260,7 +257,7 @@ def _limit_cycle(ctx: _Context) -> _Block | None:
     pod = ctx.pods[max(0, limit - spent)]
     return _Block(
         guards.LIMIT_CYCLE,
-        f"the limit of {_plural(limit, 'eviction')} per cycle is reached "
+        f"the limit of {plural(limit, 'eviction')} per cycle is reached "
         f"({spent} approved, this proposal adds {len(ctx.pods)})",
         pod,
     )
@@ -287,7 +284,7 @@ def _limit_per(
         if spent[key] + running[key] > limit:
             return _Block(
                 guard,
-                f"the limit of {_plural(limit, 'eviction')} per {scope} is reached for {scope} {key} "
+                f"the limit of {plural(limit, 'eviction')} per {scope} is reached for {scope} {key} "
                 f"({spent[key]} approved, this proposal adds {adding[key]})",
                 pod,
             )
@@ -363,7 +360,7 @@ def _place(ctx: _Context) -> tuple[ClusterState, dict[PodKey, str]] | _Block:
         landing = ctx.ledger.landing[drained]
         return _Block(
             guards.NO_FIT,
-            f"node {drained} is the predicted destination of {_plural(landing, 'pod')} moved earlier "
+            f"node {drained} is the predicted destination of {plural(landing, 'pod')} moved earlier "
             "this cycle, so it cannot be drained",
         )
     sim = ctx.ledger.state.copy()

@@ -63,6 +63,7 @@ from rebalancer.placement import ClusterState, gpu_device_count
 from rebalancer.policy import Duration, Percent, format_duration
 from rebalancer.registry import StrategyArgs, StrategyContext, strategy
 from rebalancer.selectors import node_selector_matches, required_affinity_matches, untolerated_taints
+from rebalancer.wording import plural
 
 NAME = "gpu-consolidation"
 BLOCKED_FINDING = "consolidation-blocked"
@@ -151,10 +152,6 @@ def _num(value: float) -> str:
 
 def _pct(value: float) -> str:
     return f"{value:.1f}".rstrip("0").rstrip(".") + "%"
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
 # --------------------------------------------------------------------------- telemetry
@@ -467,7 +464,7 @@ def _no_fit(candidate: _Candidate, trial: ClusterState, exclude: Collection[str]
         if trial.best_node(pod, exclude=exclude) is None:
             return _blocked(candidate, pod, "cannot be re-placed on any other node")
     return _blocked(
-        candidate, None, f"its {_plural(len(candidate.pods), 'pod')} cannot all be re-placed at once"
+        candidate, None, f"its {plural(len(candidate.pods), 'pod')} cannot all be re-placed at once"
     )
 
 
@@ -490,14 +487,14 @@ def _reason(
     if candidate.utilisation is not None:
         text += f", avg util {_pct(candidate.utilisation)} over {format_duration(args.window)}"
     elsewhere = len(candidate.pods) - len(candidate.on_node)
-    extra = f" (incl. {_plural(elsewhere, 'gang member')} on other nodes)" if elsewhere else ""
+    extra = f" (incl. {plural(elsewhere, 'gang member')} on other nodes)" if elsewhere else ""
     destinations = ", ".join(sorted({targets[pod.key] for pod in candidate.pods}))
-    text = f"{text}; {_plural(len(candidate.pods), 'pod')}{extra} re-placed on {destinations}"
+    text = f"{text}; {plural(len(candidate.pods), 'pod')}{extra} re-placed on {destinations}"
     if room_makers:
         peers = ", ".join(sorted({pod.node_name or "?" for pod in room_makers}))
         lifted_to = ", ".join(sorted({targets[pod.key] for pod in room_makers}))
         text += (
-            f"; room made on {peers} by moving {_plural(len(room_makers), 'pod')} "
+            f"; room made on {peers} by moving {plural(len(room_makers), 'pod')} "
             f"({_num(sum(_pod_gpus(pod) for pod in room_makers))} GPUs) to {lifted_to}"
         )
     return text
@@ -508,7 +505,7 @@ def _scheduler_hint(skipped: Mapping[PodKey, Pod], nodes: int, args: GpuConsolid
     count = len(skipped)
     verb = "was" if count == 1 else "were"
     return (
-        f"{_plural(count, 'pod')} on {_plural(nodes, 'candidate node')} {verb} placed by a non-packed "
+        f"{plural(count, 'pod')} on {plural(nodes, 'candidate node')} {verb} placed by a non-packed "
         f"scheduler ({schedulers}); point them at {' or '.join(args.packed_schedulers)} to let them "
         "consolidate"
     )

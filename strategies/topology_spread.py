@@ -54,6 +54,7 @@ from rebalancer.placement import ClusterState
 from rebalancer.policy import Duration
 from rebalancer.registry import StrategyArgs, StrategyContext, strategy
 from rebalancer.selectors import label_selector_matches, node_selector_matches, required_affinity_matches
+from rebalancer.wording import plural
 
 NAME = "topology-spread"
 HARD = "DoNotSchedule"
@@ -147,10 +148,6 @@ def _domain_label(topology_key: str, domain: str, *, with_word: bool) -> str:
     if word is None:
         return f"{topology_key}={domain}"
     return f"{word} {domain}" if with_word else domain
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -506,7 +503,7 @@ def _skew_proposal(run: _Run, group: _Group, step: _Step, counts: Mapping[str, i
     )
     reason = (
         f"{_domain_label(key.topology_key, step.source, with_word=True)} has "
-        f"{_plural(counts[step.source], 'pod')} of {_describe_selector(group.constraint.label_selector)}, "
+        f"{plural(counts[step.source], 'pod')} of {_describe_selector(group.constraint.label_selector)}, "
         f"{_domain_label(key.topology_key, step.target, with_word=False)} has {counts[step.target]} "
         f"({why}); moving to {node}{where}"
     )
@@ -514,7 +511,7 @@ def _skew_proposal(run: _Run, group: _Group, step: _Step, counts: Mapping[str, i
     if len(moving) == 1:
         return Proposal(strategy=NAME, kind="pod", pods=moving, reason=reason, targets=dict(step.placed))
     reason += (
-        f"; {step.pod.ref} belongs to gang {step.pod.gang}, whose {_plural(len(moving), 'pod')} move whole"
+        f"; {step.pod.ref} belongs to gang {step.pod.gang}, whose {plural(len(moving), 'pod')} move whole"
     )
     return Proposal(
         strategy=NAME, kind="gang", pods=moving, reason=reason, group=step.pod.gang, targets=dict(step.placed)
@@ -622,9 +619,9 @@ def _compact(run: _Run, gang: str, members: tuple[Pod, ...]) -> None:
     gpus = sum(m.gpu.gpus for m in members)
     model = ", ".join(sorted(m for m in models if m)) or "nodes without a GPU model"
     reason = (
-        f"gang {gang} ({_plural(len(members), 'pod')}, {gpus:g} GPUs) spans "
-        f"{_plural(len(current), 'node')} ({', '.join(sorted(current))}) but fits on "
-        f"{_plural(len(used), 'node')} of {model} ({', '.join(used)}); moving the whole gang"
+        f"gang {gang} ({plural(len(members), 'pod')}, {gpus:g} GPUs) spans "
+        f"{plural(len(current), 'node')} ({', '.join(sorted(current))}) but fits on "
+        f"{plural(len(used), 'node')} of {model} ({', '.join(used)}); moving the whole gang"
     )
     run.proposals.append(
         Proposal(strategy=NAME, kind="gang", pods=members, reason=reason, group=gang, targets=placed)

@@ -21,6 +21,7 @@ from typing import Any
 from rebalancer.model import CycleReport, Finding, ReportedDecision
 from rebalancer.policy import SlackSinkConfig
 from rebalancer.sinks.notify import Delivery, HttpSink, SinkError, read_secret, selected_findings
+from rebalancer.wording import plural
 
 __all__ = ["SlackSink", "build_message"]
 
@@ -46,18 +47,14 @@ def _money(value: float | None) -> str:
     return "n/a" if value is None else f"${value:,.2f}/h"
 
 
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" + ("" if count == 1 else "s")
-
-
 def _headline(report: CycleReport, digest: Delivery | None) -> str:
     s = report.summary
     verb = "would evict" if report.mode == "dry-run" else "evicted"
     freed = "would free" if report.mode == "dry-run" else "freed"
-    text = f"gpu-rebalancer {verb} {_plural(s.evictions, 'pod')}, {freed} {_plural(s.nodes_freed, 'node')}"
+    text = f"gpu-rebalancer {verb} {plural(s.evictions, 'pod')}, {freed} {plural(s.nodes_freed, 'node')}"
     if digest is not None and digest.digest_cycles:
         text = (
-            f"{digest.digest_period or ''} dry-run digest ({_plural(digest.digest_cycles, 'cycle')}): {text}"
+            f"{digest.digest_period or ''} dry-run digest ({plural(digest.digest_cycles, 'cycle')}): {text}"
         )
     elif report.mode == "dry-run":
         text += " (dry-run)"

@@ -152,7 +152,8 @@ def test_node_bad_quantity_names_field() -> None:
         ),
         (
             lambda o: o["metadata"].update(creationTimestamp="yesterday"),
-            "Node gpu-a-1: metadata.creationTimestamp: invalid timestamp 'yesterday' (expected RFC 3339)",
+            "Node gpu-a-1: metadata.creationTimestamp: invalid timestamp 'yesterday' (expected RFC 3339, "
+            "e.g. 2026-11-29T12:00:00Z)",
         ),
         (
             lambda o: o["status"]["allocatable"].update(cpu="NaN"),

@@ -14,16 +14,19 @@ object and the field path; it never guesses a value that could make an eviction 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Container, Iterable, Mapping
 from datetime import datetime
-from decimal import Decimal
+from decimal import ROUND_UP, Decimal
 from functools import lru_cache
 from typing import Any
 
 from kubernetes.utils import parse_quantity
 
+from rebalancer import rfc3339
 from rebalancer.model import (
     GPU_RESOURCE,
+    MIG_RESOURCE_PREFIX,
     MILLI_PER_GPU,
     Finding,
     GpuRequest,
@@ -42,6 +45,7 @@ from rebalancer.model import (
     Volume,
 )
 from rebalancer.policy import GangConfig, GpuSharingConfig
+from rebalancer.wording import clip, quoted
 
 CPU_RESOURCE = "cpu"
 MEMORY_RESOURCE = "memory"
@@ -51,10 +55,14 @@ MEMORY_RESOURCE = "memory"
 MATCH_NOTHING = LabelSelector(match_expressions=(LabelRequirement(key="", operator="In", values=()),))
 
 __all__ = [
+    "GPU_COUNT_LABEL",
     "MATCH_NOTHING",
+    "MAX_GPU_DEVICES",
     "ObjectError",
+    "is_extended_resource",
     "node_from_json",
     "object_ref",
+    "parse_kubernetes_quantity",
     "pdb_from_json",
     "pod_from_json",
     "quantity_to_int",
@@ -168,18 +176,12 @@ class _Reader:
         if value is None:
             return None
         where = _join(path, key)
-        if isinstance(value, datetime):  # YAML loaders turn unquoted timestamps into datetimes
-            parsed = value
-        elif isinstance(value, str):
-            try:
-                parsed = datetime.fromisoformat(value)
-            except ValueError:
-                raise self.error(where, f"invalid timestamp {value!r} (expected RFC 3339)") from None
-        else:
+        if not isinstance(value, str):
             raise self.error(where, f"expected an RFC 3339 timestamp, got {_type_name(value)}")
-        if parsed.tzinfo is None:
-            raise self.error(where, f"timestamp {value!s} has no timezone (expected RFC 3339, e.g. ...Z)")
-        return parsed
+        try:
+            return rfc3339.parse(value)
+        except ValueError as exc:
+            raise self.error(where, str(exc)) from None
 
 
 def _join(path: str, key: str) -> str:
@@ -192,9 +194,9 @@ def _type_name(value: object) -> str:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int | float):
-        return f"the number {value}"
+        return f"the number {clip(str(value))}"
     if isinstance(value, str):
-        return f"the string {value!r}"
+        return f"the string {quoted(value)}"
     if isinstance(value, list):
         return "a list"
     if isinstance(value, Mapping):
@@ -220,25 +222,91 @@ def _metadata(obj: Mapping[str, Any], kind: str, *, namespaced: bool) -> tuple[_
 
 # --------------------------------------------------------------------------- quantities
 
+# apimachinery's quantity grammar (pkg/api/resource/quantity.go): a signed decimal number, then a binary
+# suffix (Ki..Ei), a decimal suffix (n, u, m, k, M, G, T, P, E) or a decimal exponent (e3, E-9). The
+# official client's `parse_quantity` computes the value but also takes what Python's Decimal takes
+# (NaN, Infinity, `1_000`, `1e3Mi`...), which the API server refuses.
+_QUANTITY = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]*)(?:[KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?")
+_NANO = Decimal("1e-9")
+_MAX_INT64 = 2**63 - 1
+# Extended resources whose amounts are GPU devices (or MIG instances): a node or pod with more than this
+# is not a real one (the largest GPU servers hold 16; time-sliced replicas multiply that by tens).
+MAX_GPU_DEVICES = 1024
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+_INTEGER_NATIVE = frozenset({"pods"})
+
 
 @lru_cache(maxsize=4096)
-def _parse(text: str) -> Decimal:
-    amount: Decimal = parse_quantity(text)  # type: ignore[no-untyped-call]
+def parse_kubernetes_quantity(text: str) -> Decimal:
+    """The value of a quantity string, as apimachinery's `ParseQuantity` gives it.
+
+    Non-zero values are rounded up to a whole nano (upstream's precision), binary quantities are capped
+    at the int64 maximum as upstream caps them. Raises ValueError for anything outside the grammar.
+    """
+    if len(text) > 200 or not _QUANTITY.fullmatch(text):
+        raise ValueError(f"invalid quantity {_quote(text)}")
+    try:
+        amount: Decimal = parse_quantity(text)  # type: ignore[no-untyped-call]
+    except (ValueError, ArithmeticError):
+        raise ValueError(f"invalid quantity {_quote(text)}") from None
+    if amount != 0:
+        amount = amount.quantize(_NANO, rounding=ROUND_UP) if amount.adjusted() < 19 else amount
+    if text.endswith("i") and abs(amount) > _MAX_INT64:
+        amount = Decimal(_MAX_INT64).copy_sign(amount)
     return amount
+
+
+def _quote(value: object) -> str:
+    return f'"{clip(str(value))}"'
+
+
+def is_extended_resource(name: str) -> bool:
+    """apimachinery's IsExtendedResourceName: a qualified name outside the `kubernetes.io/` namespace
+    (and not a quota `requests.` name). Its amounts must be whole numbers."""
+    return "/" in name and "kubernetes.io/" not in name and not name.startswith("requests.")
+
+
+def _is_device_resource(name: str) -> bool:
+    return name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX)
 
 
 def _quantity(reader: _Reader, value: object, path: str) -> Decimal:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise reader.error(path, f"expected a quantity such as 500m, 2 or 4Gi, got {_type_name(value)}")
     try:
-        parsed = _parse(value) if isinstance(value, str) else Decimal(value)
+        if isinstance(value, str):
+            parsed = parse_kubernetes_quantity(value)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(value)
+        else:
+            parsed = Decimal(value)
     except (ValueError, ArithmeticError):
-        raise reader.error(path, f'invalid quantity "{value}"') from None
-    if not parsed.is_finite():
-        raise reader.error(path, f'invalid quantity "{value}"')
+        raise reader.error(path, f"invalid quantity {_quote(value)}") from None
     if parsed < 0:
-        raise reader.error(path, f'quantity "{value}" is negative')
+        raise reader.error(path, f"quantity {_quote(value)} is negative")
     return parsed
+
+
+def _checked_amount(reader: _Reader, resource: str, amount: Decimal, given: object, path: str) -> int:
+    """Model units for one resource amount, refusing what the API server (or physics) would not hold."""
+    if (
+        is_extended_resource(resource) or resource in _INTEGER_NATIVE
+    ) and amount != amount.to_integral_value():
+        kind = "an extended resource" if is_extended_resource(resource) else "counted in whole units"
+        raise reader.error(path, f"quantity {_quote(given)} must be an integer ({resource} is {kind})")
+    if _is_device_resource(resource) and amount > MAX_GPU_DEVICES:
+        raise reader.error(
+            path,
+            f"quantity {_quote(given)} is more GPU devices than a node can hold (at most {MAX_GPU_DEVICES})",
+        )
+    units = quantity_to_int(resource, amount)
+    if units > _MAX_INT64:
+        raise reader.error(
+            path,
+            f"quantity {_quote(given)} is too large (more than the 64-bit integers Kubernetes counts "
+            "resources in)",
+        )
+    return units
 
 
 def quantity_to_int(resource: str, amount: Decimal) -> int:
@@ -247,17 +315,30 @@ def quantity_to_int(resource: str, amount: Decimal) -> int:
     Rounds up, as Kubernetes' `MilliValue()` / `Value()` do, so a request is never under-counted.
     """
     scaled = amount * 1000 if resource == CPU_RESOURCE else amount
+    if scaled.adjusted() > 30:  # far past int64: no need to build the integer
+        return _MAX_INT64 + 1
     return math.ceil(scaled)
 
 
 def _resource_list(reader: _Reader, parent: Mapping[str, Any], key: str, path: str) -> dict[str, Decimal]:
     raw = reader.mapping(parent, key, path)
     where = _join(path, key)
-    return {str(name): _quantity(reader, value, f"{where}.{name}") for name, value in raw.items()}
+    out: dict[str, Decimal] = {}
+    for name, value in raw.items():
+        at = f"{where}.{name}"
+        amount = _quantity(reader, value, at)
+        _checked_amount(reader, str(name), amount, value, at)
+        out[str(name)] = amount
+    return out
 
 
-def _to_ints(amounts: Mapping[str, Decimal]) -> dict[str, int]:
-    return {name: quantity_to_int(name, amount) for name, amount in amounts.items()}
+def _to_ints(reader: _Reader, amounts: Mapping[str, Decimal], what: str) -> dict[str, int]:
+    """Model units of amounts each already checked alone; a sum of them (a pod's effective request) is
+    checked again, named by `what`."""
+    return {
+        name: _checked_amount(reader, name, amount, amount, f"{what}.{name}")
+        for name, amount in amounts.items()
+    }
 
 
 # --------------------------------------------------------------------------- selectors and scheduling
@@ -381,7 +462,7 @@ def node_from_json(obj: Mapping[str, Any]) -> Node:
     spec = reader.mapping(obj, "spec", "")
     status = reader.mapping(obj, "status", "")
     key = "allocatable" if status.get("allocatable") is not None else "capacity"
-    allocatable = _to_ints(_resource_list(reader, status, key, "status"))
+    allocatable = _to_ints(reader, _resource_list(reader, status, key, "status"), f"status.{key}")
 
     taints: list[Taint] = []
     for index, entry in enumerate(reader.sequence(spec, "taints", "spec")):
@@ -398,9 +479,16 @@ def node_from_json(obj: Mapping[str, Any]) -> Node:
         if cond.get("type") == "Ready":
             ready = reader.string(cond, "status", f"status.conditions[{index}]") == "True"
 
+    labels = reader.string_map(meta, "labels", "metadata")
+    count = labels.get(GPU_COUNT_LABEL)
+    if count is not None and not (count.isascii() and count.isdigit() and int(count) <= MAX_GPU_DEVICES):
+        raise reader.error(
+            f"metadata.labels.{GPU_COUNT_LABEL}",
+            f"{_quote(count)} is not a GPU count (a whole number from 0 to {MAX_GPU_DEVICES})",
+        )
     return Node(
         name=reader.name,
-        labels=reader.string_map(meta, "labels", "metadata"),
+        labels=labels,
         annotations=reader.string_map(meta, "annotations", "metadata"),
         allocatable=allocatable,
         taints=tuple(taints),
@@ -568,7 +656,9 @@ def pod_from_json(obj: Mapping[str, Any], *, gangs: GangConfig, sharing: GpuShar
     containers = _containers(reader, spec, "containers")
     init_containers = _containers(reader, spec, "initContainers")
     overhead = _resource_list(reader, spec, "overhead", "spec")
-    requests = _to_ints(_effective_requests(reader, containers, init_containers, overhead))
+    requests = _to_ints(
+        reader, _effective_requests(reader, containers, init_containers, overhead), "the pod's total request"
+    )
     required, preferred = _node_affinity(reader, spec)
     qos = reader.string(status, "qosClass", "status") or _qos_class(
         res for _, res in (*containers, *init_containers)

@@ -1,0 +1,72 @@
+"""RFC 3339 timestamps, as Kubernetes writes and reads them (Go's `time.RFC3339`).
+
+Owns the one parser of timestamps the rebalancer reads (object metadata, `snapshot.yaml`, `--now`,
+its own annotations and state) and the one formatter of those it writes. Parsing is strict where
+Python's `datetime.fromisoformat` is lax: a full date and time with `T`, seconds, optional fraction
+and a zone (`Z` or `+hh:mm`), nothing else (no week dates, no basic format, no missing zone). It must
+stay pure: no clock.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Literal
+
+from rebalancer.wording import quoted
+
+__all__ = ["EXAMPLE", "format_utc", "parse"]
+
+EXAMPLE = "2026-11-29T12:00:00Z"
+
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?(?:(Z)|([+-])(\d{2}):(\d{2}))"
+)
+
+_DATE_ONLY = re.compile(r"\d{4}-\d{2}-\d{2}")
+_NO_ZONE = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?")
+
+Precision = Literal["seconds", "milliseconds", "microseconds"]
+
+
+def parse(text: str) -> datetime:
+    """A timezone-aware datetime for an RFC 3339 timestamp; ValueError saying what is wrong otherwise.
+
+    Fractions finer than a microsecond are truncated (Python's resolution).
+    """
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        if _DATE_ONLY.fullmatch(text):
+            raise ValueError(f"{quoted(text)} is a date; give a time with a timezone ({EXAMPLE})")
+        if _NO_ZONE.fullmatch(text):
+            raise ValueError(f"{quoted(text)} has no timezone (add Z or an offset such as +01:00)")
+        raise ValueError(f"invalid timestamp {quoted(text)} (expected RFC 3339, e.g. {EXAMPLE})")
+    year, month, day, hour, minute, second, fraction, zulu, sign, off_h, off_m = match.groups()
+    if zulu:
+        zone = UTC
+    else:
+        offset = timedelta(hours=int(off_h), minutes=int(off_m))
+        if offset >= timedelta(hours=24):
+            raise ValueError(f"invalid timestamp {quoted(text)}: timezone offset out of range")
+        zone = timezone(-offset if sign == "-" else offset)
+    try:
+        return datetime(
+            int(year),
+            int(month),
+            int(day),
+            int(hour),
+            int(minute),
+            int(second),
+            int((fraction or "0").ljust(6, "0")[:6]),
+            tzinfo=zone,
+        )
+    except ValueError as exc:
+        raise ValueError(f"invalid timestamp {quoted(text)}: {exc}") from None
+
+
+def format_utc(moment: datetime, precision: Precision = "seconds") -> str:
+    """`2026-11-29T12:00:00Z` (or with `.123` / `.123456`), in UTC."""
+    utc = moment.astimezone(UTC)
+    if precision == "seconds":
+        return utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return utc.isoformat(timespec=precision).replace("+00:00", "Z")

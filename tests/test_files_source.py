@@ -403,3 +403,53 @@ def test_snapshot_error_message_lists_problems(tmp_path: Path) -> None:
         load_snapshot_dir(tmp_path, loaded())
     assert str(info.value) == "\n".join(info.value.problems)
     assert len(info.value.problems) == 2
+
+
+# --------------------------------------------------------------------------- dates
+
+
+def test_an_impossible_now_is_a_located_error(tmp_path: Path) -> None:
+    write(tmp_path, "snapshot.yaml", "# taken at\nnow: 2026-02-30T00:00:00Z\n")
+    (problem,) = problems_of(tmp_path)
+    assert problem == (
+        f"{tmp_path / 'snapshot.yaml'}:2: now: invalid timestamp '2026-02-30T00:00:00Z': "
+        "day is out of range for month"
+    )
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_an_impossible_creation_timestamp_is_a_located_error(tmp_path: Path, suffix: str) -> None:
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    bad = pod("train-0", None)
+    bad["metadata"]["creationTimestamp"] = "2026-02-30T00:00:00Z"
+    text = json.dumps(kube_list(bad)) if suffix == ".json" else yaml_dump(kube_list(bad))
+    write(tmp_path, f"pods{suffix}", text)
+    (problem,) = problems_of(tmp_path)
+    assert problem.startswith(str(tmp_path / f"pods{suffix}"))
+    assert problem.endswith(
+        "Pod ml/train-0: metadata.creationTimestamp: invalid timestamp '2026-02-30T00:00:00Z': "
+        "day is out of range for month"
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2026-W48-7T12:00:00Z",
+        "20261129T120000Z",
+        "2026-11-29T12:00Z",
+        "2026-11-29T12:00:00+2400",
+        "2026-11-29t12:00:00z",
+    ],
+)
+def test_only_rfc3339_is_a_timestamp(tmp_path: Path, text: str) -> None:
+    """Python's fromisoformat takes week dates, the basic format and more; Kubernetes does not."""
+    write(tmp_path, "snapshot.yaml", f"now: '{text}'\n")
+    (problem,) = problems_of(tmp_path)
+    assert f"invalid timestamp {text!r}" in problem
+
+
+def yaml_dump(data: object) -> str:
+    import yaml
+
+    return yaml.safe_dump(data)

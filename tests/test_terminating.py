@@ -166,7 +166,9 @@ def pod_json(name: str, **metadata: object) -> dict[str, object]:
 
 def test_both_sources_read_the_deletion_timestamp(tmp_path: Path) -> None:
     policy = Policy()
-    raw = pod_json("going", deletionTimestamp="2026-11-29T11:59:00Z", creationTimestamp="2026-11-28T00:00:00Z")
+    raw = pod_json(
+        "going", deletionTimestamp="2026-11-29T11:59:00Z", creationTimestamp="2026-11-28T00:00:00Z"
+    )
     # The live source hands the API's JSON to the same translation.
     live = pod_from_json(raw, gangs=policy.gangs, sharing=policy.gpu_sharing)
     assert live.terminating

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from rebalancer import yaml_input
 from rebalancer.policy import LoadedPolicy, PolicyError, load_policy
 from rebalancer.simulate.cluster import SchedulerModel
 from rebalancer.simulate.engine import DEFAULT_INTERVAL, EngineConfig, RebalancerMode, simulate
@@ -81,7 +82,7 @@ def load_prices(path: str | Path) -> dict[str, float]:
     """A YAML or JSON mapping of GPU model (the node CSV's `model`) to price per GPU-hour."""
     source = str(path)
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = yaml_input.load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise SimulationInputError([f"{source}: cannot read prices: {exc.strerror or exc}"]) from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:

@@ -27,13 +27,14 @@ import json
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import ijson
 import yaml
 
+from rebalancer import rfc3339, yaml_input
 from rebalancer.gcpause import collector_paused
 from rebalancer.model import Finding, Node, Pdb, Pod, Snapshot, Telemetry
 from rebalancer.policy import LoadedPolicy
@@ -53,6 +54,7 @@ from rebalancer.sources.kube_objects import (
     pod_from_json,
     split_unbound,
 )
+from rebalancer.wording import quoted
 
 __all__ = ["METRIC_SUFFIXES", "OBJECT_SUFFIXES", "SNAPSHOT_FILE", "SnapshotError", "load_snapshot_dir"]
 
@@ -65,12 +67,9 @@ USED_KINDS = ("Node", "Pod", "PodDisruptionBudget")
 STREAM_JSON_BYTES = 64 * 1024 * 1024
 
 _NOW_HINT = (
-    f"add {SNAPSHOT_FILE} with a line such as `now: 2026-11-29T12:00:00Z` (RFC 3339 with a timezone), "
+    f"add {SNAPSHOT_FILE} with a line such as `now: {rfc3339.EXAMPLE}` (RFC 3339 with a timezone), "
     "or include DCGM samples with timestamps"
 )
-
-# libyaml's safe loader when available: the same safe subset, much faster on large kubectl dumps.
-_SAFE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class SnapshotError(Exception):
@@ -143,7 +142,7 @@ def _documents(file: Path, text: str, problems: list[str]) -> list[tuple[object,
             problems.append(f"{file}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}")
             return []
     try:
-        docs = list(yaml.load_all(text, Loader=_SAFE_LOADER))
+        docs = list(yaml_input.load_all(text))
     except yaml.YAMLError as exc:
         problems.append(_yaml_problem(file, exc))
         return []
@@ -278,38 +277,36 @@ def _parse_now(file: Path, problems: list[str]) -> datetime | None:
     if text is None:
         return None
     try:
-        doc = yaml.load(text, Loader=_SAFE_LOADER)
+        root, doc = yaml_input.compose_and_load(text)
     except yaml.YAMLError as exc:
         problems.append(_yaml_problem(file, exc))
         return None
     if doc is None:
         return None
     if not isinstance(doc, Mapping):
-        problems.append(f"{file}: expected a mapping such as `now: 2026-11-29T12:00:00Z`")
+        problems.append(f"{file}: expected a mapping such as `now: {rfc3339.EXAMPLE}`")
         return None
     value = doc.get("now")
     if value is None:
         return None
-    if isinstance(value, datetime):
-        parsed = value
-    elif isinstance(value, date):
-        problems.append(f"{file}: now: {value} is a date; give a time with a timezone (2026-11-29T12:00:00Z)")
+    where = f"{file}:{_key_line(root, 'now')}"
+    if not isinstance(value, str):
+        problems.append(f"{where}: now: expected an RFC 3339 timestamp, got {quoted(value)}")
         return None
-    elif isinstance(value, str):
-        try:
-            parsed = datetime.fromisoformat(value.strip())
-        except ValueError:
-            problems.append(
-                f"{file}: now: invalid timestamp {value!r} (expected RFC 3339, e.g. 2026-11-29T12:00:00Z)"
-            )
-            return None
-    else:
-        problems.append(f"{file}: now: expected an RFC 3339 timestamp, got {value!r}")
+    try:
+        return rfc3339.parse(value.strip()).astimezone(UTC)
+    except ValueError as exc:
+        problems.append(f"{where}: now: {exc}")
         return None
-    if parsed.tzinfo is None:
-        problems.append(f"{file}: now: {value} has no timezone (add Z or an offset such as +01:00)")
-        return None
-    return parsed.astimezone(UTC)
+
+
+def _key_line(root: yaml.Node | None, key: str) -> int:
+    """1-based line of `key`'s value in a mapping document (of the document when not found)."""
+    if isinstance(root, yaml.MappingNode):
+        for name, value in root.value:
+            if getattr(name, "value", None) == key:
+                return int(value.start_mark.line) + 1
+    return int(root.start_mark.line) + 1 if root is not None else 1
 
 
 def _handed_over(series: list[Series]) -> Iterator[Series]:

@@ -1,0 +1,174 @@
+"""Reading YAML from operators' files (policies, snapshot directories) safely and predictably.
+
+Owns the one YAML loader of the rebalancer: PyYAML's safe subset (libyaml's parser when present), with
+
+- timestamps left as strings, so that every date is read by `rebalancer.rfc3339` and an impossible one
+  (`2026-02-30T00:00:00Z`) is a located error rather than a constructor crash;
+- nesting bounded (`MAX_DEPTH` levels), so a file of thousands of `[` is refused instead of exhausting
+  the stack;
+- aliases bounded: together they may repeat at most `MAX_ALIAS_NODES` nodes, and none may refer to a
+  collection that contains it, so an alias bomb is refused at once instead of running for minutes in
+  whatever walks the data afterwards.
+
+The bounds live in a Python composer over libyaml's parser (1.5x the time of libyaml's own composer).
+
+Errors are `yaml.MarkedYAMLError`s (with the line), as PyYAML's own. It must not open files: callers
+pass text and report errors with the file name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import yaml
+from yaml.composer import Composer, ComposerError
+from yaml.constructor import SafeConstructor
+from yaml.events import AliasEvent
+from yaml.nodes import MappingNode, Node, SequenceNode
+from yaml.resolver import Resolver
+
+__all__ = ["MAX_ALIAS_NODES", "MAX_DEPTH", "compose_and_load", "load", "load_all"]
+
+MAX_DEPTH = 100
+MAX_ALIAS_NODES = 10_000
+_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+
+
+class _Resolver(Resolver):
+    """YAML 1.1's implicit types without timestamps: a date is a string until `rfc3339` reads it."""
+
+
+_Resolver.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP_TAG]
+    for first, resolvers in Resolver.yaml_implicit_resolvers.items()
+}
+
+
+class _BoundedComposer(Composer):  # the parser's methods come from the loader it is mixed into
+    """PyYAML's composer with depth and alias bounds (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._depth = 0
+        self._open_anchors: list[str] = []
+        self._alias_nodes = 0
+        self._sizes: dict[int, int] = {}
+
+    def compose_document(self) -> Node | None:
+        self._alias_nodes = 0
+        self._sizes = {}
+        node: Node | None = super().compose_document()
+        return node
+
+    def compose_node(self, parent: Node | None, index: int) -> Node | None:
+        parser: Any = self
+        if parser.check_event(AliasEvent):
+            event = parser.peek_event()
+            if event.anchor in self._open_anchors:
+                raise ComposerError(
+                    None,
+                    None,
+                    f"alias *{event.anchor} refers to a collection that contains it",
+                    event.start_mark,
+                )
+            node = super().compose_node(parent, index)
+            self._alias_nodes += self._size(node) if node is not None else 0
+            if self._alias_nodes > MAX_ALIAS_NODES:
+                problem = f"aliases repeat more than {MAX_ALIAS_NODES} nodes (refused as an alias bomb)"
+                raise ComposerError(None, None, problem, event.start_mark)
+            return node
+        event = parser.peek_event()
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels", event.start_mark)
+        anchor = event.anchor
+        if anchor is not None:
+            self._open_anchors.append(anchor)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+            if anchor is not None:
+                self._open_anchors.pop()
+        return node
+
+    def _size(self, root: Node) -> int:
+        """Nodes under `root`, aliases counted as often as they appear (memoised per node)."""
+        known = self._sizes.get(id(root))
+        if known is not None:
+            return known
+        total = 0
+        stack: list[Node] = [root]
+        while stack:
+            node = stack.pop()
+            cached = self._sizes.get(id(node))
+            if cached is not None and node is not root:
+                total += cached
+                continue
+            total += 1
+            if isinstance(node, SequenceNode):
+                stack.extend(node.value)
+            elif isinstance(node, MappingNode):
+                for key, value in node.value:
+                    stack.extend((key, value))
+            if total > MAX_ALIAS_NODES:
+                break
+        self._sizes[id(root)] = total
+        return total
+
+
+_CParser: Any = getattr(getattr(yaml, "cyaml", None), "CParser", None)
+
+if _CParser is not None:
+
+    class _Loader(_BoundedComposer, _CParser, SafeConstructor, _Resolver):  # type: ignore[misc]
+        def __init__(self, stream: str) -> None:
+            _CParser.__init__(self, stream)
+            _BoundedComposer.__init__(self)
+            SafeConstructor.__init__(self)
+            _Resolver.__init__(self)
+
+else:  # pragma: no cover - PyYAML without libyaml
+
+    class _Loader(  # type: ignore[no-redef]
+        yaml.reader.Reader,
+        yaml.scanner.Scanner,
+        yaml.parser.Parser,
+        _BoundedComposer,
+        SafeConstructor,
+        _Resolver,
+    ):
+        def __init__(self, stream: str) -> None:
+            yaml.reader.Reader.__init__(self, stream)
+            yaml.scanner.Scanner.__init__(self)
+            yaml.parser.Parser.__init__(self)
+            _BoundedComposer.__init__(self)
+            SafeConstructor.__init__(self)
+            _Resolver.__init__(self)
+
+
+def load_all(text: str) -> Iterator[object]:
+    """Every document of a YAML stream, one at a time. Raises yaml.YAMLError."""
+    loader = _Loader(text)
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            yield loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()
+
+
+def load(text: str) -> object:
+    """The single document of a YAML text (None when empty). Raises yaml.YAMLError."""
+    return compose_and_load(text)[1]
+
+
+def compose_and_load(text: str) -> tuple[Node | None, object]:
+    """The node tree (for line numbers) and the data of a single-document YAML text."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        return node, (loader.construct_document(node) if node is not None else None)
+    finally:
+        loader.dispose()

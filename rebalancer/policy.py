@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from rebalancer import yaml_input
 from rebalancer.registry import StrategyArgs, all_strategies, get_strategy
 
 # --------------------------------------------------------------------------- durations
@@ -103,7 +104,9 @@ class LabelSelectorConfig(StrictModel):
 
 class NamespaceFilter(StrictModel):
     include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ("kube-system",)
+    # The control plane, node leases, the GPU operator (driver, device plugin, DCGM exporter) and the
+    # monitoring stack that holds the telemetry.
+    exclude: tuple[str, ...] = ("kube-system", "kube-node-lease", "gpu-operator", "monitoring")
 
     @model_validator(mode="after")
     def _not_both(self) -> NamespaceFilter:
@@ -134,9 +137,10 @@ class GuardsConfig(StrictModel):
 class LimitsConfig(StrictModel):
     """Budgets spent across one cycle; null means unlimited."""
 
-    max_per_node: int | None = Field(default=None, ge=1)
-    max_per_namespace: int | None = Field(default=None, ge=1)
-    max_per_cycle: int | None = Field(default=20, ge=1)
+    # >= GPUs per node, so that a node of 1-GPU pods can still be drained whole.
+    max_per_node: int | None = Field(default=16, ge=1)
+    max_per_namespace: int | None = Field(default=5, ge=1)
+    max_per_cycle: int | None = Field(default=10, ge=1)
 
 
 class GangConfig(StrictModel):
@@ -214,10 +218,22 @@ class TelemetryConfig(StrictModel):
     prometheus: PrometheusConfig | None = None
 
 
+# Round on-demand cloud list prices in USD: examples to replace with what the GPUs really cost.
+EXAMPLE_GPU_PRICES = {
+    "NVIDIA-H100-80GB-HBM3": 6.90,
+    "NVIDIA-A100-SXM4-80GB": 5.10,
+    "NVIDIA-A100-SXM4-40GB": 4.10,
+    "NVIDIA-L40S": 2.30,
+    "NVIDIA-L4": 1.15,
+}
+
+
 class PricesConfig(StrictModel):
     """Hourly price of one GPU, per `nvidia.com/gpu.product` value; used for estimated savings."""
 
-    per_gpu_hour: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]] = Field(default_factory=dict)
+    per_gpu_hour: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]] = Field(
+        default_factory=lambda: dict(EXAMPLE_GPU_PRICES)
+    )
     default_per_gpu_hour: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
@@ -299,10 +315,22 @@ class StrategyConfig(StrictModel):
     args: dict[str, Any] = Field(default_factory=dict)
 
 
+# The shipped strategies, in the order a policy that does not list any runs them.
+BUILTIN_DEFAULT_ORDER = ("gpu-affinity", "idle-gpu", "topology-spread", "gpu-consolidation")
+
+
+def _default_strategies() -> tuple[StrategyConfig, ...]:
+    return tuple(
+        StrategyConfig(name=name) for name in BUILTIN_DEFAULT_ORDER if get_strategy(name) is not None
+    )
+
+
 class Policy(StrictModel):
+    """Every default is the value policies/default.yaml writes out (a test keeps the two equal)."""
+
     dry_run: bool = True
     interval: Duration = 300
-    strategies: tuple[StrategyConfig, ...] = ()
+    strategies: tuple[StrategyConfig, ...] = Field(default_factory=_default_strategies)
     guards: GuardsConfig = GuardsConfig()
     limits: LimitsConfig = LimitsConfig()
     gangs: GangConfig = GangConfig()
@@ -456,25 +484,29 @@ def _duplicate_keys(node: yaml.Node | None, source: str, loc: tuple[int | str, .
 
 
 def _strategy_entries(data: Mapping[str, Any]) -> list[tuple[int, StrategyConfig]]:
-    """The well-formed strategy entries of a policy that failed validation elsewhere, with their indexes,
-    so that their names and arguments are checked too and every problem is reported at once (malformed
-    entries are already reported by the schema validation)."""
+    """The strategy entries of a policy that failed validation, with their indexes, so that their names
+    and arguments are checked too and every problem is reported at once: an entry keeps its name and
+    arguments even when another of its fields is wrong (`enabled: maybe`), which the schema reports."""
     raw = data.get("strategies")
     if not isinstance(raw, list):
         return []
     entries: list[tuple[int, StrategyConfig]] = []
     for index, item in enumerate(raw):
-        try:
-            entries.append((index, StrategyConfig.model_validate(item)))
-        except ValidationError:
+        if not isinstance(item, Mapping):
             continue
+        name, args = item.get("name"), item.get("args", {})
+        if isinstance(name, str) and isinstance(args, dict):
+            entries.append((index, StrategyConfig(name=name, args=args)))
     return entries
 
 
 def parse_policy(data: object, source: str = "<policy>", root: yaml.Node | None = None) -> LoadedPolicy:
     """Validate an already-parsed policy document; raises PolicyError with every problem found."""
     if data is None:
-        data = {}
+        # Most often a ConfigMap key typo or a file emptied by mistake: never silently the defaults.
+        raise PolicyError(
+            [f"{source}:1: {format_loc(())}: the policy is empty; write `{{}}` to ask for every default"]
+        )
     problems: list[str] = list(_duplicate_keys(root, source))
     if not isinstance(data, dict):
         problems.append(
@@ -532,8 +564,7 @@ def load_policy(path: str | Path) -> LoadedPolicy:
 
 def loads_policy(text: str, source: str = "<policy>") -> LoadedPolicy:
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root, data = yaml_input.compose_and_load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -546,10 +577,6 @@ def loads_policy(text: str, source: str = "<policy>") -> LoadedPolicy:
     return parse_policy(data, source, root)
 
 
-BUILTIN_DEFAULT_ORDER = ("gpu-affinity", "idle-gpu", "topology-spread", "gpu-consolidation")
-
-
 def default_policy() -> LoadedPolicy:
-    """The built-in policy used when none is given: every shipped strategy with default args, dry-run."""
-    names = [name for name in BUILTIN_DEFAULT_ORDER if get_strategy(name) is not None]
-    return parse_policy({"strategies": [{"name": name} for name in names]}, "<built-in default policy>")
+    """The built-in policy used when none is given: policies/default.yaml's values, from the models."""
+    return parse_policy({}, "<built-in default policy>")

@@ -10,7 +10,9 @@ Owns the one YAML loader of the rebalancer: PyYAML's safe subset (libyaml's pars
   collection that contains it, so an alias bomb is refused at once instead of running for minutes in
   whatever walks the data afterwards.
 
-The bounds live in a Python composer over libyaml's parser (1.5x the time of libyaml's own composer).
+The bounds live in a Python composer: over libyaml's parser for snapshot files (`load_all`, 1.5x the
+time of libyaml's own composer), over PyYAML's Python parser for policies (`compose_and_load`, whose
+syntax messages policy authors know).
 
 Errors are `yaml.MarkedYAMLError`s (with the line), as PyYAML's own. It must not open files: callers
 pass text and report errors with the file name.
@@ -118,39 +120,46 @@ class _BoundedComposer(Composer):  # the parser's methods come from the loader i
         return total
 
 
+class _PythonLoader(
+    yaml.reader.Reader,
+    yaml.scanner.Scanner,
+    yaml.parser.Parser,
+    _BoundedComposer,
+    SafeConstructor,
+    _Resolver,
+):
+    """PyYAML's own parser: the messages policy authors see (small files, so its speed does not matter)."""
+
+    def __init__(self, stream: str) -> None:
+        yaml.reader.Reader.__init__(self, stream)
+        yaml.scanner.Scanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+        _BoundedComposer.__init__(self)
+        SafeConstructor.__init__(self)
+        _Resolver.__init__(self)
+
+
 _CParser: Any = getattr(getattr(yaml, "cyaml", None), "CParser", None)
 
 if _CParser is not None:
 
-    class _Loader(_BoundedComposer, _CParser, SafeConstructor, _Resolver):  # type: ignore[misc]
+    class _LibyamlLoader(_BoundedComposer, _CParser, SafeConstructor, _Resolver):  # type: ignore[misc]
+        """libyaml's parser, for snapshot files of hundreds of MB."""
+
         def __init__(self, stream: str) -> None:
             _CParser.__init__(self, stream)
             _BoundedComposer.__init__(self)
             SafeConstructor.__init__(self)
             _Resolver.__init__(self)
 
-else:  # pragma: no cover - PyYAML without libyaml
-
-    class _Loader(  # type: ignore[no-redef]
-        yaml.reader.Reader,
-        yaml.scanner.Scanner,
-        yaml.parser.Parser,
-        _BoundedComposer,
-        SafeConstructor,
-        _Resolver,
-    ):
-        def __init__(self, stream: str) -> None:
-            yaml.reader.Reader.__init__(self, stream)
-            yaml.scanner.Scanner.__init__(self)
-            yaml.parser.Parser.__init__(self)
-            _BoundedComposer.__init__(self)
-            SafeConstructor.__init__(self)
-            _Resolver.__init__(self)
+    _FastLoader: type = _LibyamlLoader
+else:  # pragma: no cover - PyYAML built without libyaml
+    _FastLoader = _PythonLoader
 
 
 def load_all(text: str) -> Iterator[object]:
-    """Every document of a YAML stream, one at a time. Raises yaml.YAMLError."""
-    loader = _Loader(text)
+    """Every document of a YAML stream (a snapshot file), one at a time. Raises yaml.YAMLError."""
+    loader = _FastLoader(text)
     try:
         while loader.check_node():
             node = loader.get_node()
@@ -165,8 +174,8 @@ def load(text: str) -> object:
 
 
 def compose_and_load(text: str) -> tuple[Node | None, object]:
-    """The node tree (for line numbers) and the data of a single-document YAML text."""
-    loader = _Loader(text)
+    """The node tree (for line numbers) and the data of a single-document YAML text (a policy)."""
+    loader = _PythonLoader(text)
     try:
         node = loader.get_single_node()
         return node, (loader.construct_document(node) if node is not None else None)

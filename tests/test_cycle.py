@@ -58,7 +58,7 @@ def test_a_freed_node_is_reported_with_gpus_and_savings() -> None:
 
 
 def test_savings_are_null_without_prices() -> None:
-    doc = {**CONSOLIDATE_BY_ALLOCATION, "prices": {}}
+    doc = {**CONSOLIDATE_BY_ALLOCATION, "prices": {"per_gpu_hour": {}, "default_per_gpu_hour": None}}
     report = run_cycle(consolidation_cluster(), policy(doc), DryRunEvictor())
     assert report.summary.nodes_freed == 1
     assert report.summary.estimated_savings_per_hour is None

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from rebalancer.policy import (
+    BUILTIN_DEFAULT_ORDER,
     GuardsConfig,
     LimitsConfig,
     LoadedPolicy,
@@ -405,18 +407,87 @@ def test_parse_policy_without_yaml_nodes_still_names_the_field() -> None:
 # --------------------------------------------------------------------------- good policies
 
 
-@pytest.mark.parametrize("text", ["", "\n", "# nothing configured yet\n", "---\n"])
-def test_empty_policy_is_the_safe_default(text: str) -> None:
-    loaded = loads_policy(text, "empty.yaml")
-    assert loaded.source == "empty.yaml"
+@pytest.mark.parametrize("text", ["", "\n", "# nothing configured yet\n", "---\n", "null\n"])
+def test_an_empty_policy_is_refused_naming_the_way_to_ask_for_defaults(text: str) -> None:
+    """An empty file is most often a ConfigMap key typo: running silently on defaults hides it."""
+    assert problems_of(text, "empty.yaml") == [
+        "empty.yaml:1: (top level): the policy is empty; write `{}` to ask for every default"
+    ]
+
+
+def test_an_empty_mapping_asks_for_every_default() -> None:
+    loaded = loads_policy("{}\n", "defaults.yaml")
+    assert loaded.source == "defaults.yaml"
     assert loaded.policy.dry_run is True
     assert loaded.policy.interval == 300
-    assert loaded.strategies == ()
-    assert loaded.policy.guards.namespaces.exclude == ("kube-system",)
+    assert [s.name for s in loaded.strategies] == list(BUILTIN_DEFAULT_ORDER)
     assert loaded.policy.guards.evict_bare_pods is False
     assert loaded.policy.guards.evict_local_storage is False
-    assert loaded.policy.limits.max_per_cycle == 20
-    assert loaded.telemetry_windows() == frozenset()
+
+
+def test_the_built_in_defaults_are_the_shipped_default_policy() -> None:
+    """Running without --policy, writing `{}`, or leaving a section out all mean policies/default.yaml."""
+    shipped = load_policy(POLICIES / "default.yaml")
+    for builtin in (default_policy(), loads_policy("{}")):
+        assert builtin.policy.model_dump(exclude={"strategies"}) == shipped.policy.model_dump(
+            exclude={"strategies"}
+        )
+        assert [(s.name, s.args) for s in builtin.strategies] == [
+            (s.name, s.args) for s in shipped.strategies
+        ]
+    # Section by section: a policy that sets only one field keeps the shipped values of the others.
+    partial = loads_policy("limits:\n  max_per_cycle: 3\n")
+    assert partial.policy.limits.max_per_node == shipped.policy.limits.max_per_node
+    assert partial.policy.guards == shipped.policy.guards
+
+
+def test_a_strategy_with_a_bad_field_still_has_its_arguments_checked() -> None:
+    text = (
+        "strategies:\n"  # 1
+        "  - name: idle-gpu\n"  # 2
+        "    enabled: maybe\n"  # 3
+        "    args:\n"  # 4
+        "      window: 3x\n"  # 5
+        "      windw: 1h\n"  # 6
+    )
+    assert problems_of(text) == [
+        "p.yaml:3: strategies[0].enabled: Input should be a valid boolean, unable to interpret input "
+        "(got 'maybe')",
+        "p.yaml:5: strategies[0].args.window: invalid duration '3x': use a number with a unit, e.g. 30s, 5m, "
+        "1h30m",
+        "p.yaml:6: strategies[0].args.windw: unknown field",
+    ]
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once() -> None:
+    lines = ['a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    for level in "bcdefghi":
+        previous = chr(ord(level) - 1)
+        lines.append(f"{level}: &{level} [{', '.join([f'*{previous}'] * 10)}]")
+    started = time.perf_counter()
+    [problem] = problems_of("\n".join(lines) + "\n")
+    assert time.perf_counter() - started < 5
+    assert problem.startswith("p.yaml:4: YAML syntax error: aliases repeat more than 10000 nodes")
+
+
+def test_a_recursive_alias_is_refused() -> None:
+    assert problems_of("guards: &g\n  namespaces: *g\n") == [
+        "p.yaml:2: YAML syntax error: alias *g refers to a collection that contains it"
+    ]
+
+
+@pytest.mark.parametrize("depth", [150, 5000])
+def test_deep_nesting_is_refused_not_a_recursion_error(depth: int) -> None:
+    [problem] = problems_of("strategies: " + "[" * depth + "]" * depth + "\n")
+    assert problem.startswith("p.yaml:1: YAML syntax error: ")
+    assert "nest" in problem
+
+
+def test_a_timestamp_in_a_policy_is_a_string_not_a_crash() -> None:
+    loaded = loads_policy("guards:\n  label_selector:\n    match_labels: {rollout: 2026-02-30T00:00:00Z}\n")
+    selector = loaded.policy.guards.label_selector
+    assert selector is not None
+    assert selector.match_labels == {"rollout": "2026-02-30T00:00:00Z"}
 
 
 @pytest.mark.parametrize(

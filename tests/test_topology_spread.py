@@ -675,7 +675,8 @@ def test_planner_approves_skew_moves_and_whole_gang_compaction_as_proposed() -> 
     proposals = run(snap, compact_gangs=True)
     assert [p.kind for p in proposals] == ["pod", "pod", "gang"]
     ordered = sorted(proposals, key=lambda p: -p.priority)
-    decisions = plan(ordered, snap, Policy(limits=LimitsConfig(max_per_cycle=None)))
+    no_limits = LimitsConfig(max_per_cycle=None, max_per_namespace=None, max_per_node=None)
+    decisions = plan(ordered, snap, Policy(limits=no_limits))
     assert [d.blocked_by for d in decisions] == [None, None, None]
     assert all(d.approved for d in decisions)
     for decision in decisions:

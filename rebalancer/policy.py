@@ -27,10 +27,13 @@ from pydantic import (
 )
 
 from rebalancer import yaml_input
+from rebalancer.wording import quoted
 from rebalancer.registry import StrategyArgs, all_strategies, get_strategy
 
 # --------------------------------------------------------------------------- durations
 
+# Past this no setting means anything, and datetime arithmetic overflows a little further on.
+MAX_DURATION_SECONDS = 3650 * 86400
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -38,7 +41,7 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 60480
 def parse_duration(value: object) -> int:
     """Seconds from `90`, `"90s"`, `"5m"`, `"1h30m"`, `"1d"` (Prometheus / Go style). Rejects the rest."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a duration such as 30s, 5m or 1h, got {value!r}")
+        raise ValueError(f"expected a duration such as 30s, 5m or 1h, got {quoted(value)}")
     if isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, str):
@@ -46,7 +49,7 @@ def parse_duration(value: object) -> int:
         if not text:
             raise ValueError("empty duration")
         if text.startswith("-"):
-            raise ValueError(f"duration must be non-negative, got {value!r}")
+            raise ValueError(f"duration must be non-negative, got {quoted(value)}")
         pos = 0
         seconds = 0.0
         for match in _DURATION_PART.finditer(text):
@@ -55,11 +58,17 @@ def parse_duration(value: object) -> int:
             seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
             pos = match.end()
         if pos != len(text):
-            raise ValueError(f"invalid duration {value!r}: use a number with a unit, e.g. 30s, 5m, 1h30m")
+            raise ValueError(
+                f"invalid duration {quoted(value)}: use a number with a unit, e.g. 30s, 5m, 1h30m"
+            )
     else:
         raise ValueError(f"expected a duration such as 30s, 5m or 1h, got {type(value).__name__}")
+    if seconds > MAX_DURATION_SECONDS:  # infinity included
+        raise ValueError(
+            f"duration {quoted(value)} is longer than {format_duration(MAX_DURATION_SECONDS)} (ten years)"
+        )
     if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"duration must be a finite, non-negative time, got {value!r}")
+        raise ValueError(f"duration must be a finite, non-negative time, got {quoted(value)}")
     return round(seconds)
 
 

@@ -515,6 +515,19 @@ def test_bad_durations_are_refused(written: object) -> None:
         parse_duration(written)
 
 
+@pytest.mark.parametrize("written", ["99999999999w", "3651d", 10**12, 1e300, "1" * 400 + "s"])
+def test_durations_past_ten_years_are_refused_not_an_overflow(written: object) -> None:
+    with pytest.raises(ValueError, match="longer than 3650d"):
+        parse_duration(written)
+    assert parse_duration("3650d") == 3650 * 86400
+
+
+def test_an_overflowing_duration_in_a_policy_is_a_located_error() -> None:
+    [problem] = problems_of("guards:\n  cooldown: 99999999999w\n")
+    assert problem.startswith("p.yaml:2: guards.cooldown: duration ")
+    assert "longer than 3650d" in problem
+
+
 @pytest.mark.parametrize(("seconds", "text"), [(5400, "90m"), (3600, "1h"), (86400, "1d"), (45, "45s")])
 def test_format_duration_round_trips(seconds: int, text: str) -> None:
     assert format_duration(seconds) == text

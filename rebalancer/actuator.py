@@ -79,9 +79,9 @@ from rebalancer.evictor import (
     read_or_none,
     release_unread,
 )
+from rebalancer.kubeapi import describe_transport_error, status_message
 from rebalancer.model import Decision, Finding, Mode, Node, Outcome, OutcomeResult, Pod, Snapshot
 from rebalancer.policy import EvictionConfig
-from rebalancer.sources.kube import describe_transport_error
 
 __all__ = [
     "CHECKPOINT_ANNOTATION",
@@ -415,7 +415,11 @@ class ConfigMapStateStore:
                 return request()
             except ApiException as exc:
                 status = exc.status or 0
-                problem = f"HTTP {status}: {_message(exc)}" if status else f"no valid answer: {_message(exc)}"
+                problem = (
+                    f"HTTP {status}: {status_message(exc)}"
+                    if status
+                    else f"no valid answer: {status_message(exc)}"
+                )
                 transient = status in (0, 409, 429) or status >= 500
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 problem = describe_transport_error(exc)
@@ -919,11 +923,15 @@ class ClusterActuator:
                 status = exc.status or 0
                 if status == 404:
                     return ("gone", "pod no longer exists (404)")
-                if status == 409 or (status == 422 and "uid" in _message(exc)):
+                if status == 409 or (status == 422 and "uid" in status_message(exc)):
                     return ("gone", f"pod was replaced or changed ({status})")
                 if not (status in (0, 429) or status >= 500):
-                    return ("error", f"HTTP {status}: {_message(exc)}")
-                problem = f"HTTP {status}: {_message(exc)}" if status else f"no valid answer: {_message(exc)}"
+                    return ("error", f"HTTP {status}: {status_message(exc)}")
+                problem = (
+                    f"HTTP {status}: {status_message(exc)}"
+                    if status
+                    else f"no valid answer: {status_message(exc)}"
+                )
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 problem = describe_transport_error(exc)
             if attempt >= self._cfg.retries:
@@ -940,13 +948,3 @@ class ClusterActuator:
             self._store.save(self.state)
         except (OSError, ValueError) as exc:
             log.error("cannot save the actuator state: %s", exc)
-
-
-def _message(exc: ApiException) -> str:
-    try:
-        body = json.loads(exc.body or "")
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and isinstance(body.get("message"), str) and body["message"]:
-        return str(body["message"])
-    return str(exc.reason or "no message")

@@ -19,17 +19,18 @@ from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
-from rebalancer import __version__
+from rebalancer import __version__, rfc3339
 from rebalancer.cycle import run_cycle
 from rebalancer.daemon import (
-    DaemonError,
     add_live_once_arguments,
     add_run_arguments,
     run_command,
     run_live_once,
     utcnow,
 )
+from rebalancer.errors import InputError, Problems
 from rebalancer.evictor import DryRunEvictor
+from rebalancer.kubeapi import KubeConfigError, load_api_client
 from rebalancer.policy import (
     LoadedPolicy,
     PolicyError,
@@ -40,26 +41,18 @@ from rebalancer.policy import (
 )
 from rebalancer.registry import all_strategies
 from rebalancer.report import OutputFormat, render
-from rebalancer.simulate import SimulationInputError, run_simulation
 from rebalancer.simulate import render as render_simulation
+from rebalancer.simulate import run_simulation
 from rebalancer.simulate.command import add_arguments as add_simulate_arguments
 from rebalancer.simulate.command import options_from_args as simulate_options
 from rebalancer.sources.dcgm import LOOKBACK_SECONDS
-from rebalancer.sources.files import SNAPSHOT_FILE, SnapshotError, load_snapshot_dir
-from rebalancer.sources.kube import KubeSource, KubeSourceError, load_api_client
+from rebalancer.sources.files import SNAPSHOT_FILE, load_snapshot_dir
+from rebalancer.sources.kube import KubeSource, KubeSourceError
 from rebalancer.sources.prometheus import PrometheusError, PrometheusTelemetrySource, render_openmetrics
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
-
-
-class BadInput(Exception):
-    """Input the operator must fix; each problem is printed on its own line."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = tuple(problems)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -69,28 +62,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _policy(path: str | None) -> LoadedPolicy:
-    try:
-        return load_policy(path) if path else default_policy()
-    except PolicyError as exc:
-        raise BadInput(exc.problems) from None
+    return load_policy(path) if path else default_policy()
 
 
 def cmd_once(args: argparse.Namespace) -> int:
     loaded = _policy(args.policy)
     if args.snapshot is None:
         # One live cycle against the cluster (e.g. as a CronJob): evicts unless dry-run.
-        try:
-            report = run_live_once(args, loaded)
-        except DaemonError as exc:
-            for problem in exc.problems:
-                print(f"rebalancer: error: {problem}", file=sys.stderr)
-            return EXIT_FAILED
+        report = run_live_once(args, loaded)
         sys.stdout.write(render(report, args.output))
         return EXIT_OK
-    try:
-        snapshot = load_snapshot_dir(Path(args.snapshot), loaded)
-    except SnapshotError as exc:
-        raise BadInput(exc.problems) from None
+    snapshot = load_snapshot_dir(Path(args.snapshot), loaded)
     # A snapshot is a picture of the past: it is always evaluated in dry-run.
     report = run_cycle(snapshot, loaded, DryRunEvictor())
     fmt: OutputFormat = args.output
@@ -100,14 +82,7 @@ def cmd_once(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`rebalancer run`: the daemon (rebalancer.daemon); exit 0 after SIGTERM / SIGINT."""
-    try:
-        return run_command(args)
-    except PolicyError as exc:
-        raise BadInput(exc.problems) from None
-    except DaemonError as exc:
-        for problem in exc.problems:
-            print(f"rebalancer: error: {problem}", file=sys.stderr)
-        return EXIT_FAILED
+    return run_command(args)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -120,7 +95,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         else:
             print(f"{path}: valid")
     if problems:
-        raise BadInput(problems)
+        raise InputError(problems)
     return EXIT_OK
 
 
@@ -148,13 +123,9 @@ def _snapshot_now(text: str | None) -> datetime:
         moment = utcnow()
     else:
         try:
-            moment = datetime.fromisoformat(text.strip())
-        except ValueError:
-            raise BadInput(
-                [f"snapshot: --now {text!r} is not RFC 3339 (e.g. 2026-11-29T12:00:00Z)"]
-            ) from None
-        if moment.tzinfo is None:
-            raise BadInput([f"snapshot: --now {text!r} has no timezone (add Z or an offset)"])
+            moment = rfc3339.parse(text.strip())
+        except ValueError as exc:
+            raise InputError([f"snapshot: --now: {exc}"]) from None
     # Prometheus evaluates at millisecond precision; so does the snapshot.
     return moment.astimezone(UTC).replace(microsecond=moment.microsecond // 1000 * 1000)
 
@@ -168,9 +139,9 @@ def _capture_cluster(args: argparse.Namespace, loaded: LoadedPolicy, out: Path) 
             (name, {"apiVersion": version, "kind": kind, "items": list(read(source))})
             for name, kind, version, read in _CLUSTER_LISTS
         ]
-    except KubeSourceError as exc:
+    except (KubeSourceError, KubeConfigError) as exc:
         if explicit:
-            raise BadInput([f"snapshot: {problem}" for problem in exc.problems]) from None
+            raise InputError([f"snapshot: {problem}" for problem in exc.problems]) from None
         print(
             f"rebalancer: warning: cluster objects not captured ({'; '.join(exc.problems)}); the snapshot "
             "holds telemetry only (add `kubectl get nodes,pods,pdb -A -o json` output to it, or pass "
@@ -186,7 +157,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     loaded = _policy(args.policy)
     cfg = loaded.policy.telemetry
     if cfg is None:
-        raise BadInput(["snapshot: telemetry is disabled in the policy (telemetry: null)"])
+        raise InputError(["snapshot: telemetry is disabled in the policy (telemetry: null)"])
     try:
         window = parse_duration(args.window)
         conn = cfg.prometheus
@@ -195,9 +166,11 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
             conn = PrometheusConfig.model_validate({**base, "url": args.prometheus_url})
     except ValueError as exc:  # pydantic's ValidationError is a ValueError too
         detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
-        raise BadInput([f"snapshot: {detail}"]) from None
+        raise InputError([f"snapshot: {detail}"]) from None
     if conn is None:
-        raise BadInput(["snapshot: no Prometheus: pass --prometheus-url URL or set telemetry.prometheus.url"])
+        raise InputError(
+            ["snapshot: no Prometheus: pass --prometheus-url URL or set telemetry.prometheus.url"]
+        )
     now = _snapshot_now(args.now)
     windows = loaded.telemetry_windows() or frozenset({window})
     # Enough history for every window of the policy and for instant values (the 5m lookback).
@@ -214,10 +187,10 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         if not args.telemetry_only:
             _capture_cluster(args, loaded, out)
         (out / "telemetry.om").write_text(render_openmetrics(series), encoding="utf-8")
-        stamp = now.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        stamp = rfc3339.format_utc(now, "milliseconds")
         (out / SNAPSHOT_FILE).write_text(f"now: {stamp}\n", encoding="utf-8")
     except OSError as exc:
-        raise BadInput([f"snapshot: cannot write {out}: {exc.strerror or exc}"]) from None
+        raise InputError([f"snapshot: cannot write {out}: {exc.strerror or exc}"]) from None
     samples = sum(len(one.samples) for one in series)
     print(f"wrote {out}: {len(series)} series, {samples} samples over {span}s before {stamp}")
     return EXIT_OK
@@ -225,12 +198,9 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Replay a GPU trace; wall time is measured here, at the edge, around the pure replay."""
-    try:
-        options = simulate_options(args)
-        started = time.perf_counter()
-        result = run_simulation(options)
-    except SimulationInputError as exc:
-        raise BadInput(exc.problems) from None
+    options = simulate_options(args)
+    started = time.perf_counter()
+    result = run_simulation(options)
     result = dataclasses.replace(result, wall_seconds=time.perf_counter() - started)
     sys.stdout.write(render_simulation(result, args.output))
     return EXIT_OK
@@ -287,10 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)
-    except BadInput as exc:
+    except Problems as exc:
         for problem in exc.problems:
             print(f"rebalancer: error: {problem}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return EXIT_BAD_INPUT if isinstance(exc, InputError) else EXIT_FAILED
     except KeyboardInterrupt:
         return 130
     return code

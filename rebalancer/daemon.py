@@ -90,7 +90,9 @@ from rebalancer.actuator import (
     StateStore,
 )
 from rebalancer.cycle import Sink, assemble_report, evaluate, execute
+from rebalancer.errors import InputError, Problems
 from rebalancer.evictor import REQUESTER, DryRunEvictor, Evictor, KubeEvictor, read_or_none, release_unread
+from rebalancer.kubeapi import load_api_client
 from rebalancer.model import CycleReport, Decision, Finding, Outcome, Snapshot
 from rebalancer.planner import DisruptionHistory, WorkloadKey, workload_key
 from rebalancer.policy import (
@@ -110,8 +112,9 @@ from rebalancer.sinks.metrics import DaemonMetrics
 from rebalancer.sinks.notify import HttpPoster, Notifier
 from rebalancer.sinks.slack import SlackSink
 from rebalancer.sinks.webhook import WebhookSink
-from rebalancer.sources.kube import KubeSource, KubeSourceError, load_api_client
+from rebalancer.sources.kube import KubeSource, KubeSourceError
 from rebalancer.sources.prometheus import PrometheusTelemetrySource
+from rebalancer.wording import quoted
 
 __all__ = [
     "JOB_ID",
@@ -149,12 +152,8 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class DaemonError(Exception):
+class DaemonError(Problems):
     """The daemon cannot start or a live cycle cannot run; one line per problem."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = tuple(problems)
 
 
 # --------------------------------------------------------------------------- policy hot reload
@@ -1071,15 +1070,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 def _prometheus_url(args: argparse.Namespace) -> str | None:
     url: str | None = args.prometheus_url
     if url is not None and not url.startswith(("http://", "https://")):
-        raise DaemonError([f"--prometheus-url: expected an http(s):// URL, got {url!r}"])
+        raise InputError([f"--prometheus-url: expected an http(s):// URL, got {quoted(url)}"])
     return url
 
 
 def _api_client(args: argparse.Namespace) -> client.ApiClient:
-    try:
-        return load_api_client(args.kubeconfig, args.context)
-    except KubeSourceError as exc:
-        raise DaemonError(exc.problems) from None
+    """The cluster's client; a kubeconfig to fix raises kubeapi.KubeConfigError (bad input)."""
+    return load_api_client(args.kubeconfig, args.context)
 
 
 def build_state_store(args: argparse.Namespace, api_client: client.ApiClient) -> StateStore | None:
@@ -1201,9 +1198,9 @@ def run_command(args: argparse.Namespace) -> int:
                 on_change=on_leadership,
             )
         except ValueError as exc:
-            raise DaemonError([str(exc)]) from None
+            raise InputError([str(exc)]) from None
         if args.leader_margin >= args.renew_deadline:
-            raise DaemonError(["--leader-margin must be shorter than --renew-deadline"])
+            raise InputError(["--leader-margin must be shorter than --renew-deadline"])
     daemon = Daemon(
         policy,
         kube_snapshot_source(api_client, prometheus_url=_prometheus_url(args), namespaces=args.namespaces),

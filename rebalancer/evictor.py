@@ -48,9 +48,9 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rebalancer.kubeapi import describe_transport_error, status_body, status_message
 from rebalancer.model import Decision, Mode, Outcome, OutcomeResult, Pdb, Pod
 from rebalancer.selectors import label_selector_matches
-from rebalancer.sources.kube import describe_transport_error
 from rebalancer.sources.kube_objects import ObjectError, pdb_from_json
 
 __all__ = [
@@ -239,7 +239,7 @@ class KubeEvictor:
                 return outcome("evicted")
             except ApiException as exc:
                 status = exc.status or 0
-                message = _message(exc)
+                message = status_message(exc)
                 if status == 429 and _is_budget_refusal(exc):
                     self._remember_exhausted(pod, exc)
                     return outcome("blocked-by-pdb", _budget_detail(exc) or message)
@@ -465,8 +465,8 @@ class KubeTainter:
                 if status == 404:
                     return TaintChange(node, ok=missing_ok, detail="node no longer exists")
                 if not (status in (0, 409, 422, 429) or status >= 500):
-                    return TaintChange(node, ok=False, detail=f"HTTP {status}: {_message(exc)}")
-                problem = f"HTTP {status}: {_message(exc)}"
+                    return TaintChange(node, ok=False, detail=f"HTTP {status}: {status_message(exc)}")
+                problem = f"HTTP {status}: {status_message(exc)}"
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 problem = describe_transport_error(exc)
             if attempt >= self._retries:
@@ -508,23 +508,8 @@ def _read_json(response: urllib3.BaseHTTPResponse) -> Mapping[str, Any]:
 # --------------------------------------------------------------------------- reading Status answers
 
 
-def _status_body(exc: ApiException) -> Mapping[str, Any]:
-    try:
-        body = json.loads(exc.body or "")
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
-def _message(exc: ApiException) -> str:
-    message = _status_body(exc).get("message")
-    if isinstance(message, str) and message:
-        return message
-    return str(exc.reason or (exc.body or "").strip()[:200] or "no message")
-
-
 def _causes(exc: ApiException) -> list[Mapping[str, Any]]:
-    details = _status_body(exc).get("details")
+    details = status_body(exc).get("details")
     causes = details.get("causes") if isinstance(details, dict) else None
     return [c for c in causes if isinstance(c, dict)] if isinstance(causes, list) else []
 
@@ -533,7 +518,7 @@ def _is_budget_refusal(exc: ApiException) -> bool:
     """A PDB's 429, as opposed to API priority-and-fairness throttling (which is worth a retry)."""
     if any(c.get("reason") == "DisruptionBudget" for c in _causes(exc)):
         return True
-    return "disruption budget" in _message(exc)
+    return "disruption budget" in status_message(exc)
 
 
 def _budget_detail(exc: ApiException) -> str:

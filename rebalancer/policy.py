@@ -27,8 +27,9 @@ from pydantic import (
 )
 
 from rebalancer import yaml_input
-from rebalancer.wording import quoted
+from rebalancer.errors import InputError
 from rebalancer.registry import StrategyArgs, all_strategies, get_strategy
+from rebalancer.wording import quoted
 
 # --------------------------------------------------------------------------- durations
 
@@ -360,12 +361,8 @@ class Policy(StrictModel):
 # --------------------------------------------------------------------------- loading
 
 
-class PolicyError(Exception):
+class PolicyError(InputError):
     """A policy that cannot be used; `problems` holds one line per problem, each naming where."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = tuple(problems)
 
 
 class ConfiguredStrategy(BaseModel):

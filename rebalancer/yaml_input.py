@@ -25,10 +25,12 @@ from typing import Any
 
 import yaml
 from yaml.composer import Composer, ComposerError
-from yaml.constructor import SafeConstructor
+from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, Node, SequenceNode
 from yaml.resolver import Resolver
+
+from rebalancer.wording import quoted
 
 __all__ = ["MAX_ALIAS_NODES", "MAX_DEPTH", "compose_and_load", "load", "load_all"]
 
@@ -45,6 +47,21 @@ _Resolver.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP_TAG]
     for first, resolvers in Resolver.yaml_implicit_resolvers.items()
 }
+
+
+class _Constructor(SafeConstructor):
+    """The safe constructor, with a value its tag cannot hold (`!!int abc`, `!!float x`) a located
+    ConstructorError, and an explicit `!!timestamp` a string as an implicit one is."""
+
+    def construct_object(self, node: Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, OverflowError) as exc:
+            problem = f"cannot read {quoted(node.value)} as {node.tag.rsplit(':', 1)[-1]}: {exc}"
+            raise ConstructorError(None, None, problem, node.start_mark) from None
+
+
+_Constructor.add_constructor(_TIMESTAMP_TAG, _Constructor.construct_yaml_str)  # type: ignore[type-var]
 
 
 class _BoundedComposer(Composer):  # the parser's methods come from the loader it is mixed into
@@ -125,7 +142,7 @@ class _PythonLoader(
     yaml.scanner.Scanner,
     yaml.parser.Parser,
     _BoundedComposer,
-    SafeConstructor,
+    _Constructor,
     _Resolver,
 ):
     """PyYAML's own parser: the messages policy authors see (small files, so its speed does not matter)."""
@@ -135,7 +152,7 @@ class _PythonLoader(
         yaml.scanner.Scanner.__init__(self)
         yaml.parser.Parser.__init__(self)
         _BoundedComposer.__init__(self)
-        SafeConstructor.__init__(self)
+        _Constructor.__init__(self)
         _Resolver.__init__(self)
 
 
@@ -143,13 +160,13 @@ _CParser: Any = getattr(getattr(yaml, "cyaml", None), "CParser", None)
 
 if _CParser is not None:
 
-    class _LibyamlLoader(_BoundedComposer, _CParser, SafeConstructor, _Resolver):  # type: ignore[misc]
+    class _LibyamlLoader(_BoundedComposer, _CParser, _Constructor, _Resolver):  # type: ignore[misc]
         """libyaml's parser, for snapshot files of hundreds of MB."""
 
         def __init__(self, stream: str) -> None:
             _CParser.__init__(self, stream)
             _BoundedComposer.__init__(self)
-            SafeConstructor.__init__(self)
+            _Constructor.__init__(self)
             _Resolver.__init__(self)
 
     _FastLoader: type = _LibyamlLoader

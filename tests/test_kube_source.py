@@ -11,9 +11,10 @@ import pytest
 import yaml
 from kubernetes import client
 
+from rebalancer.kubeapi import KubeConfigError, load_api_client
 from rebalancer.model import NO_TELEMETRY, Finding, GpuRequest, OwnerRef, Pod, Telemetry
 from rebalancer.policy import LoadedPolicy, parse_policy
-from rebalancer.sources.kube import ACTIVE_PODS, KubeSource, KubeSourceError, load_api_client
+from rebalancer.sources.kube import ACTIVE_PODS, KubeSource, KubeSourceError
 from tests.builders import NOW, gpu_sample, telemetry
 from tests.fake_apiserver import FakeApiServer, node_json, pdb_json, pod_json
 
@@ -271,9 +272,9 @@ def test_kubeconfig_and_context(api: FakeApiServer, tmp_path: Path, monkeypatch:
     source = KubeSource.from_kubeconfig(LOADED, kubeconfig=str(file), context="good")
     assert list(source.snapshot(NOW).nodes) == ["gpu-1"]
 
-    with pytest.raises(KubeSourceError, match="context 'missing'"):
+    with pytest.raises(KubeConfigError, match="context 'missing'"):
         load_api_client(str(file), "missing")
-    with pytest.raises(KubeSourceError, match="cannot load Kubernetes config from"):
+    with pytest.raises(KubeConfigError, match="cannot read kubeconfig"):
         load_api_client(str(tmp_path / "absent"))
 
 
@@ -285,7 +286,7 @@ def test_in_cluster_config_is_used_inside_a_pod(tmp_path: Path, monkeypatch: pyt
     token, ca = tmp_path / "token", tmp_path / "ca.crt"
     monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(token))
     monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(ca))
-    with pytest.raises(KubeSourceError, match="cannot load in-cluster Kubernetes config"):
+    with pytest.raises(KubeConfigError, match="cannot load in-cluster Kubernetes config"):
         load_api_client()  # no service account token mounted
     token.write_text("sa-token")
     ca.write_text("-----BEGIN CERTIFICATE-----\n")

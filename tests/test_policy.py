@@ -746,3 +746,23 @@ def test_demo_cluster_files_are_what_the_generator_writes(tmp_path: Path) -> Non
         assert (tmp_path / name).read_bytes() == (DEMO / name).read_bytes(), (
             f"{name} is stale: rerun generate.py"
         )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("interval: !!int abc\n", "p.yaml:1: YAML syntax error: cannot read 'abc' as int"),
+        ("interval: !!float x\n", "p.yaml:1: YAML syntax error: cannot read 'x' as float"),
+    ],
+)
+def test_a_value_its_explicit_tag_cannot_hold_is_a_located_error(text: str, expected: str) -> None:
+    [problem] = problems_of(text)
+    assert problem.startswith(expected)
+
+
+def test_an_explicit_timestamp_tag_stays_a_string() -> None:
+    loaded = loads_policy(
+        "guards:\n  label_selector:\n    match_labels: {at: !!timestamp 2026-02-30T00:00:00Z}\n"
+    )
+    selector = loaded.policy.guards.label_selector
+    assert selector is not None and selector.match_labels == {"at": "2026-02-30T00:00:00Z"}

@@ -138,7 +138,7 @@ UPSTREAM_INVALID = [
     "1 ",
 ]
 # What Python's Decimal accepts but Kubernetes' grammar does not.
-LOOSER_THAN_UPSTREAM = ["NaN", "Infinity", "-inf", "1_000", "1e3Mi", "1K", "0x10", "１"]
+LOOSER_THAN_UPSTREAM = ["NaN", "Infinity", "-inf", "1_000", "1e3Mi", "1K", "0x10", "１"]  # noqa: RUF001
 
 
 @pytest.mark.parametrize(("text", "value"), UPSTREAM_VALID)

@@ -19,13 +19,14 @@ and sets it on the result with `dataclasses.replace`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from rebalancer import yaml_input
+from rebalancer.errors import InputError
 from rebalancer.policy import LoadedPolicy, PolicyError, load_policy
 from rebalancer.simulate.cluster import SchedulerModel
 from rebalancer.simulate.engine import DEFAULT_INTERVAL, EngineConfig, RebalancerMode, simulate
@@ -53,12 +54,8 @@ __all__ = [
 ]
 
 
-class SimulationInputError(Exception):
+class SimulationInputError(InputError):
     """Input the operator must fix (files, flags, policy); `problems` has one line per problem."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = tuple(problems)
 
 
 @dataclass(frozen=True)

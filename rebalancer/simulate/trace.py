@@ -28,6 +28,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from rebalancer.errors import InputError
 from rebalancer.model import MILLI_PER_GPU
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
@@ -36,12 +37,8 @@ POD_TIME_COLUMNS = ("scheduled_time", "deletion_time")
 _MISSING = ("", "nan", "none", "null")
 
 
-class TraceError(Exception):
+class TraceError(InputError):
     """A trace file that cannot be used; `problems` holds one line per problem, each naming where."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = tuple(problems)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,8 +32,8 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rebalancer.kubeapi import describe_transport_error
 from rebalancer.model import CycleReport, ReportedDecision, Snapshot
-from rebalancer.sources.kube import describe_transport_error
 
 __all__ = ["EVENT_PREFIX", "EventsSinkError", "KubeEventsSink", "event_reason"]
 

@@ -35,6 +35,7 @@ import ijson
 import yaml
 
 from rebalancer import rfc3339, yaml_input
+from rebalancer.errors import InputError
 from rebalancer.gcpause import collector_paused
 from rebalancer.model import Finding, Node, Pdb, Pod, Snapshot, Telemetry
 from rebalancer.policy import LoadedPolicy
@@ -72,12 +73,8 @@ _NOW_HINT = (
 )
 
 
-class SnapshotError(Exception):
+class SnapshotError(InputError):
     """A snapshot directory that cannot be used; `problems` holds one line per problem, each naming where."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = tuple(problems)
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """The live cluster source: the Kubernetes API (official client) -> Snapshot.
 
-Owns connecting to a cluster (`--kubeconfig` / `--context`, else in-cluster config inside a pod, else the
-default kubeconfig) and reading the three kinds a cycle needs, each listed with pagination (`limit` +
-`continue`, restarting the list when a continue token expires) and raw JSON responses
+Owns reading the three kinds a cycle needs (the client comes from `rebalancer.kubeapi`), each listed
+with pagination (`limit` + `continue`, restarting the list when a continue token expires) and raw JSON
+responses
 (`_preload_content=False`), which go straight through `kube_objects` into the model: no client model
 objects are built for thousands of pods.
 
@@ -27,17 +27,17 @@ transient failures (5xx, 429 throttling, timeouts, dropped connections), raises 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol, cast
 
 import urllib3
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
 
+from rebalancer.errors import Problems
+from rebalancer.kubeapi import describe_error, is_transient, load_api_client
 from rebalancer.model import NO_TELEMETRY, Finding, Node, Pdb, Pod, Snapshot, Telemetry
 from rebalancer.policy import LoadedPolicy
 from rebalancer.sources.dcgm import unknown_node_findings
@@ -49,14 +49,7 @@ from rebalancer.sources.kube_objects import (
     split_unbound,
 )
 
-__all__ = [
-    "ACTIVE_PODS",
-    "KubeSource",
-    "KubeSourceError",
-    "TelemetryProvider",
-    "describe_transport_error",
-    "load_api_client",
-]
+__all__ = ["ACTIVE_PODS", "KubeSource", "KubeSourceError", "TelemetryProvider"]
 
 # Finished pods hold no resources; the API server filters them out for us.
 ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
@@ -68,12 +61,8 @@ RequestTimeout = float | tuple[float, float]
 JsonObj = Mapping[str, Any]
 
 
-class KubeSourceError(Exception):
+class KubeSourceError(Problems):
     """The cluster could not be read into a snapshot; `problems` holds one line per problem."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = tuple(problems)
 
 
 class TelemetryProvider(Protocol):
@@ -85,64 +74,6 @@ class TelemetryProvider(Protocol):
     def __call__(
         self, now: datetime, pods: Mapping[tuple[str, str], Pod]
     ) -> Telemetry | tuple[Telemetry, Sequence[Finding]]: ...
-
-
-def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
-    """An ApiClient from a kubeconfig file / context, else in-cluster config, else the default kubeconfig.
-
-    In-cluster config is used only when neither a kubeconfig nor a context is given and the pod's service
-    environment (`KUBERNETES_SERVICE_HOST`) is present. Raises KubeSourceError naming what failed.
-    """
-    if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        configuration = client.Configuration()
-        try:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        except (ConfigException, OSError, ValueError) as exc:
-            raise KubeSourceError([f"cannot load in-cluster Kubernetes config: {exc}"]) from None
-        return client.ApiClient(configuration)
-    try:
-        api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, context=context, persist_config=False
-        )
-    except (ConfigException, OSError, ValueError, TypeError) as exc:
-        where = kubeconfig or "the default kubeconfig"
-        suffix = f" (context {context!r})" if context else ""
-        raise KubeSourceError([f"cannot load Kubernetes config from {where}{suffix}: {exc}"]) from None
-    return cast("client.ApiClient", api_client)
-
-
-def _is_transient(exc: Exception) -> bool:
-    if isinstance(exc, ApiException):
-        status = exc.status or 0
-        return status in (0, 429) or status >= 500
-    return isinstance(exc, urllib3.exceptions.HTTPError | OSError)
-
-
-def _describe(exc: Exception) -> str:
-    """One line for an API or transport error: `HTTP 500 Internal Server Error: <message>`, `timed out`..."""
-    if isinstance(exc, ApiException):
-        message = ""
-        try:
-            body = json.loads(exc.body or "")
-            message = body.get("message", "") if isinstance(body, dict) else ""
-        except ValueError:
-            message = (exc.body or "").strip()[:200]
-        return f"HTTP {exc.status} {exc.reason or ''}".rstrip() + (f": {message}" if message else "")
-    return describe_transport_error(exc)
-
-
-def describe_transport_error(exc: BaseException) -> str:
-    """A timeout, a dropped connection or a refused one, as an operator would say it."""
-    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
-        exc = exc.reason
-    if isinstance(exc, urllib3.exceptions.TimeoutError | TimeoutError):
-        return f"timed out ({exc})"
-    if isinstance(exc, urllib3.exceptions.ProtocolError):
-        cause = exc.args[1] if len(exc.args) > 1 else exc
-        return f"connection dropped ({cause})"
-    if isinstance(exc, urllib3.exceptions.NewConnectionError | ConnectionError):
-        return f"cannot connect ({exc})"
-    return f"{type(exc).__name__}: {exc}"
 
 
 class KubeSource:
@@ -185,7 +116,7 @@ class KubeSource:
         context: str | None = None,
         **kwargs: Any,
     ) -> KubeSource:
-        """A source for the cluster `load_api_client(kubeconfig, context)` reaches."""
+        """A source for the cluster `kubeapi.load_api_client(kubeconfig, context)` reaches."""
         return cls(load_api_client(kubeconfig, context), loaded, **kwargs)
 
     # ---- the snapshot
@@ -312,7 +243,7 @@ class KubeSource:
             except ApiException as exc:
                 if exc.status == 410 and restart < self._list_restarts:
                     continue
-                raise KubeSourceError([f"cannot list {what}: {_describe(exc)}"]) from None
+                raise KubeSourceError([f"cannot list {what}: {describe_error(exc)}"]) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _page(
@@ -340,12 +271,12 @@ class KubeSource:
                     raise KubeSourceError([f"cannot list {what}: the API answered {type(page).__name__}"])
                 return page
             except ApiException as exc:
-                if not _is_transient(exc) or attempt >= self._retries:
+                if not is_transient(exc) or attempt >= self._retries:
                     raise
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 if attempt >= self._retries:
                     raise KubeSourceError(
-                        [f"cannot list {what}: {_describe(exc)} (after {attempt + 1} attempts)"]
+                        [f"cannot list {what}: {describe_error(exc)} (after {attempt + 1} attempts)"]
                     ) from None
             except ValueError as exc:
                 raise KubeSourceError([f"cannot list {what}: the API answered invalid JSON: {exc}"]) from None

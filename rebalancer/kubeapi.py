@@ -1,0 +1,194 @@
+"""The Kubernetes API helper every reader and writer of the cluster goes through.
+
+Owns connecting to a cluster and saying what went wrong:
+
+- `load_api_client(kubeconfig, context)`: `--kubeconfig` / `--context` when given, else in-cluster
+  config inside a pod (`KUBERNETES_SERVICE_HOST`), else `KUBECONFIG` (one file or a `:`-separated list,
+  merged as kubectl merges them), else `~/.kube/config`. A kubeconfig that is missing, unreadable, not
+  YAML or lacks the context raises `KubeConfigError` (bad input: exit 2) naming the file, the line
+  where known, every place tried and how to point at a cluster;
+- `describe_api_error` / `describe_transport_error`: one line for an API answer (`HTTP 500 Internal
+  Server Error: <the Status message>`) or a transport failure (`connection refused`, `timed out`,
+  `connection dropped`), as an operator would say it;
+- `is_transient`: the one rule of what is worth retrying (no answer, 429 throttling, 5xx, transport).
+
+It must not decide anything about the cluster's objects: sources read, the evictor and actuator write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, cast
+
+import urllib3
+import yaml
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from rebalancer.errors import InputError
+from rebalancer.wording import clip
+
+__all__ = [
+    "KubeConfigError",
+    "describe_api_error",
+    "describe_error",
+    "describe_transport_error",
+    "is_transient",
+    "load_api_client",
+    "status_body",
+]
+
+DEFAULT_KUBECONFIG = "~/.kube/config"
+_HOW_TO_POINT = (
+    "point at a cluster with --kubeconfig FILE (and --context NAME), set KUBECONFIG, run inside a pod "
+    "with a service account, or analyse a snapshot offline with --snapshot DIR"
+)
+
+
+class KubeConfigError(InputError):
+    """No usable Kubernetes client configuration: a kubeconfig to fix or to point at."""
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
+    """An ApiClient for the cluster the flags, the pod or the kubeconfig name (see the module docstring)."""
+    in_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    if kubeconfig is None and context is None and in_pod:
+        configuration = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except (ConfigException, OSError, ValueError) as exc:
+            raise KubeConfigError([f"cannot load in-cluster Kubernetes config: {exc}"]) from None
+        return client.ApiClient(configuration)
+    files = _kubeconfig_files(kubeconfig, in_pod=in_pod)
+    for path in files:
+        _check_kubeconfig(path)
+    try:
+        api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=os.pathsep.join(files), context=context, persist_config=False
+        )
+    except (ConfigException, OSError, ValueError, TypeError, AttributeError, yaml.YAMLError) as exc:
+        where = ", ".join(files)
+        if context is not None and f"name {context} " in str(exc):
+            raise KubeConfigError([f"{where}: context {context!r} is not in the kubeconfig"]) from None
+        raise KubeConfigError([f"{where}: not a usable kubeconfig: {clip(str(exc), 300)}"]) from None
+    return cast("client.ApiClient", api_client)
+
+
+def _kubeconfig_files(kubeconfig: str | None, *, in_pod: bool) -> list[str]:
+    """The kubeconfig files to merge; KubeConfigError listing what was tried when there are none."""
+    if kubeconfig is not None:
+        return [kubeconfig]
+    variable = os.environ.get("KUBECONFIG")
+    if variable:
+        named = [part for part in variable.split(os.pathsep) if part]
+        present = [part for part in named if Path(part).expanduser().is_file()]
+        if present:
+            return [str(Path(part).expanduser()) for part in present]
+        tried = [f"KUBECONFIG={variable} (no such file)"]
+    else:
+        default = Path(DEFAULT_KUBECONFIG).expanduser()
+        if default.is_file():
+            return [str(default)]
+        tried = ["KUBECONFIG (not set)", f"{default} (does not exist)"]
+    if not in_pod:
+        tried.append("in-cluster (KUBERNETES_SERVICE_HOST not set)")
+    raise KubeConfigError([f"no Kubernetes configuration found: tried {', '.join(tried)}; {_HOW_TO_POINT}"])
+
+
+def _check_kubeconfig(path: str) -> None:
+    """A located KubeConfigError for a kubeconfig file that cannot be read or is not a YAML mapping."""
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except OSError as exc:
+        raise KubeConfigError([f"{path}: cannot read kubeconfig: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise KubeConfigError([f"{path}: not a valid kubeconfig: not UTF-8 text ({exc.reason})"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise KubeConfigError(
+            [f"{path}{line}: not a valid kubeconfig: {exc.problem or exc.context or 'YAML syntax error'}"]
+        ) from None
+    except yaml.YAMLError as exc:
+        raise KubeConfigError([f"{path}: not a valid kubeconfig: {exc}"]) from None
+    if not isinstance(data, dict):
+        raise KubeConfigError(
+            [f"{path}: not a valid kubeconfig: expected a mapping with clusters and contexts"]
+        )
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth another try: no answer (status 0), 429 throttling, a 5xx, or a transport failure."""
+    if isinstance(exc, ApiException):
+        status = exc.status or 0
+        return status in (0, 429) or status >= 500
+    return isinstance(exc, urllib3.exceptions.HTTPError | OSError)
+
+
+def status_body(exc: ApiException) -> dict[str, Any]:
+    """The metav1.Status the API server answered with, or {}."""
+    try:
+        body = json.loads(exc.body or "")
+    except (ValueError, TypeError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def status_message(exc: ApiException) -> str:
+    """The Status message of an API error, else its reason or body, never empty."""
+    message = status_body(exc).get("message")
+    if isinstance(message, str) and message:
+        return message
+    return str(exc.reason or (exc.body or "").strip()[:200] or "no message")
+
+
+def describe_api_error(exc: ApiException) -> str:
+    """`HTTP 409 Conflict: <the Status message>`."""
+    message = status_body(exc).get("message")
+    head = f"HTTP {exc.status} {exc.reason or ''}".rstrip()
+    if isinstance(message, str) and message:
+        return f"{head}: {message}"
+    body = (exc.body or "").strip() if isinstance(exc.body, str) else ""
+    return f"{head}: {body[:200]}" if body and not body.startswith("{") else head
+
+
+def describe_transport_error(exc: BaseException) -> str:
+    """A refused connection, a timeout or a dropped connection, as an operator would say it."""
+    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+        exc = exc.reason
+    # urllib3's NewConnectionError is a ConnectTimeoutError subclass: a refusal must be told apart first.
+    if isinstance(exc, urllib3.exceptions.NewConnectionError | ConnectionRefusedError):
+        cause = exc.__context__ or exc
+        if isinstance(cause, ConnectionRefusedError) or "Connection refused" in str(exc):
+            return f"connection refused ({_transport_where(exc)})"
+        return f"cannot connect ({exc})"
+    if isinstance(exc, urllib3.exceptions.TimeoutError | TimeoutError):
+        return f"timed out ({exc})"
+    if isinstance(exc, urllib3.exceptions.ProtocolError):
+        cause = exc.args[1] if len(exc.args) > 1 else exc
+        return f"connection dropped ({cause})"
+    if isinstance(exc, ConnectionError):
+        return f"cannot connect ({exc})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _transport_where(exc: BaseException) -> str:
+    connection = getattr(exc, "conn", None) or getattr(exc, "pool", None)
+    host, port = getattr(connection, "host", None), getattr(connection, "port", None)
+    return f"{host}:{port}" if host else str(exc)
+
+
+def describe_error(exc: BaseException) -> str:
+    """`describe_api_error` for an API answer, `describe_transport_error` for anything else."""
+    return describe_api_error(exc) if isinstance(exc, ApiException) else describe_transport_error(exc)

@@ -453,3 +453,115 @@ def yaml_dump(data: object) -> str:
     import yaml
 
     return yaml.safe_dump(data)
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def gz(directory: Path, name: str, content: str | dict[str, Any]) -> Path:
+    import gzip
+
+    path = directory / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(content) if isinstance(content, dict) else content
+    path.write_bytes(gzip.compress(text.encode("utf-8")))
+    return path
+
+
+def test_files_in_subdirectories_are_read(tmp_path: Path) -> None:
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    (tmp_path / "cluster" / "ml").mkdir(parents=True)
+    (tmp_path / "metrics").mkdir()
+    write(tmp_path, "cluster/nodes.json", kube_list(node("n1")))
+    write(tmp_path, "cluster/ml/pods.json", kube_list(pod("train-0", "n1")))
+    write(tmp_path, "metrics/dcgm.om", f'DCGM_FI_DEV_GPU_UTIL{{Hostname="n1",UUID="{UUID}"}} 5 {T0}\n# EOF\n')
+    snap = load_snapshot_dir(tmp_path, loaded())
+    assert list(snap.nodes) == ["n1"]
+    assert [p.name for p in snap.pods] == ["train-0"]
+    assert snap.telemetry.available
+    assert snap.findings == ()
+
+
+def test_a_kubectl_cluster_info_dump_directory_is_a_snapshot(tmp_path: Path) -> None:
+    """`kubectl cluster-info dump --all-namespaces --output-directory=DIR` writes nodes.json at the top,
+    one directory per namespace with its lists, and one directory per pod with its logs."""
+    write(tmp_path, "nodes.json", {"kind": "NodeList", "apiVersion": "v1", "items": [node("n1")]})
+    for namespace in ("ml", "kube-system"):
+        (tmp_path / namespace).mkdir()
+        items = [{k: v for k, v in pod(f"{namespace}-0", "n1", namespace=namespace).items() if k != "kind"}]
+        write(tmp_path, f"{namespace}/pods.json", {"kind": "PodList", "apiVersion": "v1", "items": items})
+        write(tmp_path, f"{namespace}/events.json", {"kind": "EventList", "apiVersion": "v1", "items": []})
+        svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": namespace}}
+        write(
+            tmp_path,
+            f"{namespace}/services.json",
+            {"kind": "ServiceList", "apiVersion": "v1", "items": [svc]},
+        )
+        (tmp_path / namespace / f"{namespace}-0").mkdir()
+        write(tmp_path, f"{namespace}/{namespace}-0/logs.txt", "starting\n")
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    snap = load_snapshot_dir(tmp_path, loaded())
+    assert {p.key for p in snap.pods} == {("ml", "ml-0"), ("kube-system", "kube-system-0")}
+    by_kind = {f.kind: f for f in snap.findings}
+    assert "Service (2)" in by_kind["ignored-objects"].detail
+    unread = by_kind["unread-files"]
+    assert unread.detail == (
+        "not read (a snapshot holds .json, .yaml, .yml, .prom and .om files, optionally gzipped): "
+        "2 files: kube-system/kube-system-0/logs.txt, ml/ml-0/logs.txt"
+    )
+
+
+def test_unread_files_are_listed_and_long_lists_are_cut(tmp_path: Path) -> None:
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    write(tmp_path, "c.json", kube_list(node("n1")))
+    for index in range(12):
+        write(tmp_path, f"notes-{index:02}.txt", "x")
+    [unread] = [f for f in load_snapshot_dir(tmp_path, loaded()).findings if f.kind == "unread-files"]
+    assert unread.detail.endswith(
+        "12 files: notes-00.txt, notes-01.txt, notes-02.txt, notes-03.txt, notes-04.txt and 7 more"
+    )
+
+
+def test_hidden_directories_are_not_read(tmp_path: Path) -> None:
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    write(tmp_path, "c.json", kube_list(node("n1")))
+    (tmp_path / ".git").mkdir()
+    write(tmp_path, ".git/config.json", "{not json")
+    assert load_snapshot_dir(tmp_path, loaded()).findings == ()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_gzipped_files_are_read_as_their_inner_format(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    if stream:
+        monkeypatch.setattr(files, "STREAM_JSON_BYTES", 1)
+    gz(tmp_path, "snapshot.yaml.gz", "now: 2026-11-29T12:00:00Z\n")
+    gz(tmp_path, "nodes.json.gz", kube_list(node("n1")))
+    gz(
+        tmp_path,
+        "pods.yaml.gz",
+        f"kind: Pod\napiVersion: v1\nmetadata: {{name: p, namespace: ml}}\nspec: {{nodeName: n1}}\n",
+    )
+    gz(tmp_path, "dcgm.om.gz", f'DCGM_FI_DEV_GPU_UTIL{{Hostname="n1",UUID="{UUID}"}} 5 {T0}\n# EOF\n')
+    gz(tmp_path, "more.prom.gz", f'DCGM_FI_DEV_FB_USED{{Hostname="n1",UUID="{UUID}"}} 7 {T0 * 1000}\n')
+    snap = load_snapshot_dir(tmp_path, loaded())
+    assert list(snap.nodes) == ["n1"]
+    assert [p.name for p in snap.pods] == ["p"]
+    window = snap.telemetry.window(600)
+    assert window is not None
+    [row] = window.gpus
+    assert (row.util_avg_percent, row.fb_used_mib) == (5.0, 7.0)
+    assert snap.findings == ()
+
+
+def test_a_corrupt_gzip_file_is_a_located_error(tmp_path: Path) -> None:
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    (tmp_path / "nodes.json.gz").write_bytes(b"not gzip at all")
+    truncated = gz(tmp_path, "pods.json.gz", kube_list(pod("p", None)))
+    truncated.write_bytes(truncated.read_bytes()[:20])
+    problems = problems_of(tmp_path)
+    assert problems == (
+        f"{tmp_path / 'nodes.json.gz'}: not a gzip file",
+        f"{tmp_path / 'pods.json.gz'}: truncated gzip file",
+    )

@@ -1,15 +1,18 @@
 """The snapshot-directory source (DESIGN §4): a directory an operator can make with kubectl -> Snapshot.
 
-Owns reading one directory, non-recursively (hidden files skipped):
+Owns reading one directory and its subdirectories (which files, and how they are opened and gunzipped,
+is `snapshot_layout`'s):
 
-- every `*.json` / `*.yaml` / `*.yml` file (except `snapshot.yaml`) holding Kubernetes objects or
-  `List`s of them (as `kubectl get nodes,pods,pdb -A -o json` prints): Node, Pod, PodDisruptionBudget;
-  other kinds, and documents with neither `apiVersion` nor `kind` (a policy file kept alongside), are
-  ignored and reported in an `ignored-objects` finding (the policy file in use is skipped silently);
+- every `*.json` / `*.yaml` / `*.yml` file (except the top-level `snapshot.yaml`) holding Kubernetes
+  objects or `List`s of them (as `kubectl get nodes,pods,pdb -A -o json` prints): Node, Pod,
+  PodDisruptionBudget; other kinds, and documents with neither `apiVersion` nor `kind` (a policy file
+  kept alongside), are ignored and reported in an `ignored-objects` finding (the policy file in use is
+  skipped silently);
 - every `*.prom` / `*.om` file: DCGM exporter series in Prometheus text format or OpenMetrics (an `.om`
   file must be OpenMetrics, ending with `# EOF`), aggregated for the policy's telemetry windows;
 - the optional `snapshot.yaml` with `now: <RFC 3339 with timezone>`; without it `now` is the newest
-  sample timestamp.
+  sample timestamp;
+- any other file is listed in an `unread-files` finding.
 
 Large files are read as streams: a JSON `List` of 64 MiB or more item by item (ijson), an exposition
 line by line, so a 5,000-node cluster's dump and hour of DCGM history fit in under 1 GiB.
@@ -24,6 +27,7 @@ write anything: object translation lives in `kube_objects`, telemetry maths in `
 from __future__ import annotations
 
 import json
+import zlib
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -55,7 +59,8 @@ from rebalancer.sources.kube_objects import (
     pod_from_json,
     split_unbound,
 )
-from rebalancer.wording import quoted
+from rebalancer.sources.snapshot_layout import SnapshotFile, UnreadableFile, read_problem, walk
+from rebalancer.wording import plural, quoted
 
 __all__ = ["METRIC_SUFFIXES", "OBJECT_SUFFIXES", "SNAPSHOT_FILE", "SnapshotError", "load_snapshot_dir"]
 
@@ -91,34 +96,34 @@ class _Collected:
 # --------------------------------------------------------------------------- reading files
 
 
-def _read_text(file: Path, problems: list[str]) -> str | None:
+def _read_text(file: SnapshotFile, problems: list[str]) -> str | None:
     try:
-        return file.read_text(encoding="utf-8")
-    except OSError as exc:
-        problems.append(f"{file}: cannot read: {exc.strerror or exc}")
-    except UnicodeDecodeError as exc:
-        problems.append(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+        return file.read_text()
+    except UnreadableFile as exc:
+        problems.append(str(exc))
     return None
 
 
-def _read_exposition(file: Path, metrics: Collection[str] | None, problems: list[str]) -> list[Series]:
+def _read_exposition(
+    file: SnapshotFile, metrics: Collection[str] | None, problems: list[str]
+) -> list[Series]:
     """The series of a `.prom` / `.om` file, read line by line (an exposition of a large cluster's
     history is hundreds of MB). `.prom` is OpenMetrics when it has a `# EOF` line."""
     try:
-        openmetrics = file.suffix.lower() == ".om" or _has_eof_line(file)
-        with file.open(encoding="utf-8") as handle:
-            return parse_exposition_lines(handle, source=str(file), openmetrics=openmetrics, metrics=metrics)
+        openmetrics = file.suffix == ".om" or _has_eof_line(file)
+        with file.open_text() as handle:
+            return parse_exposition_lines(
+                handle, source=str(file.path), openmetrics=openmetrics, metrics=metrics
+            )
     except ExpositionError as exc:
         problems.append(str(exc))
-    except OSError as exc:
-        problems.append(f"{file}: cannot read: {exc.strerror or exc}")
-    except UnicodeDecodeError as exc:
-        problems.append(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+        problems.append(read_problem(file.path, exc))
     return []
 
 
-def _has_eof_line(file: Path) -> bool:
-    with file.open(encoding="utf-8") as handle:
+def _has_eof_line(file: SnapshotFile) -> bool:
+    with file.open_text() as handle:
         return any(line.strip() == "# EOF" for line in handle)
 
 
@@ -130,20 +135,23 @@ def _yaml_problem(file: Path, exc: yaml.YAMLError) -> str:
     return f"{file}: invalid YAML: {exc}"
 
 
-def _documents(file: Path, text: str, problems: list[str]) -> list[tuple[object, str]]:
+def _documents(file: SnapshotFile, text: str, problems: list[str]) -> list[tuple[object, str]]:
     """Top-level documents of a JSON or YAML file, each with a label for messages."""
     if file.suffix == ".json":
         try:
-            return [(json.loads(text), str(file))]
+            return [(json.loads(text), str(file.path))]
         except json.JSONDecodeError as exc:
-            problems.append(f"{file}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}")
+            problems.append(f"{file.path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}")
+            return []
+        except RecursionError:
+            problems.append(f"{file.path}: invalid JSON: nested too deeply")
             return []
     try:
         docs = list(yaml_input.load_all(text))
     except yaml.YAMLError as exc:
-        problems.append(_yaml_problem(file, exc))
+        problems.append(_yaml_problem(file.path, exc))
         return []
-    label = str(file)
+    label = str(file.path)
     if len(docs) == 1:
         return [(docs[0], label)]
     return [(doc, f"{label} (document {index + 1})") for index, doc in enumerate(docs)]
@@ -190,28 +198,32 @@ def _list_items(
         yield from _objects(item, at, problems)
 
 
-def _streamed_list_objects(file: Path, problems: list[str]) -> Iterator[tuple[Mapping[str, Any], str]] | None:
+def _streamed_list_objects(
+    file: SnapshotFile, problems: list[str]
+) -> Iterator[tuple[Mapping[str, Any], str]] | None:
     """The objects of a large JSON file holding a List, decoded one item at a time; None when the file
     is small or holds something else (read whole then)."""
     try:
-        if file.stat().st_size < STREAM_JSON_BYTES:
+        if file.size_hint < STREAM_JSON_BYTES:
             return None
-        with file.open("rb") as handle:
+        with file.open_bytes() as handle:
             kind = next(ijson.items(handle, "kind"), None)
-    except (OSError, ijson.JSONError):
+    except (OSError, EOFError, zlib.error, ijson.JSONError):
         return None  # the whole-file path reports it, with the line
     if not isinstance(kind, str) or not kind.endswith("List"):
         return None
     return _stream_items(file, kind, problems)
 
 
-def _stream_items(file: Path, kind: str, problems: list[str]) -> Iterator[tuple[Mapping[str, Any], str]]:
+def _stream_items(
+    file: SnapshotFile, kind: str, problems: list[str]
+) -> Iterator[tuple[Mapping[str, Any], str]]:
     reported = len(problems)
     try:
-        with file.open("rb") as handle:
+        with file.open_bytes() as handle:
             items = ijson.items(handle, "items.item", use_float=True)
-            yield from _list_items(kind, items, str(file), problems)
-    except (OSError, ijson.JSONError, UnicodeDecodeError) as exc:
+            yield from _list_items(kind, items, str(file.path), problems)
+    except (OSError, EOFError, zlib.error, ijson.JSONError, UnicodeDecodeError) as exc:
         # The file is unusable: drop what its first items said, and say where it breaks by decoding it
         # whole (only on this error path) for the line and column.
         del problems[reported:]
@@ -220,7 +232,7 @@ def _stream_items(file: Path, kind: str, problems: list[str]) -> Iterator[tuple[
             _documents(file, text, problems)
             if len(problems) == reported:  # valid for Python's decoder, not for a strict one (NaN...)
                 detail = next(iter(str(exc).splitlines()), "").strip("'\" ") or type(exc).__name__
-                problems.append(f"{file}: invalid JSON: {detail}")
+                problems.append(f"{file.path}: invalid JSON: {detail}")
 
 
 def _is_foreign(doc: object) -> bool:
@@ -269,24 +281,24 @@ def _node_name(obj: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------- now
 
 
-def _parse_now(file: Path, problems: list[str]) -> datetime | None:
+def _parse_now(file: SnapshotFile, problems: list[str]) -> datetime | None:
     text = _read_text(file, problems)
     if text is None:
         return None
     try:
         root, doc = yaml_input.compose_and_load(text)
     except yaml.YAMLError as exc:
-        problems.append(_yaml_problem(file, exc))
+        problems.append(_yaml_problem(file.path, exc))
         return None
     if doc is None:
         return None
     if not isinstance(doc, Mapping):
-        problems.append(f"{file}: expected a mapping such as `now: {rfc3339.EXAMPLE}`")
+        problems.append(f"{file.path}: expected a mapping such as `now: {rfc3339.EXAMPLE}`")
         return None
     value = doc.get("now")
     if value is None:
         return None
-    where = f"{file}:{_key_line(root, 'now')}"
+    where = f"{file.path}:{_key_line(root, 'now')}"
     if not isinstance(value, str):
         problems.append(f"{where}: now: expected an RFC 3339 timestamp, got {quoted(value)}")
         return None
@@ -304,6 +316,39 @@ def _key_line(root: yaml.Node | None, key: str) -> int:
             if getattr(name, "value", None) == key:
                 return int(value.start_mark.line) + 1
     return int(root.start_mark.line) + 1 if root is not None else 1
+
+
+def _read_objects(file: SnapshotFile, loaded: LoadedPolicy, out: _Collected) -> None:
+    streamed = _streamed_list_objects(file, out.problems) if file.suffix == ".json" else None
+    if streamed is not None:
+        for obj, at in streamed:
+            _add_object(obj, at, loaded, out)
+        return
+    text = _read_text(file, out.problems)
+    if text is None:
+        return
+    documents = _documents(file, text, out.problems)
+    del text  # free the text (hundreds of MB for a large cluster) before building the objects
+    for doc, where in documents:
+        if _is_foreign(doc):
+            if not _same_file(file.path, loaded.source):
+                out.not_objects.append(where)
+            continue
+        for obj, at in _objects(doc, where, out.problems):
+            _add_object(obj, at, loaded, out)
+
+
+def _unread_finding(unread: Sequence[str], shown: int = 5) -> Finding:
+    names = ", ".join(unread[:shown])
+    more = f" and {len(unread) - shown} more" if len(unread) > shown else ""
+    kinds = ", ".join(OBJECT_SUFFIXES + METRIC_SUFFIXES[:-1])
+    return Finding(
+        kind="unread-files",
+        detail=(
+            f"not read (a snapshot holds {kinds} and {METRIC_SUFFIXES[-1]} files, optionally gzipped): "
+            f"{plural(len(unread), 'file')}: {names}{more}"
+        ),
+    )
 
 
 def _handed_over(series: list[Series]) -> Iterator[Series]:
@@ -338,42 +383,27 @@ def _load_snapshot_dir(root: Path, loaded: LoadedPolicy) -> Snapshot:
         raise SnapshotError(
             [f"{root}: not a directory (a snapshot is a directory of .json/.yaml/.prom files)"]
         )
-    try:
-        files = sorted(p for p in root.iterdir() if p.is_file() and not p.name.startswith("."))
-    except OSError as exc:
-        raise SnapshotError([f"{root}: cannot read directory: {exc.strerror or exc}"]) from None
-
     out = _Collected(nodes={}, pods={}, pdbs={}, seen={}, ignored=Counter(), not_objects=[], problems=[])
     now: datetime | None = None
     cfg = loaded.policy.telemetry
     wanted = telemetry_metrics(cfg) if cfg is not None else None
     series: list[Series] = []
     metric_files = 0
-    for file in files:
-        suffix = file.suffix.lower()
-        if file.name == SNAPSHOT_FILE:
-            now = _parse_now(file, out.problems)
-        elif suffix in OBJECT_SUFFIXES:
-            streamed = _streamed_list_objects(file, out.problems) if suffix == ".json" else None
-            if streamed is not None:
-                for obj, at in streamed:
-                    _add_object(obj, at, loaded, out)
-                continue
-            text = _read_text(file, out.problems)
-            if text is None:
-                continue
-            documents = _documents(file, text, out.problems)
-            del text  # free the text (hundreds of MB for a large cluster) before building the objects
-            for doc, where in documents:
-                if _is_foreign(doc):
-                    if not _same_file(file, loaded.source):
-                        out.not_objects.append(where)
-                    continue
-                for obj, at in _objects(doc, where, out.problems):
-                    _add_object(obj, at, loaded, out)
-        elif suffix in METRIC_SUFFIXES:
-            metric_files += 1
-            series.extend(_read_exposition(file, wanted, out.problems))
+    unread: list[str] = []
+    try:
+        for file in walk(root, out.problems):
+            suffix = file.suffix
+            if file.inner_name == SNAPSHOT_FILE and file.relative == file.path.name:
+                now = _parse_now(file, out.problems)
+            elif suffix in OBJECT_SUFFIXES:
+                _read_objects(file, loaded, out)
+            elif suffix in METRIC_SUFFIXES:
+                metric_files += 1
+                series.extend(_read_exposition(file, wanted, out.problems))
+            else:
+                unread.append(file.relative)
+    except OSError as exc:
+        raise SnapshotError([f"{root}: cannot read directory: {exc.strerror or exc}"]) from None
 
     if now is None and not out.problems:
         now = _newest_sample(series)
@@ -394,6 +424,8 @@ def _load_snapshot_dir(root: Path, loaded: LoadedPolicy) -> Snapshot:
                 ),
             )
         )
+    if unread:
+        findings.append(_unread_finding(unread))
     if out.not_objects:
         findings.append(
             Finding(

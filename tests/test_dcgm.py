@@ -250,6 +250,69 @@ def test_invalid_openmetrics_names_the_line() -> None:
     assert "Timestamps went backwards" in str(info.value)
 
 
+# (name, exposition, OpenMetrics?, the line at fault, a piece of the message)
+BAD_EXPOSITIONS = [
+    ("garbage", '# TYPE a gauge\na 1\ngarbage\na{x="2"} 2\n', False, 3, "garbage"),
+    ("garbage-om", '# TYPE a gauge\na 1\ngarbage\na{x="2"} 2\n# EOF\n', True, 3, "garbage"),
+    ("metadata-again", '# TYPE a gauge\na 1\n# TYPE a gauge\na{x="1"} 2\n# EOF\n', True, 3, "metadata"),
+    ("metadata-after-samples", 'a 1\n# TYPE a gauge\na{x="2"} 2\n# EOF\n', True, 2, "metadata"),
+    ("unknown-type", "# HELP a x\n# TYPE a gaugex\na 1\n", False, 2, "gaugex"),
+    ("unknown-type-om", "# HELP a x\n# TYPE a gaugex\na 1\n# EOF\n", True, 2, "gaugex"),
+    (
+        "buckets-out-of-order",
+        '# TYPE g gauge\ng 1\n# TYPE h histogram\nh_bucket{le="1"} 1\nh_bucket{le="+Inf"} 0\n'
+        "h_count 1\nh_sum 1\n# EOF\n",
+        True,
+        3,
+        "Bucket values out of order",
+    ),
+    ("same-series-twice", "# TYPE a gauge\na 1\na 2\n# EOF\n", True, 3, "given twice"),
+    ("same-series-twice-text", '# TYPE a gauge\na{x="1"} 1\na{x="1"} 2\n', False, 3, "given twice"),
+    (
+        "same-timestamp-twice",
+        "# TYPE a gauge\na 1 1764417540000\na 2 1764417540000\n",
+        False,
+        3,
+        "given twice at the same timestamp",
+    ),
+    ("text-seconds", "# TYPE a gauge\na 1 1764417540000\nfoo 1 2\n", False, 3, "before 1973"),
+    ("nan-timestamp", '# TYPE a gauge\na 1 NaN\na{x="2"} 2\n', False, 2, "timestamp"),
+    ("inf-timestamp", "# TYPE a gauge\na 1 +Inf\n", False, 2, "timestamp"),
+    (
+        "om-milliseconds",
+        '# TYPE a gauge\na 1 1764417540\na{x="2"} 2 1764417540000\n# EOF\n',
+        True,
+        3,
+        "milliseconds",
+    ),
+    ("text-far-future", "# TYPE a gauge\na 1 99999999999999999\n", False, 2, "year"),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "openmetrics", "line", "fragment"),
+    [case[1:] for case in BAD_EXPOSITIONS],
+    ids=[case[0] for case in BAD_EXPOSITIONS],
+)
+def test_an_invalid_exposition_names_the_line_at_fault(
+    text: str, openmetrics: bool, line: int, fragment: str
+) -> None:
+    with pytest.raises(ExpositionError) as info:
+        parse_exposition(text, source="x", fmt="openmetrics" if openmetrics else "prometheus")
+    assert (info.value.line, str(info.value)) == (line, str(info.value))
+    assert fragment in info.value.message
+
+
+def test_openmetrics_timestamps_in_milliseconds_are_refused_with_a_hint() -> None:
+    text = om("# TYPE a gauge", "a 1 1764417540000")
+    with pytest.raises(ExpositionError) as info:
+        parse_exposition(text, source="x.om")
+    assert str(info.value) == (
+        "x.om:2: a: timestamp 1764417540000 is in the year 57882 when read as seconds (OpenMetrics); "
+        "write seconds, or use the Prometheus text format (milliseconds, no `# EOF`)"
+    )
+
+
 @pytest.mark.parametrize(
     ("value", "valid"),
     [

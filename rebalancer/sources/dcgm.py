@@ -40,6 +40,7 @@ from prometheus_client.samples import Sample as ParsedSample
 
 from rebalancer.model import Finding, GpuTelemetry, Pod, Telemetry, TelemetryWindow
 from rebalancer.policy import LabelMapping, MetricConfig, TelemetryConfig, TelemetryPreset
+from rebalancer.wording import clip
 
 __all__ = [
     "LOOKBACK_SECONDS",
@@ -73,6 +74,9 @@ ExpositionFormat = Literal["auto", "prometheus", "openmetrics"]
 # Prometheus text format timestamps are milliseconds. One that lands before this (March 1973) was
 # almost certainly written in seconds; reading it as milliseconds would put the samples in 1970.
 _MIN_TEXT_TIMESTAMP_SECONDS = 1e8
+# OpenMetrics timestamps are seconds: one after the year 3000 was written in milliseconds.
+_MAX_TIMESTAMP_SECONDS = 32_503_680_000.0
+_SECONDS_PER_YEAR = 31_556_952  # the mean Gregorian year
 
 # DCGM's "blank" values (no data, not found, not supported, no permission) that the exporter prints
 # verbatim: int32 0x7ffffff0..3, fp64 2^47..2^47+3, int64 0x7ffffffffffffff0.. (2^63 once a float).
@@ -115,33 +119,79 @@ def _is_openmetrics(text: str) -> bool:
     return any(line.strip() == "# EOF" for line in text.splitlines())
 
 
-def _locate_text_error(lines: Iterable[str]) -> int | None:
-    """0-based index of the first line the text-format parser rejects on its own."""
-    for index, line in enumerate(lines):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        try:
-            list(prometheus_families(line if line.endswith("\n") else line + "\n"))
-        except Exception:
-            return index
-    return None
+def _fails_alone(line: str, openmetrics: bool) -> bool:
+    """Whether the parser refuses this one sample or metadata line on its own."""
+    content = line.strip()
+    if not content or content == "# EOF" or (line.startswith("#") and _family_of(line) is None):
+        return False
+    text = line if line.endswith("\n") else line + "\n"
+    try:
+        if openmetrics:
+            list(_any_parser(True)(cast(TextIO, iter((text, "# EOF\n")))))
+        else:
+            list(prometheus_families(text))
+    except Exception:
+        return True
+    return False
 
 
-def _locate_openmetrics_error(lines: Sequence[str], message: str) -> int | None:
-    """0-based index of the line whose content the OpenMetrics parser quoted in its error message, else
-    of the first sample line it rejects on its own."""
-    for index, line in enumerate(lines):
-        content = line.strip()
+def _family_of(line: str) -> str | None:
+    """The family a sample or metadata line belongs to (`h` for `h_bucket{...}`, `# TYPE h ...`)."""
+    if line.startswith("#"):
+        parts = line.split(None, 3)
+        return parts[2] if len(parts) >= 3 and parts[1] in _METADATA else None
+    name = _series_text(line).partition("{")[0]
+    for suffix in ("_bucket", "_count", "_sum", "_total", "_created", "_gcount", "_gsum", "_info"):
+        if name.endswith(suffix):
+            return name.removesuffix(suffix)
+    return name or None
+
+
+def _locate_error(lines: Sequence[str], consumed: int, message: str, *, openmetrics: bool) -> int | None:
+    """0-based index of the line at fault in a document the parser refused after reading `consumed`
+    lines (None for a problem of the whole document, such as a missing `# EOF`).
+
+    prometheus_client raises on the line it is reading when that line is malformed, but a family-wide
+    check (bucket order, a metric type, a name seen twice) only fails when the family ends, on the next
+    family's first line or at the end. So: the nearest line the message quotes whole, else the line the
+    parser stopped at if it is malformed on its own, else the first line of the family (or the line
+    holding the word) the message ends with, else the line the parser stopped at."""
+    last = min(consumed, len(lines)) - 1
+    if last < 0 or "Missing # EOF" in message:
+        return None
+    for index in range(last, -1, -1):
+        content = lines[index].strip()
         if content and content in message:
             return index
-    for index, line in enumerate(lines):
-        if not line.strip() or line.startswith("#"):
-            continue
-        try:
-            list(_any_parser(True)(cast(TextIO, iter((line.rstrip("\n") + "\n", "# EOF\n")))))
-        except Exception:
-            return index
-    return None
+    if _fails_alone(lines[last], openmetrics):
+        return last
+    word = message.rstrip().rpartition(" ")[2].strip("'\"")
+    if word:
+        for index in range(last, -1, -1):
+            if _family_of(lines[index]) == word:
+                first = index
+                while first > 0 and _family_of(lines[first - 1]) == word:
+                    first -= 1
+                return first
+        for index in range(last, -1, -1):
+            if word in lines[index].split():
+                return index
+    return last
+
+
+class _Counted:
+    """The lines of a document, counting how many the parser has read."""
+
+    __slots__ = ("consumed", "lines")
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        self.consumed = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for line in self.lines:
+            self.consumed += 1
+            yield line
 
 
 def _any_parser(openmetrics: bool) -> Callable[[TextIO], Iterator[Metric]]:
@@ -194,6 +244,12 @@ def _series_text(line: str) -> str:
     return line[:space] if space != -1 else line
 
 
+def _without_timestamp(line: str, series: str) -> bool:
+    """Whether a sample line gives only a value (an OpenMetrics exemplar after `#` aside)."""
+    rest = line[len(series) :].partition("#")[0].split()
+    return len(rest) == 1
+
+
 def _documents(lines: Iterable[str], *, openmetrics: bool, samples: int, source: str) -> Iterator[_Document]:
     """Cut an exposition into documents of about `samples` sample lines.
 
@@ -211,6 +267,7 @@ def _documents(lines: Iterable[str], *, openmetrics: bool, samples: int, source:
     cuttable = False
     taken = 0
     previous: str | None = None  # the series of the previous sample line
+    previous_untimed = False
     seen: set[str] = set()  # the series of the current family, when it may be cut
     for number, line in enumerate(lines, start=1):
         if line.startswith("#"):
@@ -225,6 +282,14 @@ def _documents(lines: Iterable[str], *, openmetrics: bool, samples: int, source:
             previous = None
         elif line.strip():
             series = _series_text(line)
+            untimed = _without_timestamp(line, series)
+            if series == previous and untimed and previous_untimed:
+                # Two values of one series at one instant: undefined in both formats, refused by Prometheus
+                # (prometheus_client's OpenMetrics parser silently keeps the first).
+                raise ExpositionError(
+                    source, f"{series}: the same series is given twice without a timestamp", number
+                )
+            previous_untimed = untimed
             if openmetrics and cuttable and series != previous:
                 if series in seen:
                     message = f"invalid OpenMetrics: Invalid metric grouping: {line.strip()}"
@@ -287,23 +352,23 @@ def parse_exposition_lines(
     collected: dict[tuple[str, tuple[tuple[str, str], ...]], list[Sample]] = {}
     families: set[str] = set()  # OpenMetrics families of earlier documents
     for document in _documents(lines, openmetrics=openmetrics, samples=document_samples, source=source):
+        counted = _Counted(document.lines)
         try:
-            for index, family in enumerate(parser(cast(TextIO, iter(document.lines)))):
+            for index, family in enumerate(parser(cast(TextIO, iter(counted)))):
                 if openmetrics:
                     if family.name in families and not (index == 0 and family.name == document.continues):
                         raise ValueError(f"Clashing name: {family.name}")
                     families.add(family.name)
-                _collect(family.samples, collected, wanted, source=source, openmetrics=openmetrics)
+                _collect(family.samples, collected, wanted, openmetrics=openmetrics)
                 del family
         except ExpositionError:
             raise
+        except _BadSample as bad:
+            at = _sample_line(document.lines, counted.consumed, bad.name, bad.raw)
+            raise ExpositionError(source, f"{bad.name}: {bad.message}", document.line_number(at)) from None
         except Exception as exc:  # prometheus_client raises ValueError, and a few others on odd input
             detail = str(exc) or type(exc).__name__
-            at = (
-                _locate_openmetrics_error(document.lines, detail)
-                if openmetrics
-                else _locate_text_error(document.lines)
-            )
+            at = _locate_error(document.lines, counted.consumed, detail, openmetrics=openmetrics)
             raise ExpositionError(source, f"invalid {kind}: {detail}", document.line_number(at)) from None
         del document
     return [
@@ -312,12 +377,71 @@ def parse_exposition_lines(
     ]
 
 
+class _BadSample(Exception):
+    """A sample the parser took but the format's definition does not allow (its timestamp)."""
+
+    def __init__(self, name: str, raw: float | None, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+        self.raw = raw
+        self.message = message
+
+
+def _timestamp_seconds(name: str, timestamp: float, *, openmetrics: bool) -> float:
+    """A sample's timestamp in seconds, checked against each format's definition: OpenMetrics writes
+    seconds, the Prometheus text format milliseconds (prometheus_client's parser divides them by 1000).
+    One that lands before 1973 or after the year 3000 was written in the other unit."""
+    raw = timestamp if openmetrics else timestamp * 1000
+    unit = "seconds (OpenMetrics)" if openmetrics else "milliseconds (Prometheus text format)"
+    written = f"{raw:.0f}" if math.isfinite(raw) else str(raw)
+    if not math.isfinite(timestamp):
+        raise _BadSample(name, raw, f"timestamp {written} is not a time in {unit}")
+    if not openmetrics and timestamp < _MIN_TEXT_TIMESTAMP_SECONDS:
+        raise _BadSample(
+            name,
+            raw,
+            f"timestamp {written} is before 1973 when read as milliseconds (Prometheus text format); "
+            "write milliseconds, or use OpenMetrics (timestamps in seconds, file ends with `# EOF`)",
+        )
+    if timestamp > _MAX_TIMESTAMP_SECONDS:
+        year = 1970 + int(timestamp // _SECONDS_PER_YEAR) if timestamp < 1e15 else "10**7 and more"
+        hint = (
+            "write seconds, or use the Prometheus text format (milliseconds, no `# EOF`)"
+            if openmetrics
+            else "write milliseconds"
+        )
+        raise _BadSample(
+            name, raw, f"timestamp {clip(written, 30)} is in the year {year} when read as {unit}; {hint}"
+        )
+    return timestamp
+
+
+def _sample_line(lines: Sequence[str], consumed: int, name: str, raw: float | None) -> int | None:
+    """0-based index of the latest line, among the first `consumed`, of a sample of `name` written with
+    timestamp `raw` (None: written without one)."""
+    for index in range(min(consumed, len(lines)) - 1, -1, -1):
+        line = lines[index]
+        if line.startswith("#") or _series_text(line).partition("{")[0] != name:
+            continue
+        rest = line[len(_series_text(line)) :].split()
+        if raw is None:
+            if len(rest) == 1:
+                return index
+            continue
+        try:
+            written = float(rest[1]) if len(rest) >= 2 else None
+        except ValueError:
+            continue
+        if written is not None and (written == raw or (math.isnan(written) and math.isnan(raw))):
+            return index
+    return None
+
+
 def _collect(
     samples: Iterable[ParsedSample],
     collected: dict[tuple[str, tuple[tuple[str, str], ...]], list[Sample]],
     wanted: frozenset[str] | None,
     *,
-    source: str,
     openmetrics: bool,
 ) -> None:
     for sample in samples:
@@ -325,16 +449,15 @@ def _collect(
             continue
         timestamp: float | None = None
         if sample.timestamp is not None:
-            timestamp = float(sample.timestamp)
-            if not openmetrics and timestamp < _MIN_TEXT_TIMESTAMP_SECONDS:
-                raise ExpositionError(
-                    source,
-                    f"{sample.name}: timestamp {timestamp * 1000:.0f} is before 1973 when read as "
-                    "milliseconds (Prometheus text format); write milliseconds, or use OpenMetrics "
-                    "(timestamps in seconds, file ends with `# EOF`)",
-                )
+            timestamp = _timestamp_seconds(sample.name, float(sample.timestamp), openmetrics=openmetrics)
         key = (sample.name, tuple(sorted(sample.labels.items())))
-        collected.setdefault(key, []).append(Sample(value=float(sample.value), timestamp=timestamp))
+        series = collected.setdefault(key, [])
+        if series and series[-1].timestamp == timestamp:
+            # Two values of one series at one instant: the formats leave it undefined, Prometheus refuses it.
+            at = "without a timestamp" if timestamp is None else "at the same timestamp"
+            raw = None if timestamp is None else (timestamp if openmetrics else timestamp * 1000)
+            raise _BadSample(sample.name, raw, f"the same series is given twice {at}")
+        series.append(Sample(value=float(sample.value), timestamp=timestamp))
 
 
 def bad_telemetry_finding(identity: SeriesIdentity, detail: str) -> Finding:

@@ -65,6 +65,32 @@ def _policy(path: str | None) -> LoadedPolicy:
     return load_policy(path) if path else default_policy()
 
 
+# Flags of a live `once` that mean nothing for a snapshot, with what they would have done.
+_LIVE_ONLY_FLAGS = (
+    ("namespaces", "--namespace", "only restricts the pods listed from a live cluster"),
+    ("kubeconfig", "--kubeconfig", "only points at a live cluster"),
+    ("context", "--context", "only points at a live cluster"),
+    ("prometheus_url", "--prometheus-url", "only reads live telemetry (a snapshot carries its own)"),
+)
+
+
+def _refuse_live_flags(args: argparse.Namespace) -> None:
+    """`once --snapshot` with flags that would silently do nothing (or, --no-dry-run, the opposite)."""
+    if args.dry_run is False:
+        raise InputError(
+            [
+                "once --snapshot: --no-dry-run: a snapshot is a picture of the past, only ever "
+                "evaluated in dry-run"
+            ]
+        )
+    given = [
+        (flag, what) for attribute, flag, what in _LIVE_ONLY_FLAGS if getattr(args, attribute) is not None
+    ]
+    if given:
+        flags = ", ".join(flag for flag, _ in given)
+        raise InputError([f"once --snapshot: {flags}: {given[0][1]}; remove it, or drop --snapshot"])
+
+
 def cmd_once(args: argparse.Namespace) -> int:
     loaded = _policy(args.policy)
     if args.snapshot is None:
@@ -72,6 +98,7 @@ def cmd_once(args: argparse.Namespace) -> int:
         report = run_live_once(args, loaded)
         sys.stdout.write(render(report, args.output))
         return EXIT_OK
+    _refuse_live_flags(args)
     snapshot = load_snapshot_dir(Path(args.snapshot), loaded)
     # A snapshot is a picture of the past: it is always evaluated in dry-run.
     report = run_cycle(snapshot, loaded, DryRunEvictor())

@@ -176,3 +176,29 @@ def test_strategies_lists_every_strategy_with_its_arguments(capsys: pytest.Captu
         assert f"{name}:" in out
     assert "max_allocated_percent" in out
     assert "leaked_vram_mib" in out
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--namespace", "ml"], "--namespace"),
+        (["--no-dry-run"], "--no-dry-run"),
+        (["--kubeconfig", "k"], "--kubeconfig"),
+        (["--context", "prod"], "--context"),
+        (["--prometheus-url", "http://p:9090"], "--prometheus-url"),
+        (["--namespace", "a", "--context", "b"], "--namespace, --context"),
+    ],
+)
+def test_flags_that_do_nothing_with_a_snapshot_are_refused(
+    capsys: pytest.CaptureFixture[str], flags: list[str], named: str
+) -> None:
+    code, out, err = run(capsys, "once", "--snapshot", str(DEMO), "--policy", str(DEMO_POLICY), *flags)
+    assert code == EXIT_BAD_INPUT
+    assert out == ""
+    assert err.startswith(f"rebalancer: error: once --snapshot: {named}: ")
+    assert "only" in err
+
+
+def test_dry_run_is_what_a_snapshot_always_is_so_it_is_accepted(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "once", "--snapshot", str(DEMO), "--policy", str(DEMO_POLICY), "--dry-run")
+    assert code == EXIT_OK, err

@@ -29,7 +29,7 @@ from pydantic import (
 from rebalancer import yaml_input
 from rebalancer.errors import InputError
 from rebalancer.registry import StrategyArgs, all_strategies, get_strategy
-from rebalancer.wording import quoted
+from rebalancer.wording import clip, quoted
 
 # --------------------------------------------------------------------------- durations
 
@@ -447,10 +447,10 @@ def _describe(error: Mapping[str, Any]) -> str:
     if "input" in error:
         given = error["input"]
         # Not twice: some validators (durations) quote the value in their own message already.
-        quoted = f"got {given!r}" in message or (isinstance(given, str) and repr(given) in message)
-        if (isinstance(given, str | int | float | bool) or given is None) and not quoted:
-            message += f" (got {given!r})"
-    return message
+        echoed = f"got {quoted(given)}" in message or (isinstance(given, str) and quoted(given) in message)
+        if (isinstance(given, str | int | float | bool) or given is None) and not echoed:
+            message += f" (got {quoted(given)})"
+    return clip(message, 300)
 
 
 def _problems(
@@ -535,10 +535,11 @@ def parse_policy(data: object, source: str = "<policy>", root: yaml.Node | None 
         spec = get_strategy(entry.name)
         if spec is None:
             known = ", ".join(all_strategies()) or "none"
-            problems.append(f"{where}: {format_loc(loc)}: unknown strategy {entry.name!r} (known: {known})")
+            name = quoted(entry.name)
+            problems.append(f"{where}: {format_loc(loc)}: unknown strategy {name} (known: {known})")
             continue
         if entry.name in seen:
-            problems.append(f"{where}: {format_loc(loc)}: strategy {entry.name!r} is listed twice")
+            problems.append(f"{where}: {format_loc(loc)}: strategy {quoted(entry.name)} is listed twice")
             continue
         seen.add(entry.name)
         try:

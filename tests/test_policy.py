@@ -766,3 +766,11 @@ def test_an_explicit_timestamp_tag_stays_a_string() -> None:
     )
     selector = loaded.policy.guards.label_selector
     assert selector is not None and selector.match_labels == {"at": "2026-02-30T00:00:00Z"}
+
+
+def test_a_huge_value_is_echoed_cut_short() -> None:
+    [problem] = problems_of(f"dry_run: {'x' * 100_000}\n")
+    assert len(problem) < 400
+    assert "more characters" in problem
+    [problem] = problems_of(f"strategies:\n  - name: {'y' * 100_000}\n")
+    assert len(problem) < 400

@@ -302,12 +302,10 @@ def test_streamed_json_problems_name_item_file_and_line(tmp_path: Path, stream_e
     # Broken after the kind, inside the items: the line and column still come back.
     write(tmp_path, "nodes.json", '{\n  "kind": "List",\n  "items": [{"kind": "Node"}, ]\n}\n')
     (problem,) = problems_of(tmp_path)
-    assert problem == f"{tmp_path / 'nodes.json'}:3:31: invalid JSON: Expecting value"
-    # What only a strict decoder refuses (NaN) is still a problem, named by that decoder.
+    assert problem == f"{tmp_path / 'nodes.json'}:3:31: invalid JSON: trailing comma in array"
+    # What only a strict decoder refuses (NaN) is still a problem, named by that decoder, with its place.
     write(tmp_path, "nodes.json", '{"kind": "List", "items": [{"kind": "Node", "x": NaN}]}')
-    assert problems_of(tmp_path) == (
-        f"{tmp_path / 'nodes.json'}: invalid JSON: lexical error: invalid char in json text.",
-    )
+    assert problems_of(tmp_path) == (f"{tmp_path / 'nodes.json'}:1:50: invalid JSON: invalid character",)
 
 
 def test_invalid_yaml_names_file_and_line(tmp_path: Path) -> None:
@@ -565,3 +563,27 @@ def test_a_corrupt_gzip_file_is_a_located_error(tmp_path: Path) -> None:
         f"{tmp_path / 'nodes.json.gz'}: not a gzip file",
         f"{tmp_path / 'pods.json.gz'}: truncated gzip file",
     )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("depth", [5_000, 200_000])
+def test_deeply_nested_json_is_a_located_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: bool, depth: int
+) -> None:
+    if stream:
+        monkeypatch.setattr(files, "STREAM_JSON_BYTES", 1)
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    nested = "[" * depth + "]" * depth
+    write(tmp_path, "deep.json", '{"kind": "List", "items": [{"kind": "Pod", "metadata": ' + nested + "}]}")
+    problems = problems_of(tmp_path)
+    assert len(problems) == 1
+    assert problems[0].startswith(str(tmp_path / "deep.json"))
+
+
+@pytest.mark.parametrize("depth", [150, 5_000])
+def test_deeply_nested_yaml_is_a_located_error(tmp_path: Path, depth: int) -> None:
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    write(tmp_path, "deep.yaml", "kind: Pod\nmetadata: " + "[" * depth + "]" * depth + "\n")
+    [problem] = problems_of(tmp_path)
+    assert problem.startswith(f"{tmp_path / 'deep.yaml'}:")
+    assert "nest" in problem

@@ -14,8 +14,9 @@ is `snapshot_layout`'s):
   sample timestamp;
 - any other file is listed in an `unread-files` finding.
 
-Large files are read as streams: a JSON `List` of 64 MiB or more item by item (ijson), an exposition
-line by line, so a 5,000-node cluster's dump and hour of DCGM history fit in under 1 GiB.
+Large files are read as streams: a JSON `List` of 64 MiB or more item by item (msgspec, from the
+mapped file), an exposition line by line, so a 5,000-node cluster's dump and hour of DCGM history fit
+in under 1 GiB.
 
 Anything that makes the snapshot unusable (unreadable directory or file, invalid JSON / YAML / exposition,
 malformed or duplicate objects, no usable `now`) raises `SnapshotError` listing every problem, each naming
@@ -27,6 +28,8 @@ write anything: object translation lives in `kube_objects`, telemetry maths in `
 from __future__ import annotations
 
 import json
+import mmap
+import re
 import zlib
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
@@ -35,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import ijson
+import msgspec
 import yaml
 
 from rebalancer import rfc3339, yaml_input
@@ -198,41 +201,73 @@ def _list_items(
         yield from _objects(item, at, problems)
 
 
-def _streamed_list_objects(
-    file: SnapshotFile, problems: list[str]
-) -> Iterator[tuple[Mapping[str, Any], str]] | None:
-    """The objects of a large JSON file holding a List, decoded one item at a time; None when the file
-    is small or holds something else (read whole then)."""
-    try:
-        if file.size_hint < STREAM_JSON_BYTES:
-            return None
-        with file.open_bytes() as handle:
-            kind = next(ijson.items(handle, "kind"), None)
-    except (OSError, EOFError, zlib.error, ijson.JSONError):
-        return None  # the whole-file path reports it, with the line
-    if not isinstance(kind, str) or not kind.endswith("List"):
-        return None
-    return _stream_items(file, kind, problems)
+class _ListHead(msgspec.Struct):
+    """The top level of a JSON file holding a List: its kind, and its items left undecoded."""
+
+    kind: object = None
+    items: list[msgspec.Raw] | None = None
 
 
-def _stream_items(
-    file: SnapshotFile, kind: str, problems: list[str]
-) -> Iterator[tuple[Mapping[str, Any], str]]:
-    reported = len(problems)
+def _size_hint(file: SnapshotFile) -> int:
     try:
-        with file.open_bytes() as handle:
-            items = ijson.items(handle, "items.item", use_float=True)
-            yield from _list_items(kind, items, str(file.path), problems)
-    except (OSError, EOFError, zlib.error, ijson.JSONError, UnicodeDecodeError) as exc:
-        # The file is unusable: drop what its first items said, and say where it breaks by decoding it
-        # whole (only on this error path) for the line and column.
-        del problems[reported:]
-        text = _read_text(file, problems)
-        if text is not None:
-            _documents(file, text, problems)
-            if len(problems) == reported:  # valid for Python's decoder, not for a strict one (NaN...)
-                detail = next(iter(str(exc).splitlines()), "").strip("'\" ") or type(exc).__name__
-                problems.append(f"{file.path}: invalid JSON: {detail}")
+        return file.size_hint
+    except OSError:
+        return 0  # the whole-file path reports it
+
+
+def _read_streamed_list(file: SnapshotFile, loaded: LoadedPolicy, out: _Collected) -> bool:
+    """Read a large JSON file holding a List item by item from its mapped bytes (msgspec decodes the
+    list's skeleton first, then each item when its turn comes); False, having read nothing, when the
+    file holds something else (it is read whole then)."""
+    try:
+        with file.mapped() as data:
+            try:
+                head = msgspec.json.decode(data, type=_ListHead)
+            except msgspec.DecodeError as exc:
+                out.problems.append(_json_problem(file, data, exc))
+                return True
+            except RecursionError:
+                out.problems.append(f"{file.path}: invalid JSON: nested too deeply")
+                return True
+            except msgspec.ValidationError:
+                return False  # not an object, or a kind that is not a string
+            kind, raws = head.kind, head.items
+            del head
+            if not isinstance(kind, str) or not kind.endswith("List") or raws is None:
+                return False
+            for obj, at in _list_items(
+                kind, _decoded(file, raws, out.problems), str(file.path), out.problems
+            ):
+                _add_object(obj, at, loaded, out)
+            return True
+    except UnreadableFile as exc:
+        out.problems.append(str(exc))
+        return True
+
+
+def _decoded(file: SnapshotFile, raws: list[msgspec.Raw], problems: list[str]) -> Iterator[object]:
+    """Each raw item decoded in turn and dropped once handed over."""
+    raws.reverse()
+    while raws:
+        raw = raws.pop()
+        try:
+            yield msgspec.json.decode(raw)
+        except RecursionError:
+            problems.append(f"{file.path}: invalid JSON: nested too deeply")
+            yield None
+
+
+def _json_problem(file: SnapshotFile, data: bytes | mmap.mmap, exc: msgspec.DecodeError) -> str:
+    """`FILE:LINE:COLUMN: invalid JSON: what`, from msgspec's `... (byte N)`."""
+    message = str(exc).removeprefix("JSON is malformed: ")
+    match = re.search(r" \(byte (\d+)\)$", message)
+    if match is None:
+        return f"{file.path}: invalid JSON: {message}"
+    offset = int(match.group(1))
+    before = bytes(data[:offset])
+    line = before.count(b"\n") + 1
+    column = offset - (before.rfind(b"\n") + 1) + 1
+    return f"{file.path}:{line}:{column}: invalid JSON: {message[: match.start()]}"
 
 
 def _is_foreign(doc: object) -> bool:
@@ -319,10 +354,11 @@ def _key_line(root: yaml.Node | None, key: str) -> int:
 
 
 def _read_objects(file: SnapshotFile, loaded: LoadedPolicy, out: _Collected) -> None:
-    streamed = _streamed_list_objects(file, out.problems) if file.suffix == ".json" else None
-    if streamed is not None:
-        for obj, at in streamed:
-            _add_object(obj, at, loaded, out)
+    if (
+        file.suffix == ".json"
+        and _size_hint(file) >= STREAM_JSON_BYTES
+        and _read_streamed_list(file, loaded, out)
+    ):
         return
     text = _read_text(file, out.problems)
     if text is None:

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import gzip
 import io
+import mmap
 import os
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, cast
@@ -70,6 +72,30 @@ class SnapshotFile:
 
     def read_text(self) -> str:
         """The whole text; UnreadableFile when it cannot be read, decompressed or decoded."""
+        data = self._read_bytes()
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UnreadableFile(read_problem(self.path, exc)) from None
+
+    @contextmanager
+    def mapped(self) -> Iterator[bytes | mmap.mmap]:
+        """The file's bytes without copying them when it is not gzipped (a memory map: pages of a file of
+        hundreds of MB stay the page cache's); UnreadableFile when it cannot be read or decompressed."""
+        if self.gzipped:
+            yield self._read_bytes()
+            return
+        try:
+            with self.path.open("rb") as handle:
+                if os.fstat(handle.fileno()).st_size == 0:
+                    yield b""
+                    return
+                with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                    yield mapped
+        except OSError as exc:
+            raise UnreadableFile(read_problem(self.path, exc)) from None
+
+    def _read_bytes(self) -> bytes:
         try:
             with self.open_bytes() as handle:
                 chunks: list[bytes] = []
@@ -80,10 +106,8 @@ class SnapshotFile:
                         limit = MAX_TEXT_BYTES // 1024**3
                         raise UnreadableFile(f"{self.path}: more than {limit} GiB of text (decompressed)")
                     chunks.append(chunk)
-            data = b"".join(chunks)
-            del chunks
-            return data.decode("utf-8")
-        except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+            return b"".join(chunks)
+        except (OSError, EOFError, zlib.error) as exc:
             raise UnreadableFile(read_problem(self.path, exc)) from None
 
 

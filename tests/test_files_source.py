@@ -539,7 +539,7 @@ def test_gzipped_files_are_read_as_their_inner_format(
     gz(
         tmp_path,
         "pods.yaml.gz",
-        f"kind: Pod\napiVersion: v1\nmetadata: {{name: p, namespace: ml}}\nspec: {{nodeName: n1}}\n",
+        "kind: Pod\napiVersion: v1\nmetadata: {name: p, namespace: ml}\nspec: {nodeName: n1}\n",
     )
     gz(tmp_path, "dcgm.om.gz", f'DCGM_FI_DEV_GPU_UTIL{{Hostname="n1",UUID="{UUID}"}} 5 {T0}\n# EOF\n')
     gz(tmp_path, "more.prom.gz", f'DCGM_FI_DEV_FB_USED{{Hostname="n1",UUID="{UUID}"}} 7 {T0 * 1000}\n')

@@ -45,10 +45,11 @@ from rebalancer.simulate import render as render_simulation
 from rebalancer.simulate import run_simulation
 from rebalancer.simulate.command import add_arguments as add_simulate_arguments
 from rebalancer.simulate.command import options_from_args as simulate_options
-from rebalancer.sources.dcgm import LOOKBACK_SECONDS
 from rebalancer.sources.files import SNAPSHOT_FILE, load_snapshot_dir
 from rebalancer.sources.kube import KubeSource, KubeSourceError
-from rebalancer.sources.prometheus import PrometheusError, PrometheusTelemetrySource, render_openmetrics
+from rebalancer.sources.prometheus import PrometheusError, PrometheusTelemetrySource
+from rebalancer.telemetry.exposition import render_openmetrics
+from rebalancer.telemetry.windows import LOOKBACK_SECONDS
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -12,22 +12,16 @@ from hypothesis import strategies as st
 
 from rebalancer.model import GpuTelemetry, Telemetry
 from rebalancer.policy import LabelMapping, MetricConfig, TelemetryConfig
-from rebalancer.sources.dcgm import (
-    LOOKBACK_SECONDS,
+from rebalancer.telemetry.exposition import (
     ExpositionError,
     Sample,
     Series,
-    SeriesIdentity,
-    aggregate,
-    attribute,
-    group_key,
-    identify,
-    is_valid_value,
     parse_exposition,
     parse_exposition_lines,
-    to_gpu_telemetry,
-    unknown_node_findings,
 )
+from rebalancer.telemetry.identity import SeriesIdentity, attribute, group_key, identify, is_valid_value
+from rebalancer.telemetry.windows import LOOKBACK_SECONDS, aggregate, unknown_node_findings
+from rebalancer.telemetry.windows import row as to_gpu_telemetry
 from tests.builders import NOW, pod
 
 SAMPLES = Path(__file__).parent / "fixtures" / "snapshots" / "dcgm-samples"

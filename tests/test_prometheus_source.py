@@ -20,12 +20,10 @@ import pytest
 
 from rebalancer.model import Finding, Telemetry
 from rebalancer.policy import LabelMapping, MetricConfig, PrometheusConfig, TelemetryConfig, parse_policy
-from rebalancer.sources.dcgm import PRESETS, Sample, Series, aggregate, parse_exposition, resolve_preset
-from rebalancer.sources.prometheus import (
-    PrometheusTelemetrySource,
-    query_plan,
-    render_openmetrics,
-)
+from rebalancer.sources.prometheus import PrometheusTelemetrySource, query_plan
+from rebalancer.telemetry.exposition import Sample, Series, parse_exposition, render_openmetrics
+from rebalancer.telemetry.identity import PRESETS, resolve_preset
+from rebalancer.telemetry.windows import aggregate
 from tests.builders import NOW, pod
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ Anything that makes the snapshot unusable (unreadable directory or file, invalid
 malformed or duplicate objects, no usable `now`) raises `SnapshotError` listing every problem, each naming
 its file; problems that only lose part of the picture (a pod bound to an unknown node, bad samples) become
 findings in `Snapshot.findings`. This module must not read the clock, talk to a cluster or Prometheus, or
-write anything: object translation lives in `kube_objects`, telemetry maths in `dcgm`.
+write anything: object translation lives in `kube_objects`, telemetry maths in `rebalancer.telemetry`.
 """
 
 from __future__ import annotations
@@ -46,14 +46,6 @@ from rebalancer.errors import InputError
 from rebalancer.gcpause import collector_paused
 from rebalancer.model import Finding, Node, Pdb, Pod, Snapshot, Telemetry
 from rebalancer.policy import LoadedPolicy
-from rebalancer.sources.dcgm import (
-    ExpositionError,
-    Series,
-    aggregate,
-    parse_exposition_lines,
-    telemetry_metrics,
-    unknown_node_findings,
-)
 from rebalancer.sources.kube_objects import (
     ObjectError,
     node_from_json,
@@ -63,6 +55,9 @@ from rebalancer.sources.kube_objects import (
     split_unbound,
 )
 from rebalancer.sources.snapshot_layout import SnapshotFile, UnreadableFile, read_problem, walk
+from rebalancer.telemetry.exposition import ExpositionError, Series, parse_exposition_lines
+from rebalancer.telemetry.identity import telemetry_metrics
+from rebalancer.telemetry.windows import aggregate, unknown_node_findings
 from rebalancer.wording import plural, quoted
 
 __all__ = ["METRIC_SUFFIXES", "OBJECT_SUFFIXES", "SNAPSHOT_FILE", "SnapshotError", "load_snapshot_dir"]

@@ -40,7 +40,6 @@ from rebalancer.errors import Problems
 from rebalancer.kubeapi import describe_error, is_transient, load_api_client
 from rebalancer.model import NO_TELEMETRY, Finding, Node, Pdb, Pod, Snapshot, Telemetry
 from rebalancer.policy import LoadedPolicy
-from rebalancer.sources.dcgm import unknown_node_findings
 from rebalancer.sources.kube_objects import (
     ObjectError,
     node_from_json,
@@ -48,6 +47,7 @@ from rebalancer.sources.kube_objects import (
     pod_from_json,
     split_unbound,
 )
+from rebalancer.telemetry.windows import unknown_node_findings
 
 __all__ = ["ACTIVE_PODS", "KubeSource", "KubeSourceError", "TelemetryProvider"]
 
@@ -68,7 +68,7 @@ class KubeSourceError(Problems):
 class TelemetryProvider(Protocol):
     """Live telemetry for `now`, given the snapshot's pods (to attribute GPU series to pods).
 
-    May return the telemetry alone or with findings (as `dcgm.aggregate` does).
+    May return the telemetry alone or with findings (as `telemetry.windows.aggregate` does).
     """
 
     def __call__(

@@ -3,21 +3,22 @@
 Owns talking to Prometheus through prometheus-api-client:
 
 - `PrometheusTelemetrySource.telemetry(now, pods)`: the same `Telemetry` (one GpuTelemetry per node, GPU
-  UUID, MIG instance and pod, per window) that `dcgm.aggregate` computes from a snapshot directory, but
-  from aggregates Prometheus evaluates at `now` (`time=`). The query set depends only on the policy's
-  metrics and windows, one query per metric per aggregate for the whole cluster, never per node or pod
+  UUID, MIG instance and pod, per window) that `telemetry.windows.aggregate` computes from a snapshot
+  directory, but from aggregates Prometheus evaluates at `now` (`time=`). The query set depends only on
+  the policy's metrics and windows, one query per metric per aggregate for the whole cluster, never per
+  node or pod
   (`query_plan`): `count_over_time`, `sum_over_time` and `max_over_time` of utilisation per window (the
   mean is sum / count, exact for DCGM's integer percentages and exact across several series of one
   group, where `avg_over_time`'s running mean drifts in the last digits), the newest sample's timestamp
   per window, the last framebuffer used / free (instant) and the framebuffer used maximum per window.
-  Results go through the shared `dcgm` identity resolution (`identify`, `attribute`, `group_key`,
-  `to_gpu_telemetry`), so MIG instances and time-sliced GPUs land on the same rows as in a snapshot;
+  Results go through the same path from series to rows as a snapshot's (`telemetry.windows.Grouping`
+  and `row`), so MIG instances and time-sliced GPUs land on the same rows as in a snapshot;
 - connection settings: bearer token from a file (read on every call, so rotated tokens work) or an env
   var, CA bundle / TLS verification, a timeout on every request (the library has none by default) and
   bounded urllib3 retries with short backoff;
 - `PrometheusTelemetrySource.history(now, window)`: the raw samples of the policy's metrics over a window
-  (range selectors, so timestamps are the scrapes' own) for `rebalancer snapshot`, and
-  `render_openmetrics` to write them as a snapshot file.
+  (range selectors, so timestamps are the scrapes' own) for `rebalancer snapshot`, which writes them
+  with `telemetry.exposition.render_openmetrics`.
 
 Failure policy: a down, slow or erroring Prometheus, an unreadable token, or a malformed answer gives
 `Telemetry(available=False, problem=...)` and a `telemetry-unavailable` finding, never a partial answer.
@@ -29,8 +30,8 @@ series of pods that no longer exist whose newest sample is older than `telemetry
 `stale-telemetry`.
 
 It must not read the clock (`now` is given), judge pods (idle or not), or raise out of `telemetry()`.
-Assumes the server's default `--query.lookback-delta` of 5m (`dcgm.LOOKBACK_SECONDS`), as the snapshot
-aggregation does.
+Assumes the server's default `--query.lookback-delta` of 5m (`telemetry.windows.LOOKBACK_SECONDS`), as
+the snapshot aggregation does.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -52,33 +53,25 @@ from urllib3.util.retry import Retry
 
 from rebalancer.model import Finding, Pod, Telemetry, TelemetryWindow
 from rebalancer.policy import PrometheusConfig, TelemetryConfig, format_duration
-from rebalancer.sources.dcgm import (
-    LOOKBACK_SECONDS,
+from rebalancer.telemetry.exposition import Sample, Series
+from rebalancer.telemetry.identity import (
     GroupKey,
-    Sample,
-    Series,
     SeriesIdentity,
-    attribute,
     bad_telemetry_finding,
-    datetime_from_ms,
-    epoch_ms,
-    fill_identity,
-    group_key,
-    identify,
+    format_labels,
     is_valid_value,
     resolve_preset,
+)
+from rebalancer.telemetry.windows import (
+    LOOKBACK_SECONDS,
+    Grouping,
+    datetime_from_ms,
+    epoch_ms,
+    row,
     seconds_to_ms,
-    to_gpu_telemetry,
 )
 
-__all__ = [
-    "RETRY_STATUSES",
-    "PrometheusError",
-    "PrometheusTelemetrySource",
-    "Query",
-    "query_plan",
-    "render_openmetrics",
-]
+__all__ = ["RETRY_STATUSES", "PrometheusError", "PrometheusTelemetrySource", "Query", "query_plan"]
 
 # Statuses worth another try: throttling, and the server / gateway / overload family.
 RETRY_STATUSES = (429, 500, 502, 503, 504)
@@ -182,11 +175,6 @@ def _time_param(moment: datetime) -> str:
     return f"{ms // 1000}.{ms % 1000:03d}"
 
 
-def _format_labels(labels: LabelKey, limit: int = 240) -> str:
-    text = "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}"
-    return text if len(text) <= limit else text[: limit - 4] + "...}"
-
-
 def _describe(exc: BaseException) -> str:
     """A failed request as an operator would say it."""
     if isinstance(exc, requests.exceptions.Timeout):
@@ -228,7 +216,7 @@ class _Group:
             self.newest = ms
 
     def util_avg(self) -> float | None:
-        """The mean of every sample of the group, as `dcgm.aggregate` computes it."""
+        """The mean of every sample of the group, as `telemetry.windows.aggregate` computes it."""
         if not self.util:
             return None
         return math.fsum(total for total, _ in self.util) / sum(count for _, count in self.util)
@@ -400,38 +388,24 @@ class PrometheusTelemetrySource:
                 f"{format_duration(max((*self._windows, LOOKBACK_SECONDS)))} before {now.isoformat()}"
             )
 
-        findings: list[Finding] = []
+        grouping: Grouping[_Group] = Grouping(cfg, pods, _Group)
         identities: dict[tuple[str, LabelKey], SeriesIdentity] = {}
-        claimed: dict[GroupKey, set[tuple[str, str]]] = defaultdict(set)
-        unusable: dict[tuple[str, str], list[LabelKey]] = defaultdict(list)
         for metric, keys in by_metric.items():
             for key in sorted(keys):
-                labels = dict(key)
-                identity = identify(labels, cfg.labels)
-                if identity is None:
-                    missing = "uuid" if any(labels.get(name) for name in cfg.labels.node) else "node"
-                    unusable[(metric, missing)].append(key)
-                    continue
-                attributed = attribute(identity, pods)
-                if identity.pod_key is not None and attributed.pod_key is None:
-                    claimed[group_key(attributed)].add(identity.pod_key)
-                identities[(metric, key)] = attributed
-        findings.extend(_unusable_findings(unusable, cfg))
+                identity = grouping.identify(metric, dict(key))
+                if identity is not None:
+                    identities[(metric, key)] = identity
+        findings = grouping.unusable_findings()
         if not identities:
-            problem = (
-                f"no series of {metric_names} carries both a node and a GPU UUID label "
-                f"(tried node labels {', '.join(cfg.labels.node)}; UUID labels {', '.join(cfg.labels.uuid)})"
-            )
-            telemetry, unavailable = self._unavailable(problem)
+            telemetry, unavailable = self._unavailable(grouping.no_identity_problem(metric_names))
             return telemetry, (*unavailable, *findings)
 
         bad: dict[tuple[str, LabelKey], str] = {}
         windows: dict[int, TelemetryWindow] = {}
         for window in self._windows:
-            groups = self._window_groups(results, identities, window, bad)
-            ordered = sorted(groups.items(), key=lambda item: tuple(part or "" for part in item[0]))
+            ordered = self._window_groups(results, identities, window, bad, pods)
             rows = tuple(
-                to_gpu_telemetry(
+                row(
                     group.identity,
                     cfg,
                     util_avg=group.util_avg(),
@@ -442,7 +416,7 @@ class PrometheusTelemetrySource:
                     fb_free=group.free_last[1] if group.free_last is not None else None,
                     newest_sample=datetime_from_ms(group.newest),
                 )
-                for _, group in ordered
+                for group in ordered
                 if group.newest is not None
             )
             windows[window] = TelemetryWindow(window_seconds=window, gpus=rows)
@@ -452,12 +426,12 @@ class PrometheusTelemetrySource:
             findings.append(
                 bad_telemetry_finding(
                     identity,
-                    f"{metric}{_format_labels(key)} from {self._where()}: {what} is NaN, infinite, "
+                    f"{metric}{format_labels(key)} from {self._where()}: {what} is NaN, infinite, "
                     "negative or a DCGM blank value; ignored",
                 )
             )
         telemetry = Telemetry(available=True, windows=windows)
-        findings.extend(_stale_findings(telemetry, claimed, pods, now_ms, cfg.max_age))
+        findings.extend(_stale_findings(telemetry, grouping.claimed, pods, now_ms, cfg.max_age))
         return telemetry, tuple(findings)
 
     def _window_groups(
@@ -466,22 +440,15 @@ class PrometheusTelemetrySource:
         identities: Mapping[tuple[str, LabelKey], SeriesIdentity],
         window: int,
         bad: dict[tuple[str, LabelKey], str],
-    ) -> dict[GroupKey, _Group]:
+        pods: Mapping[tuple[str, str], Pod] | None,
+    ) -> list[_Group]:
         cfg = self._cfg
         plan = {(q.metric, q.aggregate, q.window): results[q.expr] for q in self._plan}
-        groups: dict[GroupKey, _Group] = {}
+        grouping: Grouping[_Group] = Grouping(cfg, pods, _Group)
 
         def group(metric: str, key: LabelKey) -> _Group | None:
             identity = identities.get((metric, key))
-            if identity is None:
-                return None
-            gkey = group_key(identity)
-            found = groups.get(gkey)
-            if found is None:
-                found = groups[gkey] = _Group(identity)
-            else:
-                found.identity = fill_identity(found.identity, identity)
-            return found
+            return grouping.group(identity) if identity is not None else None
 
         def valid(metric: str, key: LabelKey, value: float | None, what: str) -> bool:
             if value is None:
@@ -537,7 +504,7 @@ class PrometheusTelemetrySource:
                 else:
                     target.free_last = _newer(target.free_last, sample)
                 target.seen(sample[0])
-        return groups
+        return grouping.ordered()
 
     # ---- raw history, for `rebalancer snapshot`
 
@@ -566,25 +533,6 @@ class PrometheusTelemetrySource:
         return series
 
 
-def _unusable_findings(
-    unusable: Mapping[tuple[str, str], Sequence[LabelKey]], cfg: TelemetryConfig
-) -> list[Finding]:
-    findings: list[Finding] = []
-    for (metric, missing), keys in sorted(unusable.items()):
-        tried = ", ".join(cfg.labels.node if missing == "node" else cfg.labels.uuid)
-        findings.append(
-            Finding(
-                kind="unusable-telemetry",
-                detail=(
-                    f"{len(keys)} series of {metric} have no {'node' if missing == 'node' else 'GPU UUID'} "
-                    f"label (tried {tried}; set telemetry.labels.{missing}) and are ignored, "
-                    f"e.g. {_format_labels(keys[0])}"
-                ),
-            )
-        )
-    return findings
-
-
 def _stale_findings(
     telemetry: Telemetry,
     claimed: Mapping[GroupKey, set[tuple[str, str]]],
@@ -597,14 +545,14 @@ def _stale_findings(
         return []
     widest = telemetry.windows[max(telemetry.windows)]
     findings: list[Finding] = []
-    for row in widest.gpus:
-        if row.pod_key is not None or row.newest_sample is None:
+    for gpu in widest.gpus:
+        if gpu.pod_key is not None or gpu.newest_sample is None:
             continue
-        age_ms = now_ms - epoch_ms(row.newest_sample)
+        age_ms = now_ms - epoch_ms(gpu.newest_sample)
         if age_ms <= max_age * 1000:
             continue
         gone: list[tuple[str | None, str | None]] = sorted(
-            claimed.get((row.node, row.uuid, row.mig_instance, None, None), ())
+            claimed.get((gpu.node, gpu.uuid, gpu.mig_instance, None, None), ())
         )
         for namespace, name in gone or [(None, None)]:
             if name is None:
@@ -616,8 +564,8 @@ def _stale_findings(
             findings.append(
                 Finding(
                     kind="stale-telemetry",
-                    node=row.node,
-                    gpu=row.uuid,
+                    node=gpu.node,
+                    gpu=gpu.uuid,
                     namespace=namespace,
                     pod=name,
                     detail=(
@@ -627,45 +575,3 @@ def _stale_findings(
                 )
             )
     return findings
-
-
-# --------------------------------------------------------------------------- OpenMetrics
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _number(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
-
-
-def _timestamp(seconds: float) -> str:
-    ms = seconds_to_ms(seconds)
-    return f"{ms // 1000}.{ms % 1000:03d}"
-
-
-def render_openmetrics(series: Iterable[Series]) -> str:
-    """Series with timestamped samples as one OpenMetrics exposition (gauges, seconds, `# EOF`).
-
-    Samples without a timestamp are left out: a snapshot file must say when each sample was taken.
-    """
-    families: dict[str, list[Series]] = defaultdict(list)
-    for one in series:
-        families[one.metric].append(one)
-    lines: list[str] = []
-    for metric in sorted(families):
-        lines.append(f"# TYPE {metric} gauge")
-        for one in sorted(families[metric], key=lambda s: sorted(s.labels.items())):
-            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(one.labels.items()))
-            head = f"{metric}{{{labels}}}" if labels else metric
-            stamped = sorted(
-                (s for s in one.samples if s.timestamp is not None), key=lambda s: s.timestamp or 0
-            )
-            lines.extend(f"{head} {_number(s.value)} {_timestamp(s.timestamp or 0)}" for s in stamped)
-    lines.append("# EOF")
-    return "\n".join(lines) + "\n"

@@ -1,0 +1,470 @@
+"""DCGM exporter expositions: Prometheus text format and OpenMetrics, read and written.
+
+Owns turning exposition text into `Series` (metric name, labels, samples) and back:
+
+- `parse_exposition` / `parse_exposition_lines`: through prometheus_client's parsers, the lines read one
+  at a time and handed over in documents of bounded size (a large cluster's history is millions of
+  samples); a malformed exposition raises `ExpositionError` naming the line at fault;
+- timestamps follow each format's definition: milliseconds in the Prometheus text format (the parser
+  divides them by 1000), seconds in OpenMetrics; one outside 1973..3000 in its format's unit is refused
+  with a hint, as are NaN / infinite timestamps and the same series given twice at one instant;
+- `render_openmetrics`: series with timestamped samples as one OpenMetrics exposition (what
+  `rebalancer snapshot` writes).
+
+It must not do I/O (callers pass text or lines), read the clock, or know what the series mean: identity
+is `telemetry.identity`'s, aggregation `telemetry.windows'`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, TextIO, cast
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics.parser import text_fd_to_metric_families as openmetrics_lines
+from prometheus_client.parser import text_fd_to_metric_families as prometheus_lines
+from prometheus_client.parser import text_string_to_metric_families as prometheus_families
+from prometheus_client.samples import Sample as ParsedSample
+
+from rebalancer.wording import clip
+
+__all__ = [
+    "DOCUMENT_SAMPLES",
+    "ExpositionError",
+    "ExpositionFormat",
+    "Sample",
+    "Series",
+    "parse_exposition",
+    "parse_exposition_lines",
+    "render_openmetrics",
+]
+
+ExpositionFormat = Literal["auto", "prometheus", "openmetrics"]
+
+# Prometheus text format timestamps are milliseconds. One that lands before this (March 1973) was
+# almost certainly written in seconds; reading it as milliseconds would put the samples in 1970.
+_MIN_TEXT_TIMESTAMP_SECONDS = 1e8
+# OpenMetrics timestamps are seconds: one after the year 3000 was written in milliseconds.
+_MAX_TIMESTAMP_SECONDS = 32_503_680_000.0
+_SECONDS_PER_YEAR = 31_556_952  # the mean Gregorian year
+
+
+# --------------------------------------------------------------------------- series
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    value: float
+    # Seconds since the epoch; None when the exposition gave no timestamp (read as taken at `now`).
+    timestamp: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One time series (metric name + full label set) as read from one exposition."""
+
+    metric: str
+    labels: Mapping[str, str]
+    samples: tuple[Sample, ...]
+    source: str = ""
+
+
+class ExpositionError(ValueError):
+    """An exposition that prometheus_client cannot parse; the message names the source (and line)."""
+
+    def __init__(self, source: str, message: str, line: int | None = None) -> None:
+        self.source = source
+        self.line = line
+        self.message = message
+        where = f"{source}:{line}" if line is not None else source
+        super().__init__(f"{where}: {message}")
+
+
+def _is_openmetrics(text: str) -> bool:
+    return any(line.strip() == "# EOF" for line in text.splitlines())
+
+
+def _fails_alone(line: str, openmetrics: bool) -> bool:
+    """Whether the parser refuses this one sample or metadata line on its own."""
+    content = line.strip()
+    if not content or content == "# EOF" or (line.startswith("#") and _family_of(line) is None):
+        return False
+    text = line if line.endswith("\n") else line + "\n"
+    try:
+        if openmetrics:
+            list(_any_parser(True)(cast(TextIO, iter((text, "# EOF\n")))))
+        else:
+            list(prometheus_families(text))
+    except Exception:
+        return True
+    return False
+
+
+def _family_of(line: str) -> str | None:
+    """The family a sample or metadata line belongs to (`h` for `h_bucket{...}`, `# TYPE h ...`)."""
+    if line.startswith("#"):
+        parts = line.split(None, 3)
+        return parts[2] if len(parts) >= 3 and parts[1] in _METADATA else None
+    name = _series_text(line).partition("{")[0]
+    for suffix in ("_bucket", "_count", "_sum", "_total", "_created", "_gcount", "_gsum", "_info"):
+        if name.endswith(suffix):
+            return name.removesuffix(suffix)
+    return name or None
+
+
+def _locate_error(lines: Sequence[str], consumed: int, message: str, *, openmetrics: bool) -> int | None:
+    """0-based index of the line at fault in a document the parser refused after reading `consumed`
+    lines (None for a problem of the whole document, such as a missing `# EOF`).
+
+    prometheus_client raises on the line it is reading when that line is malformed, but a family-wide
+    check (bucket order, a metric type, a name seen twice) only fails when the family ends, on the next
+    family's first line or at the end. So: the nearest line the message quotes whole, else the line the
+    parser stopped at if it is malformed on its own, else the first line of the family (or the line
+    holding the word) the message ends with, else the line the parser stopped at."""
+    last = min(consumed, len(lines)) - 1
+    if last < 0 or "Missing # EOF" in message:
+        return None
+    for index in range(last, -1, -1):
+        content = lines[index].strip()
+        if content and content in message:
+            return index
+    if _fails_alone(lines[last], openmetrics):
+        return last
+    word = message.rstrip().rpartition(" ")[2].strip("'\"")
+    if word:
+        for index in range(last, -1, -1):
+            if _family_of(lines[index]) == word:
+                first = index
+                while first > 0 and _family_of(lines[first - 1]) == word:
+                    first -= 1
+                return first
+        for index in range(last, -1, -1):
+            if word in lines[index].split():
+                return index
+    return last
+
+
+class _Counted:
+    """The lines of a document, counting how many the parser has read."""
+
+    __slots__ = ("consumed", "lines")
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        self.consumed = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for line in self.lines:
+            self.consumed += 1
+            yield line
+
+
+def _any_parser(openmetrics: bool) -> Callable[[TextIO], Iterator[Metric]]:
+    """prometheus_client's OpenMetrics or text-format parser (both read any iterable of lines)."""
+    return cast(Callable[[TextIO], Iterator[Metric]], openmetrics_lines if openmetrics else prometheus_lines)
+
+
+def _lines(text: str) -> Iterator[str]:
+    """The lines of `text` with their newlines, as iterating `io.StringIO(text)` gives them."""
+    start, size = 0, len(text)
+    while start < size:
+        end = text.find("\n", start) + 1 or size
+        yield text[start:end]
+        start = end
+
+
+# --------------------------------------------------------------------------- documents
+
+# Sample lines per document handed to prometheus_client. Its parsers hold a whole metric family (a
+# namedtuple and a labels dict per sample, ~1.5 KB) before yielding it, and one DCGM metric of a large
+# cluster's history is millions of samples: an exposition is cut into documents of about this size.
+DOCUMENT_SAMPLES = 20_000
+# Families whose samples are independent series, so a document may end between two of them.
+_CUTTABLE_TYPES = frozenset({"gauge", "untyped"})
+_METADATA = frozenset({"HELP", "TYPE", "UNIT"})
+
+
+@dataclass(slots=True)
+class _Document:
+    """Part of an exposition that prometheus_client parses on its own."""
+
+    lines: list[str] = field(default_factory=list)
+    numbers: list[int] = field(default_factory=list)  # 1-based input line of each line, 0 if added
+    continues: str | None = None  # the family the previous document was cut in
+
+    def add(self, line: str, number: int) -> None:
+        self.lines.append(line)
+        self.numbers.append(number)
+
+    def line_number(self, index: int | None) -> int | None:
+        return self.numbers[index] or None if index is not None else None
+
+
+def _series_text(line: str) -> str:
+    """The `name{labels}` part of a sample line (as written: two spellings of one series differ)."""
+    brace = line.find("{")
+    space = line.find(" ")
+    if brace != -1 and (space == -1 or brace < space):
+        return line[: line.rfind("}") + 1]
+    return line[:space] if space != -1 else line
+
+
+def _without_timestamp(line: str, series: str) -> bool:
+    """Whether a sample line gives only a value (an OpenMetrics exemplar after `#` aside)."""
+    rest = line[len(series) :].partition("#")[0].split()
+    return len(rest) == 1
+
+
+def _documents(lines: Iterable[str], *, openmetrics: bool, samples: int, source: str) -> Iterator[_Document]:
+    """Cut an exposition into documents of about `samples` sample lines.
+
+    A document ends only inside a gauge (or untyped) family, between two of its series; the next one
+    starts again with that family's metadata lines, and an OpenMetrics document gets its `# EOF`. A
+    series is never cut, so the parsers' checks on it (timestamps in order, no mixed presence) hold; a
+    family seen twice is refused across documents by the caller, and an OpenMetrics series that shows up
+    again after others of its family (interleaved groups) here, as the parser would within a document.
+    Any line this does not recognise simply stays in the current document, so cutting never changes what
+    is parsed.
+    """
+    document = _Document()
+    family: str | None = None  # the family of the latest metadata lines
+    header: list[tuple[str, int]] = []
+    cuttable = False
+    taken = 0
+    previous: str | None = None  # the series of the previous sample line
+    previous_untimed = False
+    seen: set[str] = set()  # the series of the current family, when it may be cut
+    for number, line in enumerate(lines, start=1):
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1] in _METADATA:
+                if parts[2] != family:
+                    family, header, cuttable = parts[2], [], False
+                    seen = set()
+                header.append((line, number))
+                if parts[1] == "TYPE":
+                    cuttable = len(parts) == 4 and parts[3].strip() in _CUTTABLE_TYPES
+            previous = None
+        elif line.strip():
+            series = _series_text(line)
+            untimed = _without_timestamp(line, series)
+            if series == previous and untimed and previous_untimed:
+                # Two values of one series at one instant: undefined in both formats, refused by Prometheus
+                # (prometheus_client's OpenMetrics parser silently keeps the first).
+                raise ExpositionError(
+                    source, f"{series}: the same series is given twice without a timestamp", number
+                )
+            previous_untimed = untimed
+            if openmetrics and cuttable and series != previous:
+                if series in seen:
+                    message = f"invalid OpenMetrics: Invalid metric grouping: {line.strip()}"
+                    raise ExpositionError(source, message, number)
+                seen.add(series)
+            if (
+                taken >= samples
+                and cuttable
+                and previous is not None
+                and series != previous
+                and family is not None
+                and (series == family or series.startswith(family + "{"))
+            ):
+                if openmetrics:
+                    document.add("# EOF\n", 0)
+                yield document
+                document = _Document(continues=family)
+                for header_line, header_number in header:
+                    document.add(header_line, header_number)
+                taken = 0
+            taken += 1
+            previous = series
+        document.add(line, number)
+    yield document
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse_exposition(
+    text: str,
+    *,
+    source: str,
+    metrics: Collection[str] | None = None,
+    fmt: ExpositionFormat = "auto",
+) -> list[Series]:
+    """Series of a Prometheus text-format or OpenMetrics exposition, in order of first appearance.
+
+    `fmt="auto"` reads OpenMetrics when the text has a `# EOF` line, Prometheus text format otherwise.
+    Timestamps come back in seconds (text-format milliseconds are converted by the parser). `metrics`,
+    when given, keeps only samples with those names. Raises ExpositionError on malformed input.
+    """
+    openmetrics = fmt == "openmetrics" or (fmt == "auto" and _is_openmetrics(text))
+    return parse_exposition_lines(_lines(text), source=source, openmetrics=openmetrics, metrics=metrics)
+
+
+def parse_exposition_lines(
+    lines: Iterable[str],
+    *,
+    source: str,
+    openmetrics: bool,
+    metrics: Collection[str] | None = None,
+    document_samples: int = DOCUMENT_SAMPLES,
+) -> list[Series]:
+    """`parse_exposition` over lines (with their newlines) read one at a time, e.g. from an open file:
+    neither the text nor a whole metric family is held at once, only the samples kept."""
+    parser = _any_parser(openmetrics)
+    kind = "OpenMetrics" if openmetrics else "Prometheus text format"
+    wanted = frozenset(metrics) if metrics is not None else None
+    collected: dict[tuple[str, tuple[tuple[str, str], ...]], list[Sample]] = {}
+    families: set[str] = set()  # OpenMetrics families of earlier documents
+    for document in _documents(lines, openmetrics=openmetrics, samples=document_samples, source=source):
+        counted = _Counted(document.lines)
+        try:
+            for index, family in enumerate(parser(cast(TextIO, iter(counted)))):
+                if openmetrics:
+                    if family.name in families and not (index == 0 and family.name == document.continues):
+                        raise ValueError(f"Clashing name: {family.name}")
+                    families.add(family.name)
+                _collect(family.samples, collected, wanted, openmetrics=openmetrics)
+                del family
+        except ExpositionError:
+            raise
+        except _BadSample as bad:
+            at = _sample_line(document.lines, counted.consumed, bad.name, bad.raw)
+            raise ExpositionError(source, f"{bad.name}: {bad.message}", document.line_number(at)) from None
+        except Exception as exc:  # prometheus_client raises ValueError, and a few others on odd input
+            detail = str(exc) or type(exc).__name__
+            at = _locate_error(document.lines, counted.consumed, detail, openmetrics=openmetrics)
+            raise ExpositionError(source, f"invalid {kind}: {detail}", document.line_number(at)) from None
+        del document
+    return [
+        Series(metric=name, labels=dict(labels), samples=tuple(samples), source=source)
+        for (name, labels), samples in collected.items()
+    ]
+
+
+class _BadSample(Exception):
+    """A sample the parser took but the format's definition does not allow (its timestamp)."""
+
+    def __init__(self, name: str, raw: float | None, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+        self.raw = raw
+        self.message = message
+
+
+def _timestamp_seconds(name: str, timestamp: float, *, openmetrics: bool) -> float:
+    """A sample's timestamp in seconds, checked against each format's definition: OpenMetrics writes
+    seconds, the Prometheus text format milliseconds (prometheus_client's parser divides them by 1000).
+    One that lands before 1973 or after the year 3000 was written in the other unit."""
+    raw = timestamp if openmetrics else timestamp * 1000
+    unit = "seconds (OpenMetrics)" if openmetrics else "milliseconds (Prometheus text format)"
+    written = f"{raw:.0f}" if math.isfinite(raw) else str(raw)
+    if not math.isfinite(timestamp):
+        raise _BadSample(name, raw, f"timestamp {written} is not a time in {unit}")
+    if not openmetrics and timestamp < _MIN_TEXT_TIMESTAMP_SECONDS:
+        raise _BadSample(
+            name,
+            raw,
+            f"timestamp {written} is before 1973 when read as milliseconds (Prometheus text format); "
+            "write milliseconds, or use OpenMetrics (timestamps in seconds, file ends with `# EOF`)",
+        )
+    if timestamp > _MAX_TIMESTAMP_SECONDS:
+        year = 1970 + int(timestamp // _SECONDS_PER_YEAR) if timestamp < 1e15 else "10**7 and more"
+        hint = (
+            "write seconds, or use the Prometheus text format (milliseconds, no `# EOF`)"
+            if openmetrics
+            else "write milliseconds"
+        )
+        raise _BadSample(
+            name, raw, f"timestamp {clip(written, 30)} is in the year {year} when read as {unit}; {hint}"
+        )
+    return timestamp
+
+
+def _sample_line(lines: Sequence[str], consumed: int, name: str, raw: float | None) -> int | None:
+    """0-based index of the latest line, among the first `consumed`, of a sample of `name` written with
+    timestamp `raw` (None: written without one)."""
+    for index in range(min(consumed, len(lines)) - 1, -1, -1):
+        line = lines[index]
+        if line.startswith("#") or _series_text(line).partition("{")[0] != name:
+            continue
+        rest = line[len(_series_text(line)) :].split()
+        if raw is None:
+            if len(rest) == 1:
+                return index
+            continue
+        try:
+            written = float(rest[1]) if len(rest) >= 2 else None
+        except ValueError:
+            continue
+        if written is not None and (written == raw or (math.isnan(written) and math.isnan(raw))):
+            return index
+    return None
+
+
+def _collect(
+    samples: Iterable[ParsedSample],
+    collected: dict[tuple[str, tuple[tuple[str, str], ...]], list[Sample]],
+    wanted: frozenset[str] | None,
+    *,
+    openmetrics: bool,
+) -> None:
+    for sample in samples:
+        if wanted is not None and sample.name not in wanted:
+            continue
+        timestamp: float | None = None
+        if sample.timestamp is not None:
+            timestamp = _timestamp_seconds(sample.name, float(sample.timestamp), openmetrics=openmetrics)
+        key = (sample.name, tuple(sorted(sample.labels.items())))
+        series = collected.setdefault(key, [])
+        if series and series[-1].timestamp == timestamp:
+            # Two values of one series at one instant: the formats leave it undefined, Prometheus refuses it.
+            at = "without a timestamp" if timestamp is None else "at the same timestamp"
+            raw = None if timestamp is None else (timestamp if openmetrics else timestamp * 1000)
+            raise _BadSample(sample.name, raw, f"the same series is given twice {at}")
+        series.append(Sample(value=float(sample.value), timestamp=timestamp))
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+def _timestamp(seconds: float) -> str:
+    ms = round(seconds * 1000)
+    return f"{ms // 1000}.{ms % 1000:03d}"
+
+
+def render_openmetrics(series: Iterable[Series]) -> str:
+    """Series with timestamped samples as one OpenMetrics exposition (gauges, seconds, `# EOF`).
+
+    Samples without a timestamp are left out: a snapshot file must say when each sample was taken.
+    """
+    families: dict[str, list[Series]] = defaultdict(list)
+    for one in series:
+        families[one.metric].append(one)
+    lines: list[str] = []
+    for metric in sorted(families):
+        lines.append(f"# TYPE {metric} gauge")
+        for one in sorted(families[metric], key=lambda s: sorted(s.labels.items())):
+            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(one.labels.items()))
+            head = f"{metric}{{{labels}}}" if labels else metric
+            stamped = sorted(
+                (s for s in one.samples if s.timestamp is not None), key=lambda s: s.timestamp or 0
+            )
+            lines.extend(f"{head} {_number(s.value)} {_timestamp(s.timestamp or 0)}" for s in stamped)
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"

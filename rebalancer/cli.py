@@ -21,13 +21,9 @@ from pydantic import ValidationError
 
 from rebalancer import __version__, rfc3339
 from rebalancer.cycle import run_cycle
-from rebalancer.daemon import (
-    add_live_once_arguments,
-    add_run_arguments,
-    run_command,
-    run_live_once,
-    utcnow,
-)
+from rebalancer.daemon.args import add_live_once_arguments, add_run_arguments
+from rebalancer.daemon.clock import utcnow
+from rebalancer.daemon.wiring import run_command, run_live_once
 from rebalancer.errors import InputError, Problems
 from rebalancer.evictor import DryRunEvictor
 from rebalancer.kubeapi import KubeConfigError, load_api_client

@@ -1,25 +1,36 @@
 """One rebalancing cycle, the only orchestration: strategies -> planner -> evictor -> report -> sinks.
 
-Owns the order in which the pieces run and the assembly of the CycleReport. It takes an already built
-Snapshot (the clock was read when the snapshot was made), so it never reads the clock itself, and it
-never talks to the cluster or Prometheus directly: the evictor and sinks it is given are the edges.
-Dry-run is the choice of a DryRunEvictor, not a flag here.
+Owns the order in which the pieces run and the assembly of the CycleReport. `run_cycle` is what every
+mode runs (`once` on a snapshot or live, the daemon, the trace replay, the benchmarks): the memory of
+earlier cycles gives the history to plan with, the evictor's frame opens, every approved decision is
+evicted (and recorded in the memory as it ends), the frame closes, the report goes to every sink.
+`evaluate` is its strategies-and-planner half, public so that a benchmark can time it alone.
+
+It takes an already built Snapshot (the clock was read when the snapshot was made), so it never reads
+the clock itself, and it never talks to the cluster or Prometheus directly: the evictor, the memory and
+the sinks it is given are the edges. Dry-run is the choice of a DryRunEvictor, not a flag here.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Protocol
 
+from rebalancer import rfc3339
 from rebalancer.evictor import Evictor
 from rebalancer.gcpause import collector_paused
+from rebalancer.guards import CIRCUIT_OPEN as CIRCUIT_OPEN_FINDING
 from rebalancer.guards import pod_refusal
+from rebalancer.history import NO_HISTORY, DisruptionHistory, Memory, open_circuits
 from rebalancer.model import (
     CycleReport,
     Decision,
     Finding,
     Mode,
+    NodeFacts,
     Outcome,
     Pod,
     Proposal,
@@ -29,13 +40,32 @@ from rebalancer.model import (
     StrategyResult,
     Summary,
 )
-from rebalancer.planner import DisruptionHistory, plan
-from rebalancer.policy import LoadedPolicy
+from rebalancer.planner import plan
+from rebalancer.policy import LoadedPolicy, Policy
 from rebalancer.registry import Refusal, StrategyContext, get_strategy
+from rebalancer.wording import plural
 
 
 class Sink(Protocol):
     def publish(self, report: CycleReport) -> None: ...
+
+
+class CycleMemory(Protocol):
+    """What earlier cycles disrupted: the history a cycle plans with, and each decision's outcomes."""
+
+    @property
+    def history(self) -> DisruptionHistory:
+        """What it knows now."""
+        ...
+
+    def begin(self, snapshot: Snapshot, policy: Policy) -> DisruptionHistory: ...
+
+    def record(self, decision: Decision, outcomes: Sequence[Outcome], now: datetime) -> None: ...
+
+
+def cycle_id_for(now: datetime) -> str:
+    """A cycle id that is a valid label / taint value and says when: `20261129T120000Z`."""
+    return now.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
 @dataclass(frozen=True)
@@ -93,7 +123,9 @@ def _evaluate(snapshot: Snapshot, loaded: LoadedPolicy, history: DisruptionHisto
         proposals.extend(sorted(result.proposals, key=lambda p: -p.priority))
         findings.extend(result.findings)
         hints.extend(result.hints)
-    decisions = plan(proposals, snapshot, loaded.policy, history=history or DisruptionHistory())
+    history = history or NO_HISTORY
+    decisions = plan(proposals, snapshot, loaded.policy, history=history)
+    findings.extend(_circuit_findings(snapshot, history, loaded.policy))
     return Evaluation(
         snapshot=snapshot,
         decisions=decisions,
@@ -103,12 +135,33 @@ def _evaluate(snapshot: Snapshot, loaded: LoadedPolicy, history: DisruptionHisto
     )
 
 
-def execute(evaluation: Evaluation, evictor: Evictor) -> dict[tuple[str, str], Outcome]:
-    """Hand every approved decision to the evictor, in planning order."""
+def _circuit_findings(snapshot: Snapshot, history: DisruptionHistory, policy: Policy) -> list[Finding]:
+    return [
+        Finding(
+            kind=CIRCUIT_OPEN_FINDING,
+            namespace=trip.workload.namespace,
+            detail=(
+                f"{trip.detail}: {plural(trip.pending, 'pod')} of {trip.workload.kind} {trip.workload.name} "
+                f"evicted at {rfc3339.format_utc(trip.evicted_at)} are not scheduled; no eviction until they "
+                "are placed or the circuit is reset"
+            ),
+        )
+        for trip in open_circuits(snapshot, history, policy.eviction.reschedule_timeout)
+    ]
+
+
+def execute(
+    evaluation: Evaluation, evictor: Evictor, memory: CycleMemory | None = None
+) -> dict[tuple[str, str], Outcome]:
+    """Hand every approved decision to the evictor, in planning order; the memory records each."""
     outcomes: dict[tuple[str, str], Outcome] = {}
+    now = evaluation.snapshot.now
     for decision in evaluation.decisions:
         if decision.approved:
-            for outcome in evictor.evict(decision):
+            done = evictor.evict(decision)
+            if memory is not None:
+                memory.record(decision, done, now)
+            for outcome in done:
                 outcomes[(outcome.namespace, outcome.pod)] = outcome
     return outcomes
 
@@ -139,6 +192,7 @@ def _rows(decisions: Iterable[Decision], outcomes: dict[tuple[str, str], Outcome
                     blocked_by=decision.blocked_by,
                     group=proposal.group or pod.gang,
                     target_node=(decision.targets or proposal.targets).get(pod.key),
+                    uid=pod.uid,
                 )
             )
     return rows
@@ -149,6 +203,7 @@ def assemble_report(
     evaluation: Evaluation,
     outcomes: dict[tuple[str, str], Outcome],
     loaded: LoadedPolicy,
+    extra_findings: Sequence[Finding] = (),
 ) -> CycleReport:
     snapshot = evaluation.snapshot
     rows = _rows(evaluation.decisions, outcomes)
@@ -182,16 +237,41 @@ def assemble_report(
         gpus_freed=gpus_freed,
         estimated_savings_per_hour=savings,
     )
+    findings = tuple(_with_vram(f, snapshot) for f in (*evaluation.findings, *extra_findings))
+    named = {*freed, *(f.node for f in findings if f.node is not None)}
     return CycleReport(
         mode=mode,
         now=snapshot.now,
         summary=summary,
         decisions=tuple(rows),
-        findings=evaluation.findings,
+        findings=findings,
         skipped_strategies=evaluation.skipped,
         hints=evaluation.hints,
         freed_nodes=tuple(freed),
+        proposals_by_strategy=dict(Counter(d.proposal.strategy for d in evaluation.decisions)),
+        nodes={
+            name: NodeFacts(gpu_model=node.gpu_model, gpus=node.gpu_count)
+            for name in sorted(named)
+            if (node := snapshot.nodes.get(name)) is not None
+        },
     )
+
+
+def _with_vram(finding: Finding, snapshot: Snapshot) -> Finding:
+    """A leaked-vram finding with the framebuffer it is about (the newest sample, every row of that GPU
+    and pod), so the metrics need no snapshot."""
+    if finding.kind != "leaked-vram" or finding.fb_used_mib is not None or not snapshot.telemetry.available:
+        return finding
+    for window in snapshot.telemetry.windows.values():
+        rows = [
+            row
+            for row in window.gpus
+            if (row.node, row.uuid, row.pod_namespace, row.pod_name)
+            == (finding.node, finding.gpu, finding.namespace, finding.pod)
+        ]
+        if rows:
+            return replace(finding, fb_used_mib=sum(row.fb_used_mib or 0.0 for row in rows))
+    return finding
 
 
 def run_cycle(
@@ -200,16 +280,29 @@ def run_cycle(
     evictor: Evictor,
     sinks: Sequence[Sink] = (),
     *,
-    history: DisruptionHistory | None = None,
+    memory: CycleMemory | None = None,
+    cycle_id: str | None = None,
     on_sink_error: Callable[[Sink, Exception], None] | None = None,
 ) -> CycleReport:
-    """Evaluate, evict through `evictor`, assemble the report and publish it to every sink.
+    """One cycle on `snapshot`: plan with `memory`'s history (none given: a memory of this cycle only),
+    evict within the evictor's frame, assemble the report and publish it to every sink.
 
-    A failing sink never fails the cycle: its error goes to `on_sink_error` (the daemon logs it).
+    The frame always closes, `completed=False` when the cycle failed half-way (the exception then goes
+    on). A failing sink never fails the cycle: its error goes to `on_sink_error` (the daemon logs it).
     """
-    evaluation = evaluate(snapshot, loaded, history=history)
-    outcomes = execute(evaluation, evictor)
-    report = assemble_report(evictor.mode, evaluation, outcomes, loaded)
+    memory = memory if memory is not None else Memory()
+    # The frame first: a live evictor taking a new leadership term loads the memory it then plans with.
+    evictor.begin_cycle(snapshot, cycle_id or cycle_id_for(snapshot.now))
+    history = memory.begin(snapshot, loaded.policy)
+    evaluation: Evaluation | None = None
+    completed = False
+    try:
+        evaluation = evaluate(snapshot, loaded, history=history)
+        outcomes = execute(evaluation, evictor, memory)
+        completed = True
+    finally:
+        extra = evictor.end_cycle(evaluation.decisions if evaluation is not None else (), completed=completed)
+    report = assemble_report(evictor.mode, evaluation, outcomes, loaded, extra)
     for sink in sinks:
         try:
             sink.publish(report)

@@ -39,8 +39,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
-from contextlib import suppress
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -48,8 +47,18 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from rebalancer.kubeapi import describe_transport_error, status_body, status_message
-from rebalancer.model import Decision, Mode, Outcome, OutcomeResult, Pdb, Pod
+from rebalancer.kubeapi import (
+    Backoff,
+    describe_answer,
+    exponential_backoff,
+    is_transient,
+    read_json,
+    release_unread,
+    status_body,
+    status_message,
+    with_retries,
+)
+from rebalancer.model import Decision, Finding, Mode, Outcome, OutcomeResult, Pdb, Pod, Snapshot
 from rebalancer.selectors import label_selector_matches
 from rebalancer.sources.kube_objects import ObjectError, pdb_from_json
 
@@ -59,7 +68,6 @@ __all__ = [
     "REASON_ANNOTATION",
     "REQUESTED_BY_ANNOTATION",
     "REQUESTER",
-    "Backoff",
     "DryRunEvictor",
     "DryRunTainter",
     "Evictor",
@@ -67,10 +75,8 @@ __all__ = [
     "KubeTainter",
     "NodeTainter",
     "TaintChange",
-    "exponential_backoff",
+    "UnframedEvictor",
     "not_attempted",
-    "read_or_none",
-    "release_unread",
 ]
 
 REQUESTED_BY_ANNOTATION = "rebalancer.gpu/requested-by"
@@ -86,27 +92,35 @@ _STOPPING: frozenset[OutcomeResult] = frozenset({"blocked-by-pdb", "error"})
 
 log = logging.getLogger(__name__)
 
-Backoff = Callable[[int], float]
-"""Seconds to wait before retry number `attempt + 1` (attempt counts from 0)."""
-
 RequestTimeout = float | tuple[float, float]
 
 
 class Evictor(Protocol):
-    """Carries out an approved decision; one Outcome per pod of the decision, in order."""
+    """Carries out approved decisions, framed by the cycle they belong to.
+
+    `begin_cycle(snapshot, cycle_id)` before the first decision; `evict(decision)`: one Outcome per pod
+    of the decision, in order; `end_cycle(decisions, completed=...)` after the last, with every decision
+    of the cycle (refused ones included) and whether the cycle got through all of them: the findings
+    of the evictor's own (drain marks removed...). The dry-run evictor's frame does nothing.
+    """
 
     mode: Mode
 
+    def begin_cycle(self, snapshot: Snapshot, cycle_id: str) -> None: ...
+
     def evict(self, decision: Decision) -> tuple[Outcome, ...]: ...
 
+    def end_cycle(self, decisions: Sequence[Decision], *, completed: bool) -> tuple[Finding, ...]: ...
 
-def exponential_backoff(base: float = 0.5, cap: float = 8.0) -> Backoff:
-    """base, 2*base, 4*base... seconds, at most `cap`."""
 
-    def backoff(attempt: int) -> float:
-        return float(min(base * 2**attempt, cap))
+class UnframedEvictor:
+    """A base for evictors with nothing to do at the start and the end of a cycle."""
 
-    return backoff
+    def begin_cycle(self, snapshot: Snapshot, cycle_id: str) -> None:
+        return None
+
+    def end_cycle(self, decisions: Sequence[Decision], *, completed: bool) -> tuple[Finding, ...]:
+        return ()
 
 
 def not_attempted(after: Pod, result: OutcomeResult) -> str:
@@ -121,7 +135,7 @@ def _approved_pods(decision: Decision) -> tuple[Pod, ...]:
     return decision.proposal.pods
 
 
-class DryRunEvictor:
+class DryRunEvictor(UnframedEvictor):
     """Evicts nothing and makes no request: every pod of an approved decision `would-evict`."""
 
     mode: Mode = "dry-run"
@@ -130,8 +144,8 @@ class DryRunEvictor:
         return tuple(Outcome(p.namespace, p.name, "would-evict") for p in _approved_pods(decision))
 
 
-class KubeEvictor:
-    """Evicts through the policy/v1 Eviction API. Call `begin_cycle()` at the start of every cycle."""
+class KubeEvictor(UnframedEvictor):
+    """Evicts through the policy/v1 Eviction API, framed by `begin_cycle` (which resets its PDB memory)."""
 
     def __init__(
         self,
@@ -162,10 +176,10 @@ class KubeEvictor:
         self._exhausted: dict[tuple[str, str], Pdb] = {}
         self.mode: Mode = "dry-run" if server_dry_run else "live"
 
-    def begin_cycle(self, pdbs: Iterable[Pdb] = ()) -> None:
-        """Forget the PDBs exhausted last cycle; `pdbs` (the snapshot's) saves a lookup after a 429."""
+    def begin_cycle(self, snapshot: Snapshot, cycle_id: str = "") -> None:
+        """Forget the PDBs exhausted last cycle; the snapshot's PDBs save a lookup after a 429."""
         self._exhausted.clear()
-        self._known = {p.key: p for p in pdbs}
+        self._known = {p.key: p for p in snapshot.pdbs}
 
     @property
     def exhausted_pdbs(self) -> tuple[tuple[str, str], ...]:
@@ -219,8 +233,8 @@ class KubeEvictor:
         if not pod.uid:
             return outcome("error", "pod has no uid: refusing to evict without a uid precondition")
         body = self._body(pod, reason)
-        attempt = 0
-        while True:
+
+        def attempt() -> Outcome:
             try:
                 response = cast(
                     "urllib3.BaseHTTPResponse",
@@ -233,32 +247,44 @@ class KubeEvictor:
                         _request_timeout=self._timeout,
                     ),
                 )
-                release_unread(response)  # the answer was 2xx: it is in
-                if self._server_dry_run:
-                    return outcome("would-evict", "server dry-run: the API server accepted the eviction")
-                return outcome("evicted")
             except ApiException as exc:
-                status = exc.status or 0
-                message = status_message(exc)
-                if status == 429 and _is_budget_refusal(exc):
-                    self._remember_exhausted(pod, exc)
-                    return outcome("blocked-by-pdb", _budget_detail(exc) or message)
-                if status == 404:
-                    return outcome("gone", f"pod no longer exists (404: {message})")
-                if status == 409:
-                    return outcome("gone", f"pod was replaced or changed (409: {message})")
-                if not (status in (0, 429) or status >= 500):
-                    return outcome("error", f"HTTP {status}: {message}")
-                problem = f"HTTP {status}: {message}" if status else f"no valid answer: {message}"
-            except (urllib3.exceptions.HTTPError, OSError) as exc:
-                problem = describe_transport_error(exc)
-                if isinstance(exc, urllib3.exceptions.TimeoutError | TimeoutError):
-                    problem += "; the eviction may still have happened"
-            if attempt >= self._retries:
-                return outcome("error", f"{problem} (after {attempt + 1} attempts)")
-            log.warning("eviction of %s failed (%s); retrying", pod.ref, problem)
-            self._sleep(self._backoff(attempt))
-            attempt += 1
+                final = self._final_answer(pod, exc)
+                if final is None:
+                    raise
+                return final
+            release_unread(response)  # the answer was 2xx: it is in
+            if self._server_dry_run:
+                return outcome("would-evict", "server dry-run: the API server accepted the eviction")
+            return outcome("evicted")
+
+        def retrying(exc: BaseException) -> None:
+            log.warning("eviction of %s failed (%s); retrying", pod.ref, describe_answer(exc))
+
+        try:
+            return with_retries(
+                attempt, retries=self._retries, backoff=self._backoff, sleep=self._sleep, on_retry=retrying
+            )
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            problem = describe_answer(exc)
+            if isinstance(exc, urllib3.exceptions.TimeoutError | TimeoutError):
+                problem += "; the eviction may still have happened"
+            return outcome("error", f"{problem} (after {self._retries + 1} attempts)")
+
+    def _final_answer(self, pod: Pod, exc: ApiException) -> Outcome | None:
+        """The outcome an API answer settles, or None when it is worth another try (429 throttling, 5xx,
+        no answer). A PDB's 429 is final: the budget will not change within the backoff."""
+        status = exc.status or 0
+        message = status_message(exc)
+        if status == 429 and _is_budget_refusal(exc):
+            self._remember_exhausted(pod, exc)
+            return Outcome(pod.namespace, pod.name, "blocked-by-pdb", _budget_detail(exc) or message)
+        if status == 404:
+            return Outcome(pod.namespace, pod.name, "gone", f"pod no longer exists (404: {message})")
+        if status == 409:
+            return Outcome(pod.namespace, pod.name, "gone", f"pod was replaced or changed (409: {message})")
+        if not is_transient(exc):
+            return Outcome(pod.namespace, pod.name, "error", f"HTTP {status}: {message}")
+        return None
 
     # ---- PDB memory
 
@@ -404,7 +430,7 @@ class KubeTainter:
             }
             if token:
                 kwargs["_continue"] = token
-            page = _read_json(cast("urllib3.BaseHTTPResponse", self._core.list_node(**kwargs)))
+            page = read_json(cast("urllib3.BaseHTTPResponse", self._core.list_node(**kwargs)))
             for item in page.get("items") or ():
                 for taint in (item.get("spec") or {}).get("taints") or ():
                     if taint.get("key") == self.key:
@@ -421,88 +447,66 @@ class KubeTainter:
         missing_ok: bool,
         annotations: Mapping[str, str | None] | None = None,
     ) -> TaintChange:
-        attempt = 0
-        while True:
-            try:
-                current = _read_json(
-                    cast(
-                        "urllib3.BaseHTTPResponse",
-                        self._core.read_node(node, _preload_content=False, _request_timeout=self._timeout),
-                    )
-                )
-                spec = current.get("spec") or {}
-                taints = list(spec.get("taints") or ())
-                new = edit(taints)
-                old_notes = dict(current["metadata"].get("annotations") or {})
-                notes = dict(old_notes)
-                for name, note in (annotations or {}).items():
-                    if note is None:
-                        notes.pop(name, None)
-                    else:
-                        notes[name] = note
-                if new is None and notes == old_notes:
-                    return TaintChange(node, ok=True)
-                version = current["metadata"]["resourceVersion"]
-                ops: list[dict[str, Any]] = [
-                    {"op": "test", "path": "/metadata/resourceVersion", "value": version}
-                ]
-                if new is not None:
-                    # `add` replaces an existing member; a node without any spec gets one.
-                    write: dict[str, Any] = {"op": "add", "path": "/spec/taints", "value": new}
-                    if not spec:
-                        write = {"op": "add", "path": "/spec", "value": {"taints": new}}
-                    ops.append(write)
-                if notes != old_notes:
-                    ops.append({"op": "add", "path": "/metadata/annotations", "value": notes})
-                response = cast(
+        def attempt() -> TaintChange:
+            current = read_json(
+                cast(
                     "urllib3.BaseHTTPResponse",
-                    self._core.patch_node(node, ops, _preload_content=False, _request_timeout=self._timeout),
+                    self._core.read_node(node, _preload_content=False, _request_timeout=self._timeout),
                 )
-                _read_json(response)
-                return TaintChange(node, ok=True, changed=True)
-            except ApiException as exc:
-                status = exc.status or 0
-                if status == 404:
-                    return TaintChange(node, ok=missing_ok, detail="node no longer exists")
-                if not (status in (0, 409, 422, 429) or status >= 500):
-                    return TaintChange(node, ok=False, detail=f"HTTP {status}: {status_message(exc)}")
-                problem = f"HTTP {status}: {status_message(exc)}"
-            except (urllib3.exceptions.HTTPError, OSError) as exc:
-                problem = describe_transport_error(exc)
-            if attempt >= self._retries:
-                return TaintChange(node, ok=False, detail=f"{problem} (after {attempt + 1} attempts)")
-            self._sleep(self._backoff(attempt))
-            attempt += 1
+            )
+            spec = current.get("spec") or {}
+            taints = list(spec.get("taints") or ())
+            new = edit(taints)
+            old_notes = dict(current["metadata"].get("annotations") or {})
+            notes = dict(old_notes)
+            for name, note in (annotations or {}).items():
+                if note is None:
+                    notes.pop(name, None)
+                else:
+                    notes[name] = note
+            if new is None and notes == old_notes:
+                return TaintChange(node, ok=True)
+            version = current["metadata"]["resourceVersion"]
+            ops: list[dict[str, Any]] = [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": version}
+            ]
+            if new is not None:
+                # `add` replaces an existing member; a node without any spec gets one.
+                write: dict[str, Any] = {"op": "add", "path": "/spec/taints", "value": new}
+                if not spec:
+                    write = {"op": "add", "path": "/spec", "value": {"taints": new}}
+                ops.append(write)
+            if notes != old_notes:
+                ops.append({"op": "add", "path": "/metadata/annotations", "value": notes})
+            response = cast(
+                "urllib3.BaseHTTPResponse",
+                self._core.patch_node(node, ops, _preload_content=False, _request_timeout=self._timeout),
+            )
+            read_json(response)
+            return TaintChange(node, ok=True, changed=True)
+
+        try:
+            return with_retries(
+                attempt, retries=self._retries, backoff=self._backoff, sleep=self._sleep, retry_if=_retry_mark
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return TaintChange(node, ok=missing_ok, detail="node no longer exists")
+            if not _retry_mark(exc):
+                return TaintChange(node, ok=False, detail=describe_answer(exc))
+            return TaintChange(
+                node, ok=False, detail=f"{describe_answer(exc)} (after {self._retries + 1} attempts)"
+            )
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            return TaintChange(
+                node, ok=False, detail=f"{describe_answer(exc)} (after {self._retries + 1} attempts)"
+            )
 
 
-def read_or_none(request: Callable[[], object]) -> bytes | None:
-    """The body of a read made with `_preload_content=False`; None when the object does not exist (404)."""
-    try:
-        response = cast(urllib3.BaseHTTPResponse, request())
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    try:
-        return bytes(response.data)
-    finally:
-        response.release_conn()
-
-
-def release_unread(response: urllib3.BaseHTTPResponse) -> None:
-    """Drain an unread body before the connection goes back to the pool, so no stale bytes stay on it."""
-    with suppress(urllib3.exceptions.HTTPError, OSError):
-        response.drain_conn()
-    response.release_conn()
-
-
-def _read_json(response: urllib3.BaseHTTPResponse) -> Mapping[str, Any]:
-    try:
-        data = response.data
-    finally:
-        response.release_conn()
-    doc = json.loads(data)
-    return doc if isinstance(doc, dict) else {}
+def _retry_mark(exc: BaseException) -> bool:
+    """A node edit is tried again on a conflict too (409, or 422 from the resourceVersion test): the node
+    changed between the read and the write, and the next attempt reads it again."""
+    return is_transient(exc) or (isinstance(exc, ApiException) and exc.status in (409, 422))
 
 
 # --------------------------------------------------------------------------- reading Status answers

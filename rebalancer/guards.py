@@ -42,6 +42,8 @@ LIMIT_CYCLE = "limit-cycle"
 COOLDOWN = "cooldown"
 DISRUPTION_BUDGET = "disruption-budget"
 DUPLICATE = "duplicate"
+CIRCUIT_OPEN = "circuit-open"
+CHECKPOINT_PENDING = "checkpoint-pending"
 
 POD_GUARD_NAMES: tuple[str, ...] = (
     TERMINATING,
@@ -68,6 +70,8 @@ GUARD_NAMES: tuple[str, ...] = (
     COOLDOWN,
     DUPLICATE,
     DISRUPTION_BUDGET,
+    CIRCUIT_OPEN,
+    CHECKPOINT_PENDING,
 )
 """Every guard name that can appear as `blocked_by` (contract: only ever extended)."""
 
@@ -82,6 +86,12 @@ POD_OPT_OUT_ANNOTATIONS: tuple[tuple[str, str], ...] = (
     ("cluster-autoscaler.kubernetes.io/safe-to-evict", "false"),
     ("karpenter.sh/do-not-disrupt", "true"),
 )
+# Checkpoint-before-evict (docs/checkpoint-protocol.md): the pod asks for a request, the rebalancer asks
+# (when), the pod answers.
+CHECKPOINT_ANNOTATION = "rebalancer.gpu/checkpoint"
+EVICTION_REQUESTED_AT_ANNOTATION = "rebalancer.gpu/eviction-requested-at"
+CHECKPOINT_DONE_ANNOTATION = "rebalancer.gpu/checkpoint-done"
+
 # Node annotations that opt a node out of being drained.
 NODE_OPT_OUT_ANNOTATIONS: tuple[tuple[str, str], ...] = (
     ("cluster-autoscaler.kubernetes.io/scale-down-disabled", "true"),

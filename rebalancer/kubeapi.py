@@ -10,7 +10,12 @@ Owns connecting to a cluster and saying what went wrong:
 - `describe_api_error` / `describe_transport_error`: one line for an API answer (`HTTP 500 Internal
   Server Error: <the Status message>`) or a transport failure (`connection refused`, `timed out`,
   `connection dropped`), as an operator would say it;
-- `is_transient`: the one rule of what is worth retrying (no answer, 429 throttling, 5xx, transport).
+- `is_transient`: the one rule of what is worth retrying (no answer, 429 throttling, 5xx, transport),
+  and `with_retries`, the one way every reader and writer retries a request (tenacity: bounded
+  attempts, a backoff, an injectable sleep), a caller narrowing the rule where an answer is final (a
+  PDB's 429 to an eviction);
+- `read_or_none` / `release_unread` / `read_json`: raw responses (`_preload_content=False`) read once
+  and given back to the connection pool clean.
 
 It must not decide anything about the cluster's objects: sources read, the evictor and actuator write.
 """
@@ -19,9 +24,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable, Mapping
+from contextlib import suppress
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
+import tenacity
 import urllib3
 import yaml
 from kubernetes import client, config
@@ -32,13 +41,21 @@ from rebalancer.errors import InputError
 from rebalancer.wording import clip
 
 __all__ = [
+    "Backoff",
     "KubeConfigError",
+    "describe_answer",
     "describe_api_error",
     "describe_error",
     "describe_transport_error",
+    "exponential_backoff",
     "is_transient",
     "load_api_client",
+    "read_json",
+    "read_or_none",
+    "release_unread",
     "status_body",
+    "status_message",
+    "with_retries",
 ]
 
 DEFAULT_KUBECONFIG = "~/.kube/config"
@@ -189,6 +206,94 @@ def _transport_where(exc: BaseException) -> str:
     return f"{host}:{port}" if host else str(exc)
 
 
+def describe_answer(exc: BaseException) -> str:
+    """The short form the write edges use: `HTTP 409: <message>`, `no valid answer: ...`, or the transport
+    failure."""
+    if isinstance(exc, ApiException):
+        status = exc.status or 0
+        return (
+            f"HTTP {status}: {status_message(exc)}" if status else f"no valid answer: {status_message(exc)}"
+        )
+    return describe_transport_error(exc)
+
+
 def describe_error(exc: BaseException) -> str:
     """`describe_api_error` for an API answer, `describe_transport_error` for anything else."""
     return describe_api_error(exc) if isinstance(exc, ApiException) else describe_transport_error(exc)
+
+
+# --------------------------------------------------------------------------- retries and raw responses
+
+T = TypeVar("T")
+
+Backoff = Callable[[int], float]
+"""Seconds to wait before retry number `attempt + 1` (attempt counts from 0)."""
+
+
+def exponential_backoff(base: float = 0.5, cap: float = 8.0) -> Backoff:
+    """base, 2*base, 4*base... seconds, at most `cap`."""
+
+    def backoff(attempt: int) -> float:
+        return float(min(base * 2**attempt, cap))
+
+    return backoff
+
+
+def with_retries(
+    request: Callable[[], T],
+    *,
+    retries: int,
+    backoff: Backoff | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    retry_if: Callable[[BaseException], bool] = is_transient,
+    on_retry: Callable[[BaseException], None] | None = None,
+) -> T:
+    """`request()`, tried again up to `retries` more times while it fails in a way `retry_if` calls
+    transient (`is_transient` by default), `on_retry` told of each failure that is retried; the last
+    failure is raised as it came."""
+    wait = backoff or exponential_backoff()
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        if on_retry is not None and state.outcome is not None and (exc := state.outcome.exception()):
+            on_retry(exc)
+
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(retries + 1),
+        wait=lambda state: wait(state.attempt_number - 1),
+        retry=tenacity.retry_if_exception(retry_if),
+        sleep=sleep,
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    return retrying(request)
+
+
+def read_or_none(request: Callable[[], object]) -> bytes | None:
+    """The body of a read made with `_preload_content=False`; None when the object does not exist (404)."""
+    try:
+        response = cast(urllib3.BaseHTTPResponse, request())
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    try:
+        return bytes(response.data)
+    finally:
+        response.release_conn()
+
+
+def release_unread(response: urllib3.BaseHTTPResponse) -> None:
+    """Drain an unread body before the connection goes back to the pool, so no stale bytes stay on it."""
+    with suppress(urllib3.exceptions.HTTPError, OSError):
+        response.drain_conn()
+    response.release_conn()
+
+
+def read_json(response: urllib3.BaseHTTPResponse) -> Mapping[str, Any]:
+    """A raw response's JSON object ({} for anything else); the connection goes back to the pool."""
+    try:
+        data = response.data
+    finally:
+        response.release_conn()
+    doc = json.loads(data)
+    return doc if isinstance(doc, dict) else {}

@@ -336,6 +336,8 @@ class Finding:
     namespace: str | None = None
     pod: str | None = None
     detail: str = ""
+    # leaked-vram: the framebuffer in use on that GPU (and pod), MiB, as the telemetry's newest sample.
+    fb_used_mib: float | None = None
 
 
 # --------------------------------------------------------------------------- snapshot
@@ -458,6 +460,7 @@ class ReportedDecision:
     blocked_by: str | None
     group: str | None
     target_node: str | None
+    uid: str = ""  # the pod's, so an Event on it matches `kubectl describe`
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,7 +477,17 @@ class Summary:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What a report says of a node it names (freed, or in a finding), for sinks that have no snapshot."""
+
+    gpu_model: str | None
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
 class CycleReport:
+    """Everything a cycle did and found: what every sink publishes (they see nothing else)."""
+
     mode: Mode
     now: datetime
     summary: Summary
@@ -483,3 +496,5 @@ class CycleReport:
     skipped_strategies: tuple[SkippedStrategy, ...] = ()
     hints: tuple[str, ...] = ()
     freed_nodes: tuple[str, ...] = ()
+    proposals_by_strategy: Mapping[str, int] = field(default_factory=dict)
+    nodes: Mapping[str, NodeFacts] = field(default_factory=dict)

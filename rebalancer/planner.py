@@ -1,18 +1,21 @@
 """The planner: turns the strategies' proposals into decisions, spending the cycle's budgets.
 
-Owns `plan()`, the `Ledger` of one cycle (remaining PDB disruptions, evictions per source node, per
-namespace and per cycle, the pods already approved, and the simulated cluster with every approved
-move reserved) and `DisruptionHistory`, the cooldown and disruption-budget memory handed in by the
-caller. A proposal is approved whole or refused whole by the first guard that fails; the refusal
-names the guard and, where one pod sank the proposal, that pod.
+Owns `plan()` and the `Ledger` of one cycle (remaining PDB disruptions, evictions per source node, per
+namespace and per cycle, the pods already approved, the simulated cluster with every approved move
+reserved, and the workloads keeping the circuit open). What earlier cycles did comes in as a
+`history.DisruptionHistory` from the caller. A proposal is approved whole or refused whole by the first
+guard that fails; the refusal names the guard and, where one pod sank the proposal, that pod. Every
+refusal of the system is one of these guards.
 
 Guards, in the order they run: `duplicate` (pods approved earlier this cycle are dropped; nothing
-left refuses), the static per-pod guards of `rebalancer.guards`, the node opt-out for node proposals,
-`gang`, `cooldown`, `disruption-budget`, `limit-cycle`, `limit-namespace`, `limit-node`, `pdb`,
-`no-fit` (simulated on a copy of the ledger's cluster: the proposal's pods removed, a drained node
-cordoned, each pod placed on its predicted target or else on the packed scheduler's best node; a node
-already chosen as a destination this cycle cannot be drained). `plan()` judges a whole cycle;
-`decide()` one proposal against a caller's `Ledger`.
+left refuses), `circuit-open` (pods evicted earlier are still unscheduled `reschedule_timeout` later:
+nothing is evicted), the static per-pod guards of `rebalancer.guards`, the node opt-out for node
+proposals, `gang`, `cooldown`, `disruption-budget`, `limit-cycle`, `limit-namespace`, `limit-node`,
+`pdb`, `no-fit` (simulated on a copy of the ledger's cluster: the proposal's pods removed, a drained
+node cordoned, each pod placed on its predicted target or else on the packed scheduler's best node; a
+node already chosen as a destination this cycle cannot be drained), and last `checkpoint-pending` (a
+pod that asked to checkpoint first has not answered yet; the live evictor asks it). `plan()` judges a
+whole cycle; `decide()` one proposal against a caller's `Ledger`.
 
 This module must stay pure: no I/O, no clock (`snapshot.now` is the time), no evictions, and it never
 mutates the Snapshot or the proposals. It does not order proposals either: the caller does.
@@ -25,7 +28,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from rebalancer import guards
+from rebalancer import guards, rfc3339
+from rebalancer.history import NO_HISTORY, DisruptionHistory, Trip, open_circuits, workload_key
 from rebalancer.model import GPU_RESOURCE, MILLI_PER_GPU, Decision, Pdb, Pod, Proposal, Snapshot
 from rebalancer.placement import ClusterState
 from rebalancer.policy import Policy, format_duration
@@ -33,34 +37,6 @@ from rebalancer.selectors import label_selector_matches
 from rebalancer.wording import plural
 
 PodKey = tuple[str, str]
-WorkloadKey = tuple[str, str, str]
-
-
-# --------------------------------------------------------------------------- history
-
-
-@dataclass(frozen=True, slots=True)
-class DisruptionHistory:
-    """When nodes were last drained and workloads last had a pod evicted, before this cycle.
-
-    `workloads` is keyed by (namespace, owner kind, owner name) of the evicted pods' controller;
-    `disruptions` holds, per workload, the time of every cycle that evicted its pods (for
-    `guards.max_disruptions_per_workload`; only the recent ones matter).
-    """
-
-    nodes: Mapping[str, datetime] = field(default_factory=dict)
-    workloads: Mapping[WorkloadKey, datetime] = field(default_factory=dict)
-    disruptions: Mapping[WorkloadKey, tuple[datetime, ...]] = field(default_factory=dict)
-
-
-NO_HISTORY = DisruptionHistory()
-
-
-def workload_key(pod: Pod) -> WorkloadKey | None:
-    """The cooldown key of the workload a pod belongs to; None for a pod without an owner."""
-    if pod.owner is None:
-        return None
-    return (pod.namespace, pod.owner.kind, pod.owner.name)
 
 
 # --------------------------------------------------------------------------- ledger
@@ -88,10 +64,12 @@ class Ledger:
     approved: set[PodKey] = field(default_factory=set)
     # Pods approved this cycle, per the node they are predicted to land on.
     landing: Counter[str] = field(default_factory=Counter)
+    # Workloads whose evicted pods are still unscheduled: while any is, nothing is evicted.
+    trips: tuple[Trip, ...] = ()
     _covering: dict[PodKey, tuple[Pdb, ...]] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def start(cls, snapshot: Snapshot) -> Ledger:
+    def start(cls, snapshot: Snapshot, trips: tuple[Trip, ...] = ()) -> Ledger:
         by_namespace: dict[str, list[Pdb]] = {}
         for pdb in snapshot.pdbs:
             by_namespace.setdefault(pdb.namespace, []).append(pdb)
@@ -99,6 +77,7 @@ class Ledger:
             state=ClusterState.from_snapshot(snapshot),
             pdbs_by_namespace={ns: tuple(items) for ns, items in by_namespace.items()},
             pdb_remaining={pdb.key: max(0, pdb.disruptions_allowed) for pdb in snapshot.pdbs},
+            trips=trips,
         )
 
     def pdbs_covering(self, pod: Pod) -> tuple[Pdb, ...]:
@@ -153,6 +132,14 @@ def _refs(keys: Iterable[PodKey], limit: int = 3) -> str:
     names = [f"{ns}/{name}" for ns, name in keys]
     shown = ", ".join(names[:limit])
     return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
+
+
+def _circuit(ctx: _Context) -> _Block | None:
+    trips = ctx.ledger.trips
+    if not trips:
+        return None
+    more = f" (and {plural(len(trips) - 1, 'other workload')})" if len(trips) > 1 else ""
+    return _Block(guards.CIRCUIT_OPEN, f"{trips[0].detail}{more}: no eviction until they are placed")
 
 
 def _static(ctx: _Context) -> _Block | None:
@@ -398,6 +385,7 @@ def _place(ctx: _Context) -> tuple[ClusterState, dict[PodKey, str]] | _Block:
 
 
 _CHECKS = (
+    _circuit,
     _static,
     _node,
     _gang,
@@ -408,6 +396,41 @@ _CHECKS = (
     _limit_node,
     _pdb,
 )
+
+
+def _checkpoint(ctx: _Context) -> _Block | None:
+    """Last of all, once every other guard approves: a pod that asked to checkpoint before eviction
+    (docs/checkpoint-protocol.md) holds its whole plan until it answers or `checkpoint_timeout` passes."""
+    timeout = timedelta(seconds=ctx.policy.eviction.checkpoint_timeout)
+    now = ctx.snapshot.now
+    for pod in ctx.pods:
+        annotations = pod.annotations
+        if annotations.get(guards.CHECKPOINT_ANNOTATION) != "true":
+            continue
+        asked = _time(annotations.get(guards.EVICTION_REQUESTED_AT_ANNOTATION))
+        if asked is None:
+            return _Block(
+                guards.CHECKPOINT_PENDING,
+                f"it asks to checkpoint before eviction ({guards.CHECKPOINT_ANNOTATION}); asked now, evicted "
+                f"after {guards.CHECKPOINT_DONE_ANNOTATION} or at {rfc3339.format_utc(now + timeout)}",
+                pod,
+            )
+        if annotations.get(guards.CHECKPOINT_DONE_ANNOTATION) or now - asked >= timeout:
+            continue
+        return _Block(
+            guards.CHECKPOINT_PENDING,
+            f"checkpoint requested at {rfc3339.format_utc(asked)}; waiting for "
+            f"{guards.CHECKPOINT_DONE_ANNOTATION} until {rfc3339.format_utc(asked + timeout)}",
+            pod,
+        )
+    return None
+
+
+def _time(text: str | None) -> datetime | None:
+    try:
+        return rfc3339.parse(text.strip()) if text else None
+    except ValueError:
+        return None
 
 
 # --------------------------------------------------------------------------- plan
@@ -458,6 +481,9 @@ def decide(
     simulated = _place(ctx)
     if isinstance(simulated, _Block):
         return _refused(proposal, simulated)
+    waiting = _checkpoint(ctx)
+    if waiting is not None:
+        return _refused(proposal, waiting)
     state, targets = simulated
     ledger.commit(pods, targets, state)
     return Decision(proposal=proposal, approved=True, targets=targets)
@@ -471,5 +497,5 @@ def plan(
     history: DisruptionHistory = NO_HISTORY,
 ) -> tuple[Decision, ...]:
     """One decision per proposal, in the given order; each approval spends the cycle's budgets."""
-    ledger = Ledger.start(snapshot)
+    ledger = Ledger.start(snapshot, open_circuits(snapshot, history, policy.eviction.reschedule_timeout))
     return tuple(decide(proposal, snapshot, policy, ledger, history) for proposal in proposals)

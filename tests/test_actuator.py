@@ -12,33 +12,32 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from rebalancer.actuator import (
+from rebalancer.actuator import DRAIN_TIMEOUT, DRAINING_SINCE_ANNOTATION, ClusterActuator
+from rebalancer.cycle import cycle_id_for, run_cycle
+from rebalancer.daemon.wiring import live_edge
+from rebalancer.evictor import DRAINING_TAINT_KEY, DryRunEvictor, KubeEvictor, KubeTainter
+from rebalancer.guards import (
     CHECKPOINT_ANNOTATION,
     CHECKPOINT_DONE_ANNOTATION,
     CIRCUIT_OPEN,
-    DRAIN_TIMEOUT,
-    DRAINING_SINCE_ANNOTATION,
     EVICTION_REQUESTED_AT_ANNOTATION,
-    STATE_KEY,
-    ActuatorState,
-    ClusterActuator,
-    ConfigMapStateStore,
-    DrainRecord,
-    EvictionRecord,
-    FileStateStore,
-    MemoryStateStore,
-    Workload,
-    cycle_id_for,
-    format_time,
-    parse_time,
 )
-from rebalancer.cycle import run_cycle
-from rebalancer.evictor import DRAINING_TAINT_KEY, DryRunEvictor, DryRunTainter, KubeEvictor, KubeTainter
+from rebalancer.history import DisruptionHistory, EvictionRecord, Workload, open_circuits
 from rebalancer.model import Decision, Outcome, Pod, Proposal, ProposalKind, Snapshot
+from rebalancer.planner import plan
 from rebalancer.policy import EvictionConfig, PolicyError, parse_policy
+from rebalancer.rfc3339 import format_utc as format_time
 from rebalancer.sinks.events import KubeEventsSink
 from rebalancer.sources.files import load_snapshot_dir
 from rebalancer.sources.kube import KubeSource
+from rebalancer.state import (
+    STATE_KEY,
+    ActuatorState,
+    ConfigMapStateStore,
+    DrainRecord,
+    FileStateStore,
+    MemoryStateStore,
+)
 from tests.builders import NOW
 from tests.fake_apiserver import (
     FakeApiServer,
@@ -187,14 +186,14 @@ def test_a_node_drain_marks_the_node_before_evicting_and_the_mark_stays(
     ]
     assert _taints(api, "a-1") == [OTHER_TAINT, _mark("c1")]
     assert _node_annotations(api, "a-1") == {DRAINING_SINCE_ANNOTATION: "2026-11-29T12:00:00Z"}
-    actuator.end_cycle()
+    actuator.end_cycle((), completed=True)
     assert actuator.state.drains == {"a-1": DrainRecord("c1", NOW)}
 
     # A slow pod is still terminating on the node 20 minutes later: the drain is still in progress.
     api.add(pod_json("x2", "a-1"))
     api.clear_requests()
     actuator.begin_cycle(_snapshot(api_client, NOW + 20 * MINUTE), "c2")
-    actuator.end_cycle()
+    actuator.end_cycle((), completed=True)
     assert api.writes() == []
     assert _taints(api, "a-1") == [OTHER_TAINT, _mark("c1")]
     assert actuator.findings() == ()
@@ -203,7 +202,7 @@ def test_a_node_drain_marks_the_node_before_evicting_and_the_mark_stays(
     api.remove("Node", "a-1")
     api.remove("Pod", "x2", "ml")
     actuator.begin_cycle(_snapshot(api_client, NOW + 25 * MINUTE), "c3")
-    actuator.end_cycle()
+    actuator.end_cycle((), completed=True)
     assert api.writes() == []
     assert actuator.state.drains == {}
 
@@ -223,7 +222,7 @@ def test_a_plan_failing_part_way_removes_the_mark_and_the_report_says_what_was_d
     actuator.begin_cycle(snap, "c1")
     api.clear_requests()
     report = run_cycle(snap, CONSOLIDATE, actuator)
-    actuator.end_cycle()
+    actuator.end_cycle((), completed=True)
 
     rows = {r.pod: r for r in report.decisions}
     assert [rows[name].outcome for name in order] == ["evicted", "evicted", "blocked-by-pdb", "error"]
@@ -265,7 +264,7 @@ def test_a_fault_mid_drain_leaves_no_node_marked(
     snap = _snapshot(api_client)
     actuator.begin_cycle(snap, "c1")
     outcomes = actuator.evict(_node_plan(snap, "a-1"))
-    actuator.end_cycle()
+    actuator.end_cycle((), completed=True)
     assert [o.result for o in outcomes] == ["evicted", "evicted", "error", "error"]
     assert detail + "; drain of a-1 abandoned, its mark removed" in outcomes[2].detail
     assert outcomes[3].detail == "not attempted: plan stopped after ml/x2 error"
@@ -310,7 +309,7 @@ def test_an_unmark_that_fails_is_retried_until_done(api: FakeApiServer, api_clie
         "retried next cycle"
     )
     assert _taints(api, "a-1") == [_mark("c1")]
-    actuator.end_cycle()
+    actuator.end_cycle((), completed=True)
     assert _taints(api, "a-1") == []
     assert _node_annotations(api, "a-1") == {}
 
@@ -391,6 +390,36 @@ def test_orphan_marks_are_removed_at_start_up(api: FakeApiServer, api_client: cl
 
 
 # --------------------------------------------------------------------------- checkpoint-before-evict
+# The planner holds a plan whose pod asked to checkpoint first (guard `checkpoint-pending`); the
+# actuator asks the pod at the end of the cycle, and withdraws requests no plan wants any more.
+
+RELAXED = parse_policy(
+    {
+        "telemetry": None,
+        "guards": {"min_pod_age": 0, "cooldown": 0},
+        "limits": {"max_per_node": None, "max_per_namespace": None, "max_per_cycle": None},
+    }
+)
+
+
+def _run(
+    actuator: ClusterActuator, snap: Snapshot, *plans: Decision, cycle: str = "c1", completed: bool = True
+) -> tuple[tuple[Decision, ...], dict[str, Outcome]]:
+    """One cycle of these proposals, as `run_cycle` runs it: the frame opens, the planner judges them with
+    the actuator's memory, approved ones are evicted and recorded, the frame closes."""
+    actuator.begin_cycle(snap, cycle)
+    memory = actuator.memory
+    decisions = plan(
+        [d.proposal for d in plans], snap, RELAXED.policy, history=memory.begin(snap, RELAXED.policy)
+    )
+    outcomes: dict[str, Outcome] = {}
+    for decision in decisions:
+        if decision.approved:
+            done = actuator.evict(decision)
+            memory.record(decision, done, snap.now)
+            outcomes.update((o.pod, o) for o in done)
+    actuator.end_cycle(decisions, completed=completed)
+    return decisions, outcomes
 
 
 def test_checkpoint_is_requested_first_and_the_pod_evicted_once_it_is_done(
@@ -405,19 +434,14 @@ def test_checkpoint_is_requested_first_and_the_pod_evicted_once_it_is_done(
     )
     actuator = _actuator(api_client)
     snap = _snapshot(api_client)
-    actuator.begin_cycle(snap, "c1")
     api.clear_requests()
-    assert actuator.evict(_plan(snap, "train")) == (
-        Outcome(
-            "ml",
-            "train",
-            "checkpoint-pending",
-            "checkpoint requested at 2026-11-29T12:00:00Z; eviction after checkpoint-done or at "
-            "2026-11-29T12:10:00Z",
-        ),
+    [decision], outcomes = _run(actuator, snap, _plan(snap, "train"))
+    assert (decision.blocked_by, outcomes) == ("checkpoint-pending", {})
+    assert decision.reason == (
+        "ml/train: it asks to checkpoint before eviction (rebalancer.gpu/checkpoint); asked now, evicted "
+        "after rebalancer.gpu/checkpoint-done or at 2026-11-29T12:10:00Z"
     )
-    actuator.end_cycle()
-    (patch,) = api.requests
+    (patch,) = api.writes()
     assert (patch.method, patch.path) == ("PATCH", "/api/v1/namespaces/ml/pods/train")
     assert patch.content_type.startswith("application/merge-patch+json")
     assert patch.body == {
@@ -437,20 +461,19 @@ def test_checkpoint_is_requested_first_and_the_pod_evicted_once_it_is_done(
     # Two minutes on, no answer yet: the plan waits and nothing is written.
     snap = _snapshot(api_client, NOW + 2 * MINUTE)
     api.clear_requests()
-    actuator.begin_cycle(snap, "c2")
-    (waiting,) = actuator.evict(_plan(snap, "train"))
-    actuator.end_cycle()
-    assert waiting.result == "checkpoint-pending"
-    assert waiting.detail == (
-        "checkpoint requested at 2026-11-29T12:00:00Z; waiting for checkpoint-done until 2026-11-29T12:10:00Z"
+    [waiting], _ = _run(actuator, snap, _plan(snap, "train"), cycle="c2")
+    assert waiting.blocked_by == "checkpoint-pending"
+    assert waiting.reason == (
+        "ml/train: checkpoint requested at 2026-11-29T12:00:00Z; waiting for rebalancer.gpu/checkpoint-done "
+        "until 2026-11-29T12:10:00Z"
     )
     assert api.writes() == []
 
     # The training code saved and answered.
     _annotate_pod(api, "train", {CHECKPOINT_DONE_ANNOTATION: "2026-11-29T12:03:10Z"})
     snap = _snapshot(api_client, NOW + 4 * MINUTE)
-    actuator.begin_cycle(snap, "c3")
-    assert actuator.evict(_plan(snap, "train")) == (Outcome("ml", "train", "evicted"),)
+    [approved], outcomes = _run(actuator, snap, _plan(snap, "train"), cycle="c3")
+    assert approved.approved and outcomes == {"train": Outcome("ml", "train", "evicted")}
     assert _evicted(api) == ["train"]
 
 
@@ -461,19 +484,15 @@ def test_without_an_answer_the_pod_is_evicted_after_checkpoint_timeout(
     api.add(pod_json("train", "a-1", annotations={CHECKPOINT_ANNOTATION: "true"}))
     actuator = _actuator(api_client)
     snap = _snapshot(api_client)
-    actuator.begin_cycle(snap, "c1")
-    assert actuator.evict(_plan(snap, "train"))[0].result == "checkpoint-pending"
-    actuator.end_cycle()
+    assert _run(actuator, snap, _plan(snap, "train"))[0][0].blocked_by == "checkpoint-pending"
     assert _evicted(api) == []
 
     snap = _snapshot(api_client, NOW + 9 * MINUTE)
-    actuator.begin_cycle(snap, "c2")
-    assert actuator.evict(_plan(snap, "train"))[0].result == "checkpoint-pending"
-    actuator.end_cycle()
+    assert _run(actuator, snap, _plan(snap, "train"), cycle="c2")[0][0].blocked_by == "checkpoint-pending"
 
     snap = _snapshot(api_client, NOW + 10 * MINUTE)
-    actuator.begin_cycle(snap, "c3")
-    assert actuator.evict(_plan(snap, "train")) == (Outcome("ml", "train", "evicted"),)
+    _, outcomes = _run(actuator, snap, _plan(snap, "train"), cycle="c3")
+    assert outcomes == {"train": Outcome("ml", "train", "evicted")}
     assert _evicted(api) == ["train"]
 
 
@@ -486,13 +505,10 @@ def test_a_gang_waits_for_every_checkpointing_member(
     api.add(pod_json("w2", "a-1"))
     actuator = _actuator(api_client)
     snap = _snapshot(api_client)
-    actuator.begin_cycle(snap, "c1")
     api.clear_requests()
-    first = actuator.evict(_plan(snap, "w0", "w1", "w2", kind="gang"))
-    actuator.end_cycle()
-    assert [o.result for o in first] == ["checkpoint-pending"] * 3
-    assert first[2].detail == "the plan waits for the checkpoints of ml/w0, ml/w1"
-    assert _describe(api.writes()) == [
+    [first], outcomes = _run(actuator, snap, _plan(snap, "w0", "w1", "w2", kind="gang"))
+    assert (first.blocked_by, first.blocked_pod, outcomes) == ("checkpoint-pending", ("ml", "w0"), {})
+    assert _describe(api.writes()) == [  # every member that asked, in one cycle
         "PATCH /api/v1/namespaces/ml/pods/w0",
         "PATCH /api/v1/namespaces/ml/pods/w1",
     ]
@@ -501,18 +517,14 @@ def test_a_gang_waits_for_every_checkpointing_member(
     _annotate_pod(api, "w0", {CHECKPOINT_DONE_ANNOTATION: "true"})
     snap = _snapshot(api_client, NOW + 3 * MINUTE)
     api.clear_requests()
-    actuator.begin_cycle(snap, "c2")
-    second = actuator.evict(_plan(snap, "w0", "w1", "w2", kind="gang"))
-    actuator.end_cycle()
-    assert [o.result for o in second] == ["checkpoint-pending"] * 3
-    assert second[0].detail == "checkpoint done; the plan waits for the checkpoints of ml/w1"
+    [second], outcomes = _run(actuator, snap, _plan(snap, "w0", "w1", "w2", kind="gang"), cycle="c2")
+    assert (second.blocked_by, second.blocked_pod, outcomes) == ("checkpoint-pending", ("ml", "w1"), {})
     assert api.writes() == []
 
     _annotate_pod(api, "w1", {CHECKPOINT_DONE_ANNOTATION: "true"})
     snap = _snapshot(api_client, NOW + 5 * MINUTE)
-    actuator.begin_cycle(snap, "c3")
-    third = actuator.evict(_plan(snap, "w0", "w1", "w2", kind="gang"))
-    assert [o.result for o in third] == ["evicted"] * 3
+    _, outcomes = _run(actuator, snap, _plan(snap, "w0", "w1", "w2", kind="gang"), cycle="c3")
+    assert [o.result for o in outcomes.values()] == ["evicted"] * 3
     assert _evicted(api) == ["w0", "w1", "w2"]
 
 
@@ -520,19 +532,19 @@ def test_a_node_plan_with_checkpoints_is_not_marked_while_it_waits(
     api: FakeApiServer, api_client: client.ApiClient
 ) -> None:
     api.add(node_json("a-1"))
+    api.add(node_json("a-2"))
     api.add(pod_json("x0", "a-1", annotations={CHECKPOINT_ANNOTATION: "true"}))
     api.add(pod_json("x1", "a-1"))
     actuator = _actuator(api_client)
     snap = _snapshot(api_client)
-    actuator.begin_cycle(snap, "c1")
-    assert [o.result for o in actuator.evict(_node_plan(snap, "a-1"))] == ["checkpoint-pending"] * 2
+    [waiting], _ = _run(actuator, snap, _node_plan(snap, "a-1"))
+    assert waiting.blocked_by == "checkpoint-pending"
     assert _taints(api, "a-1") == []
-    actuator.end_cycle()
 
     _annotate_pod(api, "x0", {CHECKPOINT_DONE_ANNOTATION: "true"})
     snap = _snapshot(api_client, NOW + MINUTE)
-    actuator.begin_cycle(snap, "c2")
-    assert [o.result for o in actuator.evict(_node_plan(snap, "a-1"))] == ["evicted"] * 2
+    _, outcomes = _run(actuator, snap, _node_plan(snap, "a-1"), cycle="c2")
+    assert [o.result for o in outcomes.values()] == ["evicted"] * 2
     assert _taints(api, "a-1") == [_mark("c2")]
 
 
@@ -543,32 +555,27 @@ def test_a_request_no_cycle_wants_any_more_is_withdrawn_after_its_window(
     api.add(pod_json("train", "a-1", annotations={CHECKPOINT_ANNOTATION: "true"}))
     actuator = _actuator(api_client)
     snap = _snapshot(api_client)
-    actuator.begin_cycle(snap, "c1")
-    actuator.evict(_plan(snap, "train"))
-    actuator.end_cycle()
+    _run(actuator, snap, _plan(snap, "train"))
     _annotate_pod(api, "train", {CHECKPOINT_DONE_ANNOTATION: "true"})
     api.clear_requests()
 
     # A cycle that did not want the pod inside the request's window changes nothing.
-    actuator.begin_cycle(_snapshot(api_client, NOW + 5 * MINUTE), "c2")
-    actuator.end_cycle()
+    _run(actuator, _snapshot(api_client, NOW + 5 * MINUTE), cycle="c2")
     # Nor does a cycle that failed half-way.
-    actuator.begin_cycle(_snapshot(api_client, NOW + 10 * MINUTE), "c3")
-    actuator.end_cycle(completed=False)
+    _run(actuator, _snapshot(api_client, NOW + 10 * MINUTE), cycle="c3", completed=False)
     assert api.writes() == []
 
     # A complete cycle after the window that did not want the pod withdraws the request and its answer.
-    actuator.begin_cycle(_snapshot(api_client, NOW + 11 * MINUTE), "c4")
-    actuator.end_cycle()
+    _run(actuator, _snapshot(api_client, NOW + 11 * MINUTE), cycle="c4")
     assert _describe(api.writes()) == ["PATCH /api/v1/namespaces/ml/pods/train"]
     assert _pod_annotations(api, "train") == {CHECKPOINT_ANNOTATION: "true"}
 
 
-def test_a_checkpoint_request_for_a_vanished_or_replaced_pod_is_gone(
+def test_a_checkpoint_request_for_a_vanished_or_replaced_pod_is_dropped_and_a_failed_one_noted(
     api: FakeApiServer, api_client: client.ApiClient
 ) -> None:
     api.add(node_json("a-1"))
-    for name in ("deleted", "replaced"):
+    for name in ("deleted", "replaced", "refused"):
         api.add(pod_json(name, "a-1", annotations={CHECKPOINT_ANNOTATION: "true"}))
     api.add(pod_json("other", "a-1"))
     actuator = _actuator(api_client)
@@ -581,12 +588,23 @@ def test_a_checkpoint_request_for_a_vanished_or_replaced_pod_is_gone(
         status=422,
         message='Pod "replaced" is invalid: metadata.uid: Invalid value: "uid-x": field is immutable',
     )
-    actuator.begin_cycle(snap, "c1")
-    outcomes = actuator.evict(_plan(snap, "deleted", "replaced", "other", kind="gang"))
-    assert [(o.result, o.detail) for o in outcomes] == [
-        ("gone", "checkpoint request: pod no longer exists (404)"),
-        ("gone", "checkpoint request: pod was replaced or changed (422)"),
-        ("checkpoint-pending", "the plan waits for the checkpoints of none"),
+    api.inject("/api/v1/namespaces/ml/pods/refused", method="PATCH", status=403, message="forbidden")
+    api.clear_requests()
+    [decision], outcomes = _run(
+        actuator, snap, _plan(snap, "deleted", "replaced", "refused", "other", kind="gang")
+    )
+    assert (decision.blocked_by, outcomes) == ("checkpoint-pending", {})
+    assert _describe(api.writes()) == [
+        "PATCH /api/v1/namespaces/ml/pods/deleted",
+        "PATCH /api/v1/namespaces/ml/pods/replaced",
+        "PATCH /api/v1/namespaces/ml/pods/refused",
+    ]
+    assert [(f.kind, f.pod, f.detail) for f in actuator.findings()] == [
+        (
+            "checkpoint-request",
+            "refused",
+            "cannot ask ml/refused to checkpoint (error: HTTP 403: forbidden); asked again next cycle",
+        )
     ]
     assert _evicted(api) == []
 
@@ -610,11 +628,15 @@ def _circuit_cluster(api: FakeApiServer) -> None:
 
 def _evict_train(api: FakeApiServer, api_client: client.ApiClient, actuator: ClusterActuator) -> None:
     snap = _snapshot(api_client)
-    actuator.begin_cycle(snap, "c1")
-    assert actuator.evict(_plan(snap, "train-0"))[0].result == "evicted"
-    actuator.end_cycle()
+    assert _run(actuator, snap, _plan(snap, "train-0"))[1]["train-0"].result == "evicted"
     # The ReplicaSet re-creates it; no node takes it.
     api.add(_replacement("train-1", NOW + MINUTE))
+
+
+def _circuit(actuator: ClusterActuator, snap: Snapshot, cycle: str) -> tuple[str, ...]:
+    """The workloads keeping the circuit open at a cycle on `snap` (one with nothing to evict)."""
+    _run(actuator, snap, cycle=cycle)
+    return tuple(t.detail for t in open_circuits(snap, actuator.history, CFG.reschedule_timeout))
 
 
 def test_the_circuit_opens_when_evicted_pods_stay_pending_and_closes_when_they_are_placed(
@@ -625,31 +647,28 @@ def test_the_circuit_opens_when_evicted_pods_stay_pending_and_closes_when_they_a
     api.add(_replacement("train-old", NOW - 60 * MINUTE))
     actuator = _actuator(api_client)
     _evict_train(api, api_client, actuator)
-
-    actuator.begin_cycle(_snapshot(api_client, NOW + 14 * MINUTE), "c2")
-    assert not actuator.circuit_open
-    actuator.end_cycle()
+    assert _circuit(actuator, _snapshot(api_client, NOW + 14 * MINUTE), "c2") == ()
 
     snap = _snapshot(api_client, NOW + 16 * MINUTE)
-    actuator.begin_cycle(snap, "c3")
-    assert actuator.circuit_open
-    (finding,) = actuator.findings()
-    assert (finding.kind, finding.namespace) == (CIRCUIT_OPEN, "ml")
-    assert finding.detail.startswith(
-        "circuit open: ml/trainer-abc still Pending 16m after eviction: 1 pod(s)"
-    )
     api.clear_requests()
-    refused = actuator.evict(_plan(snap, "serve-0")) + actuator.evict(_node_plan(snap, "a-2"))
-    assert {(o.result, o.detail) for o in refused} == {
-        ("error", "circuit open: ml/trainer-abc still Pending 16m after eviction")
+    refused, outcomes = _run(actuator, snap, _plan(snap, "serve-0"), _node_plan(snap, "a-2"), cycle="c3")
+    assert {(d.blocked_by, d.reason) for d in refused} == {
+        (
+            "circuit-open",
+            "circuit open: ml/trainer-abc still Pending 16m after eviction: no eviction until they are "
+            "placed",
+        )
     }
-    assert api.requests == []
-    actuator.end_cycle()
+    assert outcomes == {}
+    assert not [r for r in api.requests if r.method != "GET"]
+    # The report says so: a cycle's findings.
+    report = run_cycle(snap, CONSOLIDATE, actuator, memory=actuator.memory, cycle_id="c3b")
+    (finding,) = [f for f in report.findings if f.kind == CIRCUIT_OPEN]
+    assert finding.namespace == "ml"
+    assert finding.detail.startswith("circuit open: ml/trainer-abc still Pending 16m after eviction: 1 pod")
 
     # Still Pending: still open.
-    actuator.begin_cycle(_snapshot(api_client, NOW + 30 * MINUTE), "c4")
-    assert actuator.circuit_open
-    actuator.end_cycle()
+    assert _circuit(actuator, _snapshot(api_client, NOW + 30 * MINUTE), "c4") != ()
 
     # Placed: the circuit closes by itself and evictions resume.
     placed = _replacement("train-1", NOW + MINUTE)
@@ -657,10 +676,9 @@ def test_the_circuit_opens_when_evicted_pods_stay_pending_and_closes_when_they_a
     placed["status"]["phase"] = "Running"
     api.add(placed)
     snap = _snapshot(api_client, NOW + 35 * MINUTE)
-    actuator.begin_cycle(snap, "c5")
-    assert not actuator.circuit_open and actuator.findings() == ()
-    assert actuator.evict(_plan(snap, "serve-0"))[0].result == "evicted"
-    assert actuator.state.evictions == (
+    _, outcomes = _run(actuator, snap, _plan(snap, "serve-0"), cycle="c5")
+    assert outcomes["serve-0"].result == "evicted"
+    assert actuator.state.history.evictions == (
         EvictionRecord(Workload("ml", "ReplicaSet", "server-xyz"), "serve-0", NOW + 35 * MINUTE),
     )
 
@@ -669,16 +687,13 @@ def test_an_operator_reset_closes_the_circuit(api: FakeApiServer, api_client: cl
     _circuit_cluster(api)
     actuator = _actuator(api_client)
     _evict_train(api, api_client, actuator)
-    actuator.begin_cycle(_snapshot(api_client, NOW + 20 * MINUTE), "c2")
-    assert actuator.circuit_open
-    actuator.end_cycle()
+    snap = _snapshot(api_client, NOW + 20 * MINUTE)
+    assert _circuit(actuator, snap, "c2") != ()
 
-    assert actuator.reset_circuit() == (Workload("ml", "ReplicaSet", "trainer-abc"),)
-    assert not actuator.circuit_open
+    assert actuator.reset_circuit(snap) == (Workload("ml", "ReplicaSet", "trainer-abc"),)
     snap = _snapshot(api_client, NOW + 25 * MINUTE)
-    actuator.begin_cycle(snap, "c3")
-    assert not actuator.circuit_open  # the acknowledged eviction does not open it again
-    assert actuator.evict(_plan(snap, "serve-0"))[0].result == "evicted"
+    _, outcomes = _run(actuator, snap, _plan(snap, "serve-0"), cycle="c3")
+    assert outcomes["serve-0"].result == "evicted"  # the acknowledged eviction does not open it again
 
 
 def test_the_circuit_survives_a_restart_through_the_state_store(
@@ -700,12 +715,31 @@ def test_the_circuit_survives_a_restart_through_the_state_store(
 
     restarted = _actuator(api_client, state_store=store)
     snap = _snapshot(api_client, NOW + 20 * MINUTE)
-    restarted.begin_cycle(snap, "c2")
-    assert restarted.circuit_open
-    assert restarted.evict(_plan(snap, "serve-0"))[0].result == "error"
+    [refused], _ = _run(restarted, snap, _plan(snap, "serve-0"), cycle="c2")
+    assert refused.blocked_by == "circuit-open"
 
     store.path.write_text("{not json")
     assert store.load() is None
+
+
+def test_every_eviction_is_saved_as_it_happens(
+    api: FakeApiServer, api_client: client.ApiClient, tmp_path: Path
+) -> None:
+    """A crash after the first decision of a cycle loses nothing the circuit breaker needs."""
+    _circuit_cluster(api)
+    store = FileStateStore(tmp_path / "actuator.json")
+    actuator = _actuator(api_client, state_store=store)
+    snap = _snapshot(api_client)
+    actuator.begin_cycle(snap, "c1")
+    memory = actuator.memory
+    history = memory.begin(snap, RELAXED.policy)
+    [decision] = plan([_plan(snap, "train-0").proposal], snap, RELAXED.policy, history=history)
+    memory.record(decision, actuator.evict(decision), snap.now)
+    # No end_cycle: the process dies here.
+    stored = store.load()
+    assert stored is not None
+    assert [r.pod for r in stored.history.evictions] == ["train-0"]
+    assert stored.history.workloads == {Workload("ml", "ReplicaSet", "trainer-abc"): NOW}
 
 
 STATE_NS = "gpu-rebalancer"
@@ -730,7 +764,9 @@ def test_the_configmap_store_creates_its_configmap_then_patches_its_key(
         ("GET", f"/api/v1/namespaces/{STATE_NS}/configmaps/rebalancer-memory")
     ]
     first = ActuatorState(
-        evictions=(EvictionRecord(Workload("ml", "ReplicaSet", "trainer-abc"), "train-0", NOW),),
+        history=DisruptionHistory(
+            evictions=(EvictionRecord(Workload("ml", "ReplicaSet", "trainer-abc"), "train-0", NOW),)
+        ),
         drains={"a-1": DrainRecord("c1", NOW - MINUTE)},
     )
     api.clear_requests()
@@ -747,9 +783,13 @@ def test_the_configmap_store_creates_its_configmap_then_patches_its_key(
     created["data"]["README"] = "gpu-rebalancer memory"
     api.add(created)
     second = ActuatorState(
-        evictions=(
-            *first.evictions,
-            EvictionRecord(Workload("ml", "Job", "sweep"), "sweep-7", NOW + MINUTE),
+        history=DisruptionHistory(
+            evictions=(
+                *first.history.evictions,
+                EvictionRecord(Workload("ml", "Job", "sweep"), "sweep-7", NOW + MINUTE),
+            ),
+            workloads={Workload("ml", "Job", "sweep"): NOW + MINUTE},
+            disruptions={Workload("ml", "Job", "sweep"): (NOW + MINUTE,)},
         ),
     )
     api.clear_requests()
@@ -805,7 +845,9 @@ def test_configmap_store_failures_are_retried_then_logged_never_raised(
     api: FakeApiServer, api_client: client.ApiClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     state = ActuatorState(
-        evictions=(EvictionRecord(Workload("ml", "ReplicaSet", "trainer-abc"), "train-0", NOW),)
+        history=DisruptionHistory(
+            evictions=(EvictionRecord(Workload("ml", "ReplicaSet", "trainer-abc"), "train-0", NOW),)
+        )
     )
     sleeps = Sleeps()
     store = _store(api_client, retries=2, sleep=sleeps)
@@ -858,42 +900,35 @@ def test_the_circuit_survives_a_restart_and_a_leader_change_through_the_configma
         leader = _actuator(api_client, state_store=_store(api_client))
         _evict_train(api, api_client, leader)
         snap = _snapshot(api_client, NOW + 20 * MINUTE)
-        leader.begin_cycle(snap, "c2")
-        assert leader.circuit_open
-        leader.end_cycle()
+        assert _circuit(leader, snap, "c2") != ()
 
         # A restart: a new actuator, a new client, the same API server.
         with api.api_client() as restarted_client:
             restarted = _actuator(restarted_client, state_store=_store(restarted_client))
-            restarted.begin_cycle(snap, "c3")
-            assert restarted.circuit_open
             api.clear_requests()
-            refused = restarted.evict(_plan(snap, "serve-0"))
-            assert [(o.result, o.detail) for o in refused] == [
-                ("error", "circuit open: ml/trainer-abc still Pending 20m after eviction")
-            ]
-            assert api.requests == []
-            restarted.end_cycle()
+            [refused], _ = _run(restarted, snap, _plan(snap, "serve-0"), cycle="c3")
+            assert (refused.blocked_by, refused.reason) == (
+                "circuit-open",
+                "circuit open: ml/trainer-abc still Pending 20m after eviction: no eviction until they "
+                "are placed",
+            )
+            assert _evicted(api) == []
 
         # A leader change: the standby takes the stored memory at the start of its term.
         assert standby.state == ActuatorState()
-        assert standby.load_state()
-        standby.begin_cycle(snap, "c4")
-        assert standby.circuit_open
-        assert standby.evict(_plan(snap, "serve-1"))[0].result == "error"
+        standby.new_term()
+        [refused], _ = _run(standby, snap, _plan(snap, "serve-1"), cycle="c4")
+        assert refused.blocked_by == "circuit-open"
         assert _evicted(api) == []  # none since the first replica's
         # The circuit closes only once the pods are placed; that too is remembered.
         placed = _replacement("train-1", NOW + MINUTE)
         placed["spec"]["nodeName"] = "a-1"
         placed["status"]["phase"] = "Running"
         api.add(placed)
-        standby.begin_cycle(_snapshot(api_client, NOW + 25 * MINUTE), "c5")
-        assert not standby.circuit_open
-        standby.end_cycle()
+        assert _circuit(standby, _snapshot(api_client, NOW + 25 * MINUTE), "c5") == ()
     assert _store(api_client).load() == ActuatorState()
     again = _actuator(api_client, state_store=_store(api_client))
-    again.begin_cycle(_snapshot(api_client, NOW + 26 * MINUTE), "c6")
-    assert not again.circuit_open
+    assert _circuit(again, _snapshot(api_client, NOW + 26 * MINUTE), "c6") == ()
 
 
 def test_an_unreadable_store_never_closes_an_open_circuit(
@@ -904,31 +939,36 @@ def test_an_unreadable_store_never_closes_an_open_circuit(
     actuator = _actuator(api_client, state_store=store)
     _evict_train(api, api_client, actuator)
     api.inject(CONFIGMAP, status=500, times=None)
-    assert not actuator.load_state()  # a new term, but the store cannot be read: the memory stays
-    actuator.begin_cycle(_snapshot(api_client, NOW + 20 * MINUTE), "c2")
-    assert actuator.circuit_open
+    actuator.new_term()  # a new term, but the store cannot be read: the memory stays
+    assert _circuit(actuator, _snapshot(api_client, NOW + 20 * MINUTE), "c2") != ()
 
 
-def test_a_dry_run_actuator_saves_no_state(api: FakeApiServer, api_client: client.ApiClient) -> None:
+def test_the_actuator_is_live_only_and_a_server_side_dry_run_has_none(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
     _busy_state(api)
     stored = ActuatorState(
-        evictions=(EvictionRecord(Workload("ml", "ReplicaSet", "trainer-abc"), "gone-0", NOW - MINUTE),)
+        history=DisruptionHistory(
+            evictions=(EvictionRecord(Workload("ml", "ReplicaSet", "trainer-abc"), "gone-0", NOW - MINUTE),)
+        )
     )
     _store(api_client).save(stored)
+    with pytest.raises(ValueError, match="server-side dry run"):
+        ClusterActuator(
+            KubeEvictor(api_client, server_dry_run=True), KubeTainter(api_client), api_client, CFG
+        )
     api.clear_requests()
-    for actuator in (
-        ClusterActuator(DryRunEvictor(), DryRunTainter(), api_client, CFG, state_store=_store(api_client)),
-        _actuator(api_client, EvictionConfig(server_dry_run=True), state_store=_store(api_client)),
-    ):
-        assert actuator.mode == "dry-run"
-        actuator.cleanup_orphans()
-        assert actuator.load_state()
-        snap = KubeSource(api_client, CONSOLIDATE).snapshot(NOW)
-        actuator.begin_cycle(snap, "c1")
-        run_cycle(snap, CONSOLIDATE, actuator)
-        actuator.end_cycle()
-        actuator.reset_circuit()
-    assert not [w for w in api.writes() if "/configmaps" in w.path]
+    edge, sinks = live_edge(
+        api_client,
+        parse_policy({"eviction": {"server_dry_run": True}}),
+        "replica-a",
+        state_store=_store(api_client),
+    )
+    assert edge.evictor.mode == "dry-run" and sinks == ()
+    snap = KubeSource(api_client, CONSOLIDATE).snapshot(NOW)
+    report = run_cycle(snap, CONSOLIDATE, edge.evictor, memory=edge.memory)
+    assert {r.outcome for r in report.decisions if r.action == "evict"} == {"would-evict"}
+    assert not [w for w in api.writes() if "/configmaps" in w.path or w.method == "PATCH"]
     assert _store(api_client).load() == stored
 
 
@@ -936,12 +976,9 @@ def test_a_settled_eviction_is_forgotten(api: FakeApiServer, api_client: client.
     _circuit_cluster(api)
     actuator = _actuator(api_client)
     snap = _snapshot(api_client)
-    actuator.begin_cycle(snap, "c1")
-    actuator.evict(_plan(snap, "train-0"))
-    actuator.end_cycle()
-    actuator.begin_cycle(_snapshot(api_client, NOW + 16 * MINUTE), "c2")
-    assert not actuator.circuit_open
-    assert actuator.state.evictions == ()
+    _run(actuator, snap, _plan(snap, "train-0"))
+    assert _circuit(actuator, _snapshot(api_client, NOW + 16 * MINUTE), "c2") == ()
+    assert actuator.state.history.evictions == ()
 
 
 # --------------------------------------------------------------------------- whole cycles, dry runs
@@ -961,7 +998,7 @@ def test_a_live_cycle_evicts_exactly_what_the_dry_run_reported(
     actuator = _actuator(api_client)
     actuator.begin_cycle(snap, cycle_id_for(snap.now))
     live = run_cycle(snap, CONSOLIDATE, actuator)
-    actuator.end_cycle()
+    actuator.end_cycle((), completed=True)
     assert live.mode == "live"
     assert {(r.namespace, r.pod) for r in live.decisions if r.outcome == "evicted"} == would
     assert live.freed_nodes == dry.freed_nodes == ("a-1",)
@@ -984,18 +1021,13 @@ def _busy_state(api: FakeApiServer) -> None:
 
 def test_dry_run_makes_no_write_request(api: FakeApiServer, api_client: client.ApiClient) -> None:
     _busy_state(api)
-    actuator = ClusterActuator(DryRunEvictor(), DryRunTainter(), api_client, CFG)
-    assert actuator.mode == "dry-run"
     events = KubeEventsSink(api_client)
-    assert actuator.cleanup_orphans() == ()
     snap = KubeSource(api_client, CONSOLIDATE).snapshot(NOW)
-    actuator.begin_cycle(snap, "c1")
-    events.begin_cycle(snap)
-    report = run_cycle(snap, CONSOLIDATE, actuator, [events])
-    actuator.end_cycle()
+    api.clear_requests()
+    report = run_cycle(snap, CONSOLIDATE, DryRunEvictor(), [events])
     assert report.mode == "dry-run"
     assert {r.outcome for r in report.decisions if r.action == "evict"} == {"would-evict"}
-    assert api.writes() == []
+    assert api.requests == []
 
 
 def test_a_snapshot_run_makes_no_request(
@@ -1005,27 +1037,19 @@ def test_a_snapshot_run_makes_no_request(
     objects = api.objects("Node") + api.objects("Pod")
     (tmp_path / "cluster.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
     (tmp_path / "snapshot.yaml").write_text("now: 2026-11-29T12:00:00Z\n")
+    api.clear_requests()
     snap = load_snapshot_dir(tmp_path, CONSOLIDATE)
-    actuator = ClusterActuator(DryRunEvictor(), DryRunTainter(), None, CFG)
-    events = KubeEventsSink(api_client)
-    actuator.cleanup_orphans()
-    actuator.begin_cycle(snap, "c1")
-    events.begin_cycle(snap)
-    report = run_cycle(snap, CONSOLIDATE, actuator, [events])
-    actuator.end_cycle()
+    report = run_cycle(snap, CONSOLIDATE, DryRunEvictor(), [KubeEventsSink(api_client)])
     assert any(r.outcome == "would-evict" for r in report.decisions)
     assert api.requests == []
 
 
 def test_server_side_dry_run_persists_nothing(api: FakeApiServer, api_client: client.ApiClient) -> None:
     _busy_state(api)
-    actuator = _actuator(api_client, EvictionConfig(server_dry_run=True))
-    assert actuator.mode == "dry-run"
-    actuator.cleanup_orphans()
+    edge, _ = live_edge(api_client, parse_policy({"eviction": {"server_dry_run": True}}), "replica-a")
     snap = KubeSource(api_client, CONSOLIDATE).snapshot(NOW)
-    actuator.begin_cycle(snap, "c1")
-    report = run_cycle(snap, CONSOLIDATE, actuator)
-    actuator.end_cycle()
+    api.clear_requests()
+    report = run_cycle(snap, CONSOLIDATE, edge.evictor)
     assert {r.outcome for r in report.decisions if r.action == "evict"} == {"would-evict"}
     assert {(w.method, w.param("dryRun")) for w in api.writes()} == {("POST", "All")}
     assert len(api.objects("Pod")) == 9
@@ -1095,17 +1119,31 @@ def test_misuse_is_refused(api_client: client.ApiClient) -> None:
         actuator.evict(Decision(proposal=decision.proposal, approved=False, blocked_by="pdb"))
 
 
-def test_times() -> None:
+def test_times_and_the_state_round_trip() -> None:
     assert format_time(NOW) == "2026-11-29T12:00:00Z"
-    assert parse_time("2026-11-29T12:00:00Z") == NOW
-    assert parse_time("2026-11-29T13:00:00+01:00") == NOW
-    assert parse_time("2026-11-29T12:00:00") == NOW
-    assert parse_time("yesterday") is None and parse_time(None) is None
     assert cycle_id_for(NOW) == "20261129T120000Z"
+    workload = Workload("ml", "Job", "j")
     state = ActuatorState(
-        evictions=(EvictionRecord(Workload("ml", "Job", "j"), "p", NOW),),
+        history=DisruptionHistory(
+            nodes={"a-2": NOW},
+            workloads={workload: NOW},
+            disruptions={workload: (NOW - MINUTE, NOW)},
+            evictions=(EvictionRecord(workload, "p", NOW),),
+        ),
         drains={"a-1": DrainRecord("c1", NOW)},
     )
     assert ActuatorState.from_json(json.loads(json.dumps(state.to_json()))) == state
     with pytest.raises(ValueError):
         ActuatorState.from_json({"evictions": [{"namespace": "ml"}]})
+    # A state written before the history was kept (version 1): its evictions and drains.
+    v1 = {
+        "version": 1,
+        "evictions": [
+            {"namespace": "ml", "kind": "Job", "name": "j", "pod": "p", "evictedAt": "2026-11-29T12:00:00Z"}
+        ],
+        "drains": {"a-1": {"cycle": "c1", "since": "2026-11-29T12:00:00Z"}},
+    }
+    assert ActuatorState.from_json(v1) == ActuatorState(
+        history=DisruptionHistory(evictions=(EvictionRecord(workload, "p", NOW),)),
+        drains={"a-1": DrainRecord("c1", NOW)},
+    )

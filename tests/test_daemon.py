@@ -8,7 +8,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -18,15 +18,11 @@ import structlog
 from freezegun import freeze_time
 from prometheus_client.parser import text_string_to_metric_families
 
-from rebalancer.daemon import (
-    JOB_ID,
-    Daemon,
-    GatedEvictor,
-    PolicyWatcher,
-    StatusServer,
-    build_notifiers,
-)
-from rebalancer.evictor import DryRunEvictor
+from rebalancer.daemon.http import StatusServer
+from rebalancer.daemon.loop import JOB_ID, Clock, Daemon, DaemonSinks, GatedEvictor, LiveEdge
+from rebalancer.daemon.reload import PolicyWatcher
+from rebalancer.daemon.wiring import build_notifiers
+from rebalancer.evictor import DryRunEvictor, UnframedEvictor
 from rebalancer.model import Decision, Finding, Mode, Outcome, Snapshot
 from rebalancer.policy import NotifyConfig, PolicyError, parse_policy
 from rebalancer.sinks.notify import HttpPoster, Notifier
@@ -67,7 +63,7 @@ def write_policy(path: Path, **changes: Any) -> Path:
     return path
 
 
-class RecordingEvictor:
+class RecordingEvictor(UnframedEvictor):
     """A live evictor that evicts everything and remembers the decisions it was handed."""
 
     mode: Mode = "live"
@@ -128,7 +124,12 @@ def test_a_cycle_reads_the_clock_once_evaluates_and_keeps_the_report(daemons: li
         seen.append(now)
         return cluster(now)
 
-    daemon = Daemon(parse_policy(POLICY), recording_source, clock=clock, notifiers=no_notifiers)
+    daemon = Daemon(
+        parse_policy(POLICY),
+        recording_source,
+        sinks=DaemonSinks(notifiers=no_notifiers),
+        clock=Clock(wall=clock),
+    )
     daemons.append(daemon)
     with structlog.testing.capture_logs([structlog.contextvars.merge_contextvars]) as logs:
         report = daemon.run_cycle()
@@ -154,7 +155,9 @@ def test_a_failing_source_is_an_error_cycle_and_the_next_one_runs(daemons: list[
             raise RuntimeError("apiserver down")
         return cluster(now)
 
-    daemon = Daemon(parse_policy(POLICY), flaky, clock=lambda: NOW, notifiers=no_notifiers)
+    daemon = Daemon(
+        parse_policy(POLICY), flaky, sinks=DaemonSinks(notifiers=no_notifiers), clock=Clock(wall=lambda: NOW)
+    )
     daemons.append(daemon)
     assert daemon.run_cycle() is None
     assert daemon.run_cycle() is not None
@@ -166,7 +169,13 @@ def test_a_failing_source_is_an_error_cycle_and_the_next_one_runs(daemons: list[
 def test_live_cycles_remember_disruptions_for_the_cooldown(daemons: list[Daemon]) -> None:
     evictor = RecordingEvictor()
     loaded = parse_policy({**POLICY, "dry_run": False})
-    daemon = Daemon(loaded, source, live_evictor=evictor, clock=lambda: NOW, notifiers=no_notifiers)
+    daemon = Daemon(
+        loaded,
+        source,
+        live=LiveEdge(evictor),
+        sinks=DaemonSinks(notifiers=no_notifiers),
+        clock=Clock(wall=lambda: NOW),
+    )
     daemons.append(daemon)
     first = daemon.run_cycle()
     assert first is not None and first.mode == "live" and first.summary.evictions == 5
@@ -180,7 +189,11 @@ def test_live_cycles_count_disruptions_against_the_workload_budget(daemons: list
     loaded = parse_policy({**POLICY, "dry_run": False, "guards": guards})
     now = [NOW]
     daemon = Daemon(
-        loaded, source, live_evictor=RecordingEvictor(), clock=lambda: now[0], notifiers=no_notifiers
+        loaded,
+        source,
+        live=LiveEdge(RecordingEvictor()),
+        sinks=DaemonSinks(notifiers=no_notifiers),
+        clock=Clock(wall=lambda: now[0]),
     )
     daemons.append(daemon)
     evictions = []
@@ -197,13 +210,34 @@ def test_live_cycles_count_disruptions_against_the_workload_budget(daemons: list
 
 
 def test_live_without_an_evictor_fails_the_cycle(daemons: list[Daemon]) -> None:
-    daemon = Daemon(parse_policy(POLICY), source, dry_run=False, clock=lambda: NOW, notifiers=no_notifiers)
+    daemon = Daemon(
+        parse_policy(POLICY),
+        source,
+        dry_run=False,
+        sinks=DaemonSinks(notifiers=no_notifiers),
+        clock=Clock(wall=lambda: NOW),
+    )
     daemons.append(daemon)
     assert daemon.run_cycle() is None
     assert daemon.counts["error"] == 1
 
 
-def test_live_hooks_frame_every_live_cycle_and_add_findings(daemons: list[Daemon]) -> None:
+class FramedEvictor(RecordingEvictor):
+    """A live evictor whose cycle frame records its calls and has a finding of its own."""
+
+    def __init__(self, calls: list[tuple[str, object]], during: Callable[[Decision], None]) -> None:
+        super().__init__(during=during)
+        self.calls = calls
+
+    def begin_cycle(self, snapshot: Snapshot, cycle_id: str) -> None:
+        self.calls.append(("begin", cycle_id))
+
+    def end_cycle(self, decisions: Sequence[Decision], *, completed: bool) -> tuple[Finding, ...]:
+        self.calls.append(("end", completed))
+        return (Finding("drain-timeout", node="a-9", detail="drain mark removed"),)
+
+
+def test_the_live_evictors_frame_frames_every_live_cycle_and_adds_its_findings(daemons: list[Daemon]) -> None:
     calls: list[tuple[str, object]] = []
     fail = [False]
 
@@ -211,33 +245,27 @@ def test_live_hooks_frame_every_live_cycle_and_add_findings(daemons: list[Daemon
         if fail[0]:
             raise RuntimeError("apiserver vanished")
 
-    def end(*, completed: bool = True) -> None:
-        calls.append(("end", completed))
-
     daemon = Daemon(
         parse_policy({**POLICY, "guards": {"cooldown": 0}}),
         source,
-        live_evictor=RecordingEvictor(during=during),
-        begin_live_cycle=lambda _snapshot, cycle_id: calls.append(("begin", cycle_id)),
-        end_live_cycle=end,
-        live_findings=lambda: [Finding("circuit-open", namespace="ml", detail="still Pending")],
-        clock=lambda: NOW,
-        notifiers=no_notifiers,
+        live=LiveEdge(FramedEvictor(calls, during)),
+        sinks=DaemonSinks(notifiers=no_notifiers),
+        clock=Clock(wall=lambda: NOW),
     )
     daemons.append(daemon)
-    assert daemon.run_cycle() is not None  # the policy says dry-run: no live hooks
+    assert daemon.run_cycle() is not None  # the policy says dry-run: the live evictor is not used
     assert calls == []
 
     daemon._dry_run = False
     report = daemon.run_cycle()
-    assert report is not None and report.findings[-1].kind == "circuit-open"
+    assert report is not None and report.findings[-1].kind == "drain-timeout"
     assert [c[0] for c in calls] == ["begin", "end"] and calls[1] == ("end", True)
     assert str(calls[0][1]).startswith("20261129T120000Z-")
 
     fail[0] = True
     calls.clear()
     assert daemon.run_cycle() is None
-    assert calls[1] == ("end", False)  # the actuator learns the cycle did not complete
+    assert calls[1] == ("end", False)  # the evictor learns the cycle did not complete
 
 
 # --------------------------------------------------------------------------- the stop flag
@@ -249,10 +277,10 @@ def test_stop_lets_the_decision_in_flight_finish_and_attempts_no_other(daemons: 
     daemon = Daemon(
         parse_policy(POLICY),
         source,
-        live_evictor=evictor,
         dry_run=False,
-        clock=lambda: NOW,
-        notifiers=no_notifiers,
+        live=LiveEdge(evictor),
+        sinks=DaemonSinks(notifiers=no_notifiers),
+        clock=Clock(wall=lambda: NOW),
     )
     holder.append(daemon)
     daemons.append(daemon)
@@ -297,7 +325,11 @@ def test_valid_policy_change_is_used_from_the_next_cycle(tmp_path: Path, daemons
     path = write_policy(tmp_path / "policy.yaml")
     evictor = RecordingEvictor()
     daemon = Daemon(
-        PolicyWatcher(path), source, live_evictor=evictor, clock=lambda: NOW, notifiers=no_notifiers
+        PolicyWatcher(path),
+        source,
+        live=LiveEdge(evictor),
+        sinks=DaemonSinks(notifiers=no_notifiers),
+        clock=Clock(wall=lambda: NOW),
     )
     daemons.append(daemon)
     first = daemon.run_cycle()
@@ -313,7 +345,9 @@ def test_valid_policy_change_is_used_from_the_next_cycle(tmp_path: Path, daemons
 
 def test_invalid_policy_change_keeps_the_running_policy(tmp_path: Path, daemons: list[Daemon]) -> None:
     path = write_policy(tmp_path / "policy.yaml")
-    daemon = Daemon(PolicyWatcher(path), source, clock=lambda: NOW, notifiers=no_notifiers)
+    daemon = Daemon(
+        PolicyWatcher(path), source, sinks=DaemonSinks(notifiers=no_notifiers), clock=Clock(wall=lambda: NOW)
+    )
     daemons.append(daemon)
     assert daemon.run_cycle() is not None
 
@@ -381,7 +415,7 @@ def test_a_hung_notification_receiver_does_not_delay_the_next_cycle(
     loaded = parse_policy(
         {**POLICY, "notify": {"webhooks": [{"url": http_receiver.url, "secret_env": "HOOK_SECRET"}]}}
     )
-    daemon = Daemon(loaded, source, clock=lambda: NOW, notifiers=notifiers)
+    daemon = Daemon(loaded, source, sinks=DaemonSinks(notifiers=notifiers), clock=Clock(wall=lambda: NOW))
     daemons.append(daemon)
     durations = []
     for _ in range(3):
@@ -400,7 +434,10 @@ def test_a_raising_sink_never_fails_the_cycle(daemons: list[Daemon]) -> None:
             raise RuntimeError("boom")
 
     daemon = Daemon(
-        parse_policy(POLICY), source, clock=lambda: NOW, notifiers=no_notifiers, extra_sinks=[Broken()]
+        parse_policy(POLICY),
+        source,
+        sinks=DaemonSinks(notifiers=no_notifiers, extra=[Broken()]),
+        clock=Clock(wall=lambda: NOW),
     )
     daemons.append(daemon)
     assert daemon.run_cycle() is not None
@@ -420,7 +457,12 @@ def get(url: str) -> tuple[int, str, str]:
 
 def test_http_endpoints(daemons: list[Daemon]) -> None:
     mono = FakeMonotonic()
-    daemon = Daemon(parse_policy(POLICY), source, clock=lambda: NOW, monotonic=mono, notifiers=no_notifiers)
+    daemon = Daemon(
+        parse_policy(POLICY),
+        source,
+        sinks=DaemonSinks(notifiers=no_notifiers),
+        clock=Clock(wall=lambda: NOW, monotonic=mono),
+    )
     daemons.append(daemon)
     server = StatusServer(daemon, "127.0.0.1", 0).start()
     base = f"http://127.0.0.1:{server.port}"
@@ -498,7 +540,9 @@ def settle() -> None:
 
 def test_loop_runs_at_start_then_every_interval(daemons: list[Daemon]) -> None:
     with freeze_time(NOW) as frozen:
-        daemon = Daemon(parse_policy(POLICY), source, jitter=0, notifiers=no_notifiers)
+        daemon = Daemon(
+            parse_policy(POLICY), source, sinks=DaemonSinks(notifiers=no_notifiers), clock=Clock(jitter=0)
+        )
         daemons.append(daemon)
         daemon.start()
         wait_for_cycles(daemon, 1, "the first cycle at start")
@@ -516,7 +560,9 @@ def test_loop_runs_at_start_then_every_interval(daemons: list[Daemon]) -> None:
 
 def test_missed_intervals_are_coalesced_into_one_cycle(daemons: list[Daemon]) -> None:
     with freeze_time(NOW) as frozen:
-        daemon = Daemon(parse_policy(POLICY), source, jitter=0, notifiers=no_notifiers)
+        daemon = Daemon(
+            parse_policy(POLICY), source, sinks=DaemonSinks(notifiers=no_notifiers), clock=Clock(jitter=0)
+        )
         daemons.append(daemon)
         daemon.start()
         wait_for_cycles(daemon, 1, "the first cycle")
@@ -543,7 +589,9 @@ def test_an_overlapping_tick_is_skipped_not_queued(daemons: list[Daemon]) -> Non
         return cluster(now)
 
     with freeze_time(NOW) as frozen:
-        daemon = Daemon(parse_policy(POLICY), slow, jitter=0, notifiers=no_notifiers)
+        daemon = Daemon(
+            parse_policy(POLICY), slow, sinks=DaemonSinks(notifiers=no_notifiers), clock=Clock(jitter=0)
+        )
         daemons.append(daemon)
         daemon.start()
         wait_until(entered.is_set, "the first cycle to start")
@@ -563,7 +611,9 @@ def test_an_overlapping_tick_is_skipped_not_queued(daemons: list[Daemon]) -> Non
 def test_a_new_interval_reschedules_the_loop(tmp_path: Path, daemons: list[Daemon]) -> None:
     path = write_policy(tmp_path / "policy.yaml")
     with freeze_time(NOW) as frozen:
-        daemon = Daemon(PolicyWatcher(path), source, jitter=0, notifiers=no_notifiers)
+        daemon = Daemon(
+            PolicyWatcher(path), source, sinks=DaemonSinks(notifiers=no_notifiers), clock=Clock(jitter=0)
+        )
         daemons.append(daemon)
         daemon.start()
         wait_for_cycles(daemon, 1, "the first cycle")

@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 import structlog
 
-from rebalancer.actuator import STATE_CONFIGMAP, STATE_KEY, ActuatorState, ConfigMapStateStore, FileStateStore
 from rebalancer.cli import build_parser, main
-from rebalancer.daemon import Daemon, _LiveEdge, build_state_store, kube_snapshot_source
+from rebalancer.daemon.loop import Clock, Daemon, DaemonSinks
+from rebalancer.daemon.wiring import build_state_store, kube_snapshot_source, live_edge
 from rebalancer.policy import parse_policy
+from rebalancer.state import STATE_CONFIGMAP, STATE_KEY, ActuatorState, ConfigMapStateStore, FileStateStore
 from tests.builders import NOW
 from tests.fake_apiserver import FakeApiServer, node_json, pod_json
 
@@ -174,7 +175,7 @@ def quiet_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     def to_stderr(*_args: object, **_kwargs: object) -> None:
         structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
 
-    monkeypatch.setattr("rebalancer.daemon.configure_logging", to_stderr)
+    monkeypatch.setattr("rebalancer.daemon.wiring.configure_logging", to_stderr)
     yield
     structlog.reset_defaults()
 
@@ -310,18 +311,14 @@ def test_a_new_leader_keeps_the_circuit_its_predecessor_opened(api: FakeApiServe
         """What `rebalancer run` builds around live evictions, for one replica."""
         api_client = stack.enter_context(api.api_client())
         store = build_state_store(args, api_client) if remember else None
-        edge = _LiveEdge(api_client, LIVE, identity, state_store=store)
+        edge, sinks = live_edge(api_client, LIVE, identity, state_store=store)
         return Daemon(
             LIVE,
             kube_snapshot_source(api_client),
-            live_evictor=edge.actuator,
-            begin_live_cycle=edge.begin_cycle,
-            end_live_cycle=edge.actuator.end_cycle,
-            live_findings=edge.actuator.findings,
-            extra_sinks=(edge.events,),
             dry_run=args.dry_run,
-            notifiers=lambda _notify, _count: (),
-            clock=lambda: clock[0],
+            live=edge,
+            sinks=DaemonSinks(extra=sinks, notifiers=lambda _notify, _count: ()),
+            clock=Clock(wall=lambda: clock[0]),
         )
 
     with ExitStack() as stack:
@@ -347,6 +344,5 @@ def test_a_new_leader_keeps_the_circuit_its_predecessor_opened(api: FakeApiServe
         assert blind is not None and not [f for f in blind.findings if f.kind == "circuit-open"]
     stored = api.get("ConfigMap", "rebalancer-memory", STATE_NS)
     assert stored is not None
-    assert [r.pod for r in ActuatorState.from_json(json.loads(stored["data"][STATE_KEY])).evictions] == [
-        "lonely"
-    ]
+    memory = ActuatorState.from_json(json.loads(stored["data"][STATE_KEY]))
+    assert [r.pod for r in memory.history.evictions] == ["lonely"]

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from rebalancer.daemon import Daemon, LeaseElector, kube_snapshot_source
+from rebalancer.daemon.lease import LeaseElector
+from rebalancer.daemon.loop import Clock, Daemon, DaemonSinks, Leadership, LiveEdge
+from rebalancer.daemon.wiring import kube_snapshot_source
 from rebalancer.evictor import REQUESTED_BY_ANNOTATION, KubeEvictor
 from rebalancer.policy import NotifyConfig, parse_policy
 from rebalancer.sinks.notify import Notifier
@@ -66,12 +68,10 @@ class Replica:
         self.daemon = Daemon(
             POLICY,
             kube_snapshot_source(self.api_client),
-            live_evictor=evictor,
-            begin_live_cycle=lambda snapshot, _cycle_id: evictor.begin_cycle(snapshot.pdbs),
-            elector=self.elector,
-            leader_margin=MARGIN,
-            clock=lambda: NOW,
-            notifiers=no_notifiers,
+            live=LiveEdge(evictor),
+            leadership=Leadership(self.elector, MARGIN),
+            sinks=DaemonSinks(notifiers=no_notifiers),
+            clock=Clock(wall=lambda: NOW),
         )
 
     def start(self) -> Replica:

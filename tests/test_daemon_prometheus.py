@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from rebalancer.daemon import Daemon, StatusServer
+from rebalancer.daemon.http import StatusServer
+from rebalancer.daemon.loop import Clock, Daemon, DaemonSinks
 from rebalancer.policy import NotifyConfig, parse_policy
 from rebalancer.sinks.notify import Notifier
 from tests.builders import A100, NOW, node, pod, snapshot
@@ -56,7 +57,7 @@ def value(server: PrometheusServer, expr: str) -> list[dict[str, Any]]:
 
 
 def test_real_prometheus_scrapes_the_contract_metrics(prometheus_factory: ServerFactory) -> None:
-    daemon = Daemon(POLICY, source, clock=lambda: NOW, notifiers=no_notifiers)
+    daemon = Daemon(POLICY, source, sinks=DaemonSinks(notifiers=no_notifiers), clock=Clock(wall=lambda: NOW))
     assert daemon.run_cycle() is not None
     http = StatusServer(daemon, "127.0.0.1", 0).start()
     try:

@@ -132,11 +132,9 @@ def scrape() -> dict[str, frozenset[str]]:
     loaded = load_policy(ROOT / "examples" / "demo-cluster" / "policy.yaml")
     snapshot = load_snapshot_dir(ROOT / "examples" / "demo-cluster", loaded)
     report = run_cycle(snapshot, loaded, DryRunEvictor())
-    proposals: dict[str, int] = {}
-    for row in report.decisions:
-        proposals[row.strategy] = proposals.get(row.strategy, 0) + 1
     metrics = DaemonMetrics()
-    metrics.observe_cycle(report, snapshot, proposals=proposals, duration=1.5)
+    metrics.cycle_took(1.5)
+    metrics.publish(report)
     metrics.cycle_failed(0.2)
     metrics.cycle_not_run("standby")
     exposition = generate_latest(metrics.registry).decode()
@@ -524,7 +522,8 @@ def test_every_dashboard_query_returns_data_from_a_real_scrape(promtool: str, tm
     snapshot = load_snapshot_dir(ROOT / "examples" / "demo-cluster", loaded)
     report = run_cycle(snapshot, loaded, DryRunEvictor())
     leader, standby = DaemonMetrics(), DaemonMetrics()
-    leader.observe_cycle(report, snapshot, proposals={"gpu-consolidation": 2}, duration=1.5)
+    leader.cycle_took(1.5)
+    leader.publish(report)
     standby.cycle_not_run("standby")
     input_series = []
     for target, metrics in ((LEADER, leader), (STANDBY, standby)):

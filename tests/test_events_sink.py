@@ -50,11 +50,15 @@ def _live_cycle(
     snap = KubeSource(api_client, CONSOLIDATE).snapshot(NOW)
     after_snapshot()
     actuator = ClusterActuator.from_config(api_client, EvictionConfig(), sleep=lambda _: None)
-    actuator.begin_cycle(snap, "c1")
-    sink.begin_cycle(snap)
     errors: list[tuple[Sink, Exception]] = []
-    report = run_cycle(snap, CONSOLIDATE, actuator, [sink], on_sink_error=lambda s, e: errors.append((s, e)))
-    actuator.end_cycle()
+    report = run_cycle(
+        snap,
+        CONSOLIDATE,
+        actuator,
+        [sink],
+        memory=actuator.memory,
+        on_sink_error=lambda s, e: errors.append((s, e)),
+    )
     assert errors == []
     return report
 
@@ -137,7 +141,6 @@ def test_a_dry_run_posts_nothing(api: FakeApiServer, api_client: client.ApiClien
     add_consolidation_cluster(api)
     sink = KubeEventsSink(api_client)
     snap = KubeSource(api_client, CONSOLIDATE).snapshot(NOW)
-    sink.begin_cycle(snap)
     api.clear_requests()
     report = run_cycle(snap, CONSOLIDATE, DryRunEvictor(), [sink])
     assert {r.outcome for r in report.decisions} == {"would-evict"}
@@ -163,7 +166,7 @@ def test_only_evicted_rows_get_events(api: FakeApiServer, api_client: client.Api
     assert api.requests == []
 
 
-def test_without_begin_cycle_the_uid_is_left_out(api: FakeApiServer, api_client: client.ApiClient) -> None:
+def test_a_row_without_a_uid_leaves_it_out(api: FakeApiServer, api_client: client.ApiClient) -> None:
     KubeEventsSink(api_client, component="my-rebalancer", instance="pod-7").publish(
         _report(_row("a", "evicted"))
     )
@@ -200,7 +203,6 @@ def test_a_failing_sink_does_not_fail_the_cycle(api: FakeApiServer, api_client: 
     api.inject(EVENTS, drop=True, times=None)
     snap = KubeSource(api_client, CONSOLIDATE).snapshot(NOW)
     actuator = ClusterActuator.from_config(api_client, EvictionConfig(), sleep=lambda _: None)
-    actuator.begin_cycle(snap, "c1")
     errors: list[Exception] = []
     report = run_cycle(
         snap, CONSOLIDATE, actuator, [KubeEventsSink(api_client)], on_sink_error=lambda _, e: errors.append(e)

@@ -27,7 +27,7 @@ from rebalancer.evictor import (
 from rebalancer.model import Decision, Outcome, Pod, Proposal, ProposalKind
 from rebalancer.policy import parse_policy
 from rebalancer.sources.kube import KubeSource
-from tests.builders import NOW, pdb, pod
+from tests.builders import NOW, pdb, pod, snapshot
 from tests.fake_apiserver import (
     FakeApiServer,
     RecordedRequest,
@@ -60,7 +60,7 @@ class Sleeps(list[float]):
 def _evictor(api_client: client.ApiClient, **kwargs: Any) -> KubeEvictor:
     kwargs.setdefault("sleep", Sleeps())
     evictor = KubeEvictor(api_client, **kwargs)
-    evictor.begin_cycle()
+    evictor.begin_cycle(snapshot([]), "c1")
     return evictor
 
 
@@ -187,7 +187,7 @@ def test_an_exhausted_pdb_is_not_tried_again_this_cycle(
     assert evictor.evict(_decision(other))[0].result == "evicted"
     assert len(_evictions(api)) == 2  # a, then c: b was not attempted
 
-    evictor.begin_cycle()
+    evictor.begin_cycle(snapshot([]), "c2")
     assert evictor.evict(_decision(second))[0].result == "blocked-by-pdb"
     assert len(_evictions(api)) == 3
 
@@ -196,7 +196,7 @@ def test_known_pdbs_save_the_lookup(api: FakeApiServer, api_client: client.ApiCl
     first, second = _add_pods(api, "a", "b", labels={"app": "train"})
     api.add(pdb_json("train-pdb", {"app": "train"}, 0))
     evictor = _evictor(api_client)
-    evictor.begin_cycle([pdb("train-pdb", {"app": "train"}, 0)])
+    evictor.begin_cycle(snapshot([], pdbs=[pdb("train-pdb", {"app": "train"}, 0)]), "c3")
     evictor.evict(_decision(first))
     assert _results(evictor.evict(_decision(second))) == [("b", "blocked-by-pdb", PDB_EXHAUSTED)]
     assert [r.path for r in api.requests] == ["/api/v1/namespaces/ml/pods/a/eviction"]
@@ -426,7 +426,7 @@ def test_a_live_cycle_evicts_what_the_dry_run_reported(
 
     snap = source.snapshot(NOW)
     evictor = _evictor(api_client)
-    evictor.begin_cycle(snap.pdbs)
+    evictor.begin_cycle(snap, "c1")
     live = run_cycle(snap, CONSOLIDATE, evictor)
     assert live.mode == "live"
     assert {(r.namespace, r.pod) for r in live.decisions if r.outcome == "evicted"} == would
@@ -449,7 +449,7 @@ def test_a_pdb_refusal_mid_plan_leaves_a_consistent_report(
     api.add(pdb_json("third-pdb", {"app": third}, 0))
     api.clear_requests()
     evictor = _evictor(api_client)
-    evictor.begin_cycle(snap.pdbs)
+    evictor.begin_cycle(snap, "c1")
     report = run_cycle(snap, CONSOLIDATE, evictor)
 
     rows = {r.pod: r for r in report.decisions}

@@ -26,7 +26,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -35,14 +35,11 @@ import pytest
 from kubernetes import client
 
 from rebalancer.actuator import ClusterActuator
-from rebalancer.daemon import (
-    DEFAULT_LEASE_NAME,
-    Daemon,
-    LeaseElector,
-    build_state_store,
-    kube_snapshot_source,
-)
+from rebalancer.daemon.lease import DEFAULT_LEASE_NAME, LeaseElector
+from rebalancer.daemon.loop import Clock, Daemon, DaemonSinks, Leadership, LiveEdge
+from rebalancer.daemon.wiring import build_state_store, kube_snapshot_source
 from rebalancer.evictor import DRAINING_TAINT_KEY
+from rebalancer.guards import EVICTION_REQUESTED_AT_ANNOTATION as EVICTION_REQUESTED_AT
 from rebalancer.model import Decision, Proposal, Snapshot
 from rebalancer.policy import EvictionConfig, parse_policy
 from rebalancer.sinks.events import KubeEventsSink
@@ -217,22 +214,14 @@ def exercise(api: FakeApiServer, api_client: client.ApiClient) -> list[RecordedR
     actuator = ClusterActuator.from_config(api_client, EvictionConfig(), sleep=_NoSleep(), state_store=store)
     assert [change.node for change in actuator.cleanup_orphans()] == ["old"]
     events = KubeEventsSink(api_client)
-
-    def begin(snapshot: Snapshot, cycle_id: str) -> None:
-        actuator.begin_cycle(snapshot, cycle_id)
-        events.begin_cycle(snapshot)
-
     daemon = Daemon(
         CONSOLIDATE,
         kube_snapshot_source(api_client),
-        live_evictor=actuator,
-        begin_live_cycle=begin,
-        end_live_cycle=actuator.end_cycle,
         dry_run=False,
-        elector=elector,
-        extra_sinks=(events,),
-        notifiers=lambda _notify, _count: (),
-        clock=lambda: NOW,
+        live=LiveEdge(actuator, memory=actuator.memory),
+        leadership=Leadership(elector),
+        sinks=DaemonSinks(extra=(events,), notifiers=lambda _notify, _count: ()),
+        clock=Clock(wall=lambda: NOW),
     )
     report = daemon.run_cycle(raise_errors=True)
     assert report is not None and report.mode == "live"
@@ -244,9 +233,10 @@ def exercise(api: FakeApiServer, api_client: client.ApiClient) -> list[RecordedR
     snapshot = KubeSource(api_client, CONSOLIDATE).snapshot(NOW)
     api.add(pdb_json("late", {"app": "guarded"}, 0))
     actuator.begin_cycle(snapshot, "c2")
-    assert [o.result for o in actuator.evict(_pod_plan(snapshot, "ckpt"))] == ["checkpoint-pending"]
     assert [o.result for o in actuator.evict(_pod_plan(snapshot, "busy-3"))] == ["blocked-by-pdb"]
-    actuator.end_cycle()
+    waiting = replace(_pod_plan(snapshot, "ckpt"), approved=False, blocked_by="checkpoint-pending")
+    assert actuator.end_cycle([waiting], completed=True) == ()
+    assert EVICTION_REQUESTED_AT in (api.pod("ml", "ckpt") or {})["metadata"]["annotations"]
     daemon.shutdown()  # gives the Lease up
     return api.requests
 

@@ -6,15 +6,14 @@ import hashlib
 import hmac
 import json
 import time
-from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
-from rebalancer.model import CycleReport, Finding, Mode, OutcomeResult, ReportedDecision, Summary
+from rebalancer.model import CycleReport, Finding, Mode, NodeFacts, OutcomeResult, ReportedDecision, Summary
 from rebalancer.policy import SlackSinkConfig, WebhookSinkConfig
 from rebalancer.report import to_dict
 from rebalancer.sinks.log import LogSink
@@ -29,7 +28,7 @@ from rebalancer.sinks.notify import (
 )
 from rebalancer.sinks.slack import SlackSink, build_message
 from rebalancer.sinks.webhook import SIGNATURE_HEADER, WebhookSink, sign, webhook_body
-from tests.builders import A100, H100, NOW, gpu_sample, node, pod, snapshot, telemetry
+from tests.builders import A100, H100, NOW
 from tests.http_receiver import HttpReceiver, http_receiver
 
 __all__ = ["http_receiver"]
@@ -66,6 +65,8 @@ def make_report(
     findings: Sequence[Finding] = (),
     freed: Sequence[str] = (),
     savings: float | None = None,
+    nodes: Mapping[str, NodeFacts] | None = None,
+    proposals: Mapping[str, int] | None = None,
 ) -> CycleReport:
     done = sum(1 for d in decisions if d.outcome in ("would-evict", "evicted"))
     return CycleReport(
@@ -85,6 +86,8 @@ def make_report(
         decisions=tuple(decisions),
         findings=tuple(findings),
         freed_nodes=tuple(freed),
+        nodes=dict(nodes or {}),
+        proposals_by_strategy=dict(proposals or {}),
     )
 
 
@@ -440,24 +443,14 @@ def _samples(metrics: DaemonMetrics) -> dict[tuple[str, tuple[tuple[str, str], .
 
 
 def test_cycle_state_counts_distinct_idle_gpus_by_model_and_leaked_bytes_by_node() -> None:
-    nb = pod("nb", "h-1")
-    snap = snapshot(
-        [node("a-1"), node("h-1", model=H100), node("a-3")],
-        [nb],
-        telemetry=telemetry(
-            [
-                gpu_sample("h-1", "GPU-H1", pod=nb, util=0.0),
-                gpu_sample("a-3", "GPU-9", fb_used_mib=20480.0, util=0.0),
-            ]
-        ),
-    )
     findings = [
         Finding("idle-gpu", node="h-1", gpu="GPU-H1", namespace="ml", pod="nb"),
         Finding("idle-gpu", node="h-1", gpu="GPU-H1", namespace="ml", pod="nb"),  # same GPU again
         Finding("idle-gpu", node="a-1", gpu="GPU-A1", namespace="ml", pod="x"),
-        Finding("leaked-vram", node="a-3", gpu="GPU-9"),
+        Finding("leaked-vram", node="a-3", gpu="GPU-9", fb_used_mib=20480.0),
     ]
-    state = cycle_state(make_report(findings=findings, freed=["a-1", "h-1"], savings=3.5), snap)
+    facts = {name: NodeFacts(model, 8) for name, model in (("a-1", A100), ("h-1", H100), ("a-3", A100))}
+    state = cycle_state(make_report(findings=findings, freed=["a-1", "h-1"], savings=3.5, nodes=facts))
     assert state.idle_gpus == {H100: 1, A100: 1}
     assert state.nodes_freeable == {A100: 1, H100: 1}
     assert state.gpus_freeable == {A100: 8, H100: 8}
@@ -466,12 +459,12 @@ def test_cycle_state_counts_distinct_idle_gpus_by_model_and_leaked_bytes_by_node
     assert state.estimated_savings_per_hour == 3.5
 
 
-def test_circuit_open_follows_the_actuator_finding() -> None:
+def test_circuit_open_follows_the_circuit_finding() -> None:
     metrics = DaemonMetrics()
     opened = make_report(findings=[Finding("circuit-open", namespace="ml", detail="ml/train still Pending")])
-    metrics.observe_cycle(opened, None, proposals={}, duration=0.1)
+    metrics.publish(opened)
     assert _samples(metrics)[("gpu_rebalancer_circuit_open", ())] == 1
-    metrics.observe_cycle(make_report(), None, proposals={}, duration=0.1)
+    metrics.publish(make_report())
     assert _samples(metrics)[("gpu_rebalancer_circuit_open", ())] == 0
 
 
@@ -481,10 +474,11 @@ def test_metrics_of_a_cycle_use_the_contract_names_and_no_pod_labels() -> None:
         decisions=[row("a"), row("b", "blocked-by-pdb"), row("c", None, blocked_by="no-fit")],
         freed=["a-1"],
         savings=None,
+        nodes={"a-1": NodeFacts(A100, 8)},
+        proposals={"gpu-consolidation": 2},
     )
-    metrics.observe_cycle(
-        report, snapshot([node("a-1")]), proposals=Counter({"gpu-consolidation": 2}), duration=1.5
-    )
+    metrics.cycle_took(1.5)
+    metrics.publish(report)
     samples = _samples(metrics)
     evictions = "gpu_rebalancer_evictions_total"
     mode = (("mode", "dry-run"), ("result", "would-evict"), ("strategy", "gpu-consolidation"))
@@ -509,7 +503,7 @@ def test_metrics_of_a_cycle_use_the_contract_names_and_no_pod_labels() -> None:
     assert all("pod" not in dict(labels) for _, labels in samples)
 
     # The next cycle replaces the per-cycle gauges whole.
-    metrics.observe_cycle(make_report(savings=0.0), None, proposals={}, duration=0.1)
+    metrics.publish(make_report(savings=0.0))
     samples = _samples(metrics)
     assert not any(name == "gpu_rebalancer_nodes_freeable" for name, _ in samples)
     assert samples[("gpu_rebalancer_estimated_savings_per_hour", ())] == 0.0

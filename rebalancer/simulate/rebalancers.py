@@ -6,8 +6,9 @@ Owns two things the engine calls with the simulated state and time, each answeri
   `nvidia.com/gpu.product` with allocatable cpu, memory, `nvidia.com/gpu` and pods; one Job-owned pod
   per running job with its GPU request, cpu and memory, required node affinity on the GPU model from
   `gpu_spec`, the scheduler that placed it, and its creation and start times), runs the REAL
-  `rebalancer.cycle.evaluate` with the policy and the cooldown history of earlier cycles, and returns
-  the pods of every approved decision, and the nodes it drains: like the live evictor, it taints them
+  `rebalancer.cycle.run_cycle` with the policy, the same memory of earlier cycles a live daemon keeps
+  (`history.Memory`: cooldowns, the disruption budget) and an evictor that collects the pods of every
+  approved decision, and the nodes it drains: like the live evictor, it taints them
   `rebalancer.gpu/draining:NoSchedule` first so the evicted pods do not land back. `now` is the Unix
   epoch plus the simulated seconds.
 - `HighNodeUtilization` (`--rebalancer descheduler-hnu`): the upstream descheduler's plugin of that
@@ -28,21 +29,26 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from rebalancer.cycle import evaluate
+from rebalancer.cycle import run_cycle
+from rebalancer.evictor import UnframedEvictor
+from rebalancer.history import Memory
 from rebalancer.model import (
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
     MILLI_PER_GPU,
+    Decision,
+    Finding,
     GpuRequest,
+    Mode,
     Node,
     NodeSelectorRequirement,
     NodeSelectorTerm,
+    Outcome,
     OwnerRef,
     Pod,
     Snapshot,
     Taint,
 )
-from rebalancer.planner import DisruptionHistory, WorkloadKey, workload_key
 from rebalancer.policy import LoadedPolicy, parse_policy
 from rebalancer.simulate.cluster import MIB, POD_SLOTS, SimCluster, SimNode
 from rebalancer.simulate.trace import Job
@@ -237,8 +243,46 @@ class SnapshotBuilder:
             self.index.pop(cached[2].key, None)
 
 
+class _ReplayEvictor(UnframedEvictor):
+    """The replay's evictor: every approved pod is `evicted` (the engine moves it), and the jobs, their
+    predicted targets and the drained nodes are collected for the tick."""
+
+    mode: Mode = "live"
+
+    def __init__(self, builder: SnapshotBuilder, cluster: SimCluster, stats: PolicyRebalancer) -> None:
+        self._builder = builder
+        self._cluster = cluster
+        self._stats = stats
+        self.evictions: list[Eviction] = []
+        self.drain: list[str] = []
+        self._seen: set[int] = set()
+
+    def evict(self, decision: Decision) -> tuple[Outcome, ...]:
+        self._stats.approved += 1
+        proposal = decision.proposal
+        if proposal.kind == "node" and proposal.node is not None:
+            self.drain.extend(
+                n for n in dict.fromkeys((proposal.node, *proposal.nodes_freed)) if n not in self.drain
+            )
+        targets = decision.targets or proposal.targets
+        for pod in proposal.pods:
+            index = self._builder.index.get(pod.key)
+            if index is None or index in self._seen or index not in self._cluster.location:
+                continue
+            self._seen.add(index)
+            self.evictions.append(Eviction(job=index, target=targets.get(pod.key)))
+        return tuple(Outcome(p.namespace, p.name, "evicted") for p in proposal.pods)
+
+    def end_cycle(self, decisions: Sequence[Decision], *, completed: bool) -> tuple[Finding, ...]:
+        for decision in decisions:
+            if not decision.approved:
+                self._stats.refused[decision.blocked_by or "unknown"] += 1
+        return ()
+
+
 class PolicyRebalancer:
-    """Runs `rebalancer.cycle.evaluate` on a Snapshot of the simulated cluster."""
+    """Runs `rebalancer.cycle.run_cycle` on a Snapshot of the simulated cluster, with the same memory of
+    earlier cycles (`history.Memory`, the history a live daemon keeps) and the replay's evictor."""
 
     def __init__(self, loaded: LoadedPolicy, builder: SnapshotBuilder) -> None:
         self.loaded = loaded
@@ -247,65 +291,20 @@ class PolicyRebalancer:
         self.approved = 0
         self.refused: Counter[str] = Counter()
         self.skipped: Counter[str] = Counter()  # "strategy: reason" -> cycles it was skipped
-        self._drained: dict[str, datetime] = {}
-        self._disrupted: dict[WorkloadKey, datetime] = {}
-        self._disruptions: dict[WorkloadKey, list[datetime]] = {}
+        self.memory = Memory()
 
     # ----------------------------------------------------------------------- cycle
 
-    def history(self, now: datetime) -> DisruptionHistory:
-        """Disruptions still inside the cooldown, and inside the disruption budget's window when the
-        policy sets one (older ones can never refuse anything again)."""
-        guards = self.loaded.policy.guards
-        horizon = now - timedelta(seconds=guards.cooldown)
-        self._drained = {k: v for k, v in self._drained.items() if v > horizon}
-        self._disrupted = {k: v for k, v in self._disrupted.items() if v > horizon}
-        if guards.max_disruptions_per_workload is None:
-            self._disruptions.clear()
-        else:
-            budget = now - timedelta(seconds=guards.disruption_window)
-            recent = {k: [t for t in v if t > budget] for k, v in self._disruptions.items()}
-            self._disruptions = {k: v for k, v in recent.items() if v}
-        return DisruptionHistory(
-            nodes=dict(self._drained),
-            workloads=dict(self._disrupted),
-            disruptions={k: tuple(v) for k, v in self._disruptions.items()},
-        )
-
     def plan(self, now: float, cluster: SimCluster) -> TickPlan:
         snapshot = self.builder.snapshot(now, cluster)
-        evaluation = evaluate(snapshot, self.loaded, history=self.history(snapshot.now))
+        evictor = _ReplayEvictor(self.builder, cluster, self)
+        report = run_cycle(snapshot, self.loaded, evictor, memory=self.memory)
         self.cycles += 1
-        for skipped in evaluation.skipped:
+        for skipped in report.skipped_strategies:
             self.skipped[f"{skipped.strategy}: {skipped.reason}"] += 1
-        evictions: list[Eviction] = []
-        drain: list[str] = []
-        seen: set[int] = set()
-        for decision in evaluation.decisions:
-            if not decision.approved:
-                self.refused[decision.blocked_by or "unknown"] += 1
-                continue
-            self.approved += 1
-            proposal = decision.proposal
-            if proposal.kind == "node" and proposal.node is not None:
-                for node in dict.fromkeys((proposal.node, *proposal.nodes_freed)):
-                    self._drained[node] = snapshot.now
-                    drain.append(node)
-            targets = decision.targets or proposal.targets
-            for pod in proposal.pods:
-                index = self.builder.index.get(pod.key)
-                if index is None or index in seen or index not in cluster.location:
-                    continue
-                seen.add(index)
-                key = workload_key(pod)
-                if key is not None:
-                    if self._disrupted.get(key) != snapshot.now:  # one disruption per cycle
-                        self._disruptions.setdefault(key, []).append(snapshot.now)
-                    self._disrupted[key] = snapshot.now
-                evictions.append(Eviction(job=index, target=targets.get(pod.key)))
-        if not evictions and not drain:
+        if not evictor.evictions and not evictor.drain:
             return NOTHING
-        return TickPlan(evictions=tuple(evictions), drain=tuple(drain))
+        return TickPlan(evictions=tuple(evictor.evictions), drain=tuple(evictor.drain))
 
 
 # --------------------------------------------------------------------------- descheduler baseline

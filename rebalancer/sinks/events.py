@@ -1,8 +1,8 @@
 """Kubernetes Events for what the rebalancer did, so `kubectl describe pod` / `describe node` explains it.
 
 Owns turning a live CycleReport into core/v1 Events: one `Normal` Event per row whose outcome is
-`evicted`, on the pod (involvedObject kind Pod, namespace, name and, when `begin_cycle(snapshot)` gave it,
-the uid that `kubectl describe` matches on), with reason `GpuRebalancer<Strategy>` (the strategy's name
+`evicted`, on the pod (involvedObject kind Pod, namespace, name and the uid the report row carries, which
+`kubectl describe` matches on), with reason `GpuRebalancer<Strategy>` (the strategy's name
 in CamelCase: `GpuRebalancerGpuConsolidation`) and the decision's reason as message; and one per node the
 report says was freed (`freed_nodes`), in namespace `default` with the node's name as uid, as the
 kubelet's node Events are.
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,7 +32,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rebalancer.kubeapi import describe_transport_error
-from rebalancer.model import CycleReport, ReportedDecision, Snapshot
+from rebalancer.model import CycleReport, ReportedDecision
 
 __all__ = ["EVENT_PREFIX", "EventsSinkError", "KubeEventsSink", "event_reason"]
 
@@ -91,7 +90,7 @@ class _Event:
 
 
 class KubeEventsSink:
-    """Publishes Events for a live report. Call `begin_cycle(snapshot)` first so pod Events carry uids."""
+    """Publishes Events for a live report; pod Events carry the uid the report row gives."""
 
     def __init__(
         self,
@@ -109,11 +108,6 @@ class KubeEventsSink:
         self._instance = instance or component
         self._max = max_events
         self._timeout = request_timeout
-        self._uids: Mapping[tuple[str, str], str] = {}
-
-    def begin_cycle(self, snapshot: Snapshot) -> None:
-        """Remember the snapshot's pod uids: the pods are gone when the report is published."""
-        self._uids = {p.key: p.uid for p in snapshot.pods if p.uid}
 
     def publish(self, report: CycleReport) -> None:
         if report.mode != "live":
@@ -155,7 +149,7 @@ class KubeEventsSink:
                 kind="Pod",
                 namespace=row.namespace,
                 name=row.pod,
-                uid=self._uids.get((row.namespace, row.pod)),
+                uid=row.uid or None,
             ),
             reason=event_reason(row.strategy),
             message=row.reason,

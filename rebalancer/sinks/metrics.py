@@ -1,8 +1,9 @@
 """Prometheus metrics of the daemon (DESIGN §8), on a private CollectorRegistry.
 
 Owns the metric names, help texts and labels, which are a contract for dashboards and alerts (change
-them additively only), and the translation of one finished cycle (its CycleReport, the Snapshot it was
-built from, the proposals per strategy) into counter increments and per-cycle gauges:
+them additively only), and the translation of one finished cycle's CycleReport (`publish`, as every
+sink: the report says what it needs, the per-strategy proposals and the GPU models of the nodes it
+names) into counter increments and per-cycle gauges; the daemon adds the cycles it did not finish:
 
 - counters: `gpu_rebalancer_evictions_total{strategy,result,mode}` (one per pod outcome),
   `proposals_total{strategy}` (one per proposal), `blocked_total{strategy,guard}` (one per pod the
@@ -27,7 +28,6 @@ import threading
 from collections import Counter as Tally
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -35,7 +35,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from rebalancer import __version__
-from rebalancer.model import CycleReport, Finding, Snapshot
+from rebalancer.model import CycleReport
 
 __all__ = [
     "CYCLE_RESULTS",
@@ -64,45 +64,24 @@ class CycleState:
     circuit_open: bool = False
 
 
-def _fb_used_mib(snapshot: Snapshot, finding: Finding) -> float:
-    """Framebuffer a leaked-vram finding is about, from the snapshot's telemetry (last sample, in MiB).
+def cycle_state(report: CycleReport) -> CycleState:
+    """The per-cycle gauges of a report (GPU models and sizes from what it says of its nodes)."""
+    facts = report.nodes
 
-    The value does not depend on the window (it is the newest sample), so the first window that knows
-    the GPU answers; every MIG instance / row of that GPU and pod counts.
-    """
-    for window in snapshot.telemetry.windows.values() if snapshot.telemetry.available else ():
-        rows = [
-            row
-            for row in window.gpus
-            if row.node == finding.node
-            and row.uuid == finding.gpu
-            and row.pod_namespace == finding.namespace
-            and row.pod_name == finding.pod
-        ]
-        if rows:
-            return sum(row.fb_used_mib or 0.0 for row in rows)
-    return 0.0
-
-
-def cycle_state(report: CycleReport, snapshot: Snapshot | None) -> CycleState:
-    """The per-cycle gauges of a report; GPU models and VRAM sizes come from the snapshot when given."""
-    models: dict[str, str] = {}
-    gpus: dict[str, int] = {}
-    if snapshot is not None:
-        models = {name: node.gpu_model or UNKNOWN_MODEL for name, node in snapshot.nodes.items()}
-        gpus = {name: node.gpu_count for name, node in snapshot.nodes.items()}
+    def model(name: str | None) -> str:
+        found = facts.get(name) if name is not None else None
+        return found.gpu_model or UNKNOWN_MODEL if found is not None else UNKNOWN_MODEL
 
     freed = tuple(dict.fromkeys(report.freed_nodes))
-    freeable = Tally(models.get(name, UNKNOWN_MODEL) for name in freed)
+    freeable = Tally(model(name) for name in freed)
     gpus_freeable: Tally[str] = Tally()
     for name in freed:
-        gpus_freeable[models.get(name, UNKNOWN_MODEL)] += gpus.get(name, 0)
+        gpus_freeable[model(name)] += facts[name].gpus if name in facts else 0
 
     idle: dict[str, set[str]] = {}
     for finding in report.findings:
         if finding.kind == "idle-gpu" and finding.gpu:
-            model = models.get(finding.node or "", UNKNOWN_MODEL)
-            idle.setdefault(model, set()).add(finding.gpu)
+            idle.setdefault(model(finding.node), set()).add(finding.gpu)
 
     leaked: dict[str, float] = {}
     seen: set[tuple[str | None, str | None, str | None, str | None]] = set()
@@ -113,13 +92,12 @@ def cycle_state(report: CycleReport, snapshot: Snapshot | None) -> CycleState:
         if key in seen:
             continue
         seen.add(key)
-        used = _fb_used_mib(snapshot, finding) if snapshot is not None else 0.0
-        leaked[finding.node] = leaked.get(finding.node, 0.0) + used * MIB
+        leaked[finding.node] = leaked.get(finding.node, 0.0) + (finding.fb_used_mib or 0.0) * MIB
 
     return CycleState(
         nodes_freeable=dict(freeable),
         gpus_freeable=dict(gpus_freeable),
-        idle_gpus={model: len(uuids) for model, uuids in idle.items()},
+        idle_gpus={name: len(uuids) for name, uuids in idle.items()},
         leaked_vram_bytes=leaked,
         estimated_savings_per_hour=report.summary.estimated_savings_per_hour,
         circuit_open=any(finding.kind == "circuit-open" for finding in report.findings),
@@ -267,30 +245,26 @@ class DaemonMetrics:
 
     # ---- one cycle
 
-    def observe_cycle(
-        self,
-        report: CycleReport,
-        snapshot: Snapshot | None,
-        *,
-        proposals: Mapping[str, int],
-        duration: float,
-        finished_at: datetime | None = None,
-    ) -> None:
-        """Count a successful cycle; `finished_at` (default: the snapshot's `now`) sets last success."""
-        for strategy, count in proposals.items():
+    def publish(self, report: CycleReport) -> None:
+        """Count a successful cycle's report: proposals, outcomes, refusals, the per-cycle gauges and the
+        time of its snapshot as the last success."""
+        for strategy, count in report.proposals_by_strategy.items():
             self.proposals.labels(strategy=strategy).inc(count)
         for row in report.decisions:
             if row.outcome is not None:
                 self.evictions.labels(strategy=row.strategy, result=row.outcome, mode=report.mode).inc()
             if row.action == "skip":
                 self.blocked.labels(strategy=row.strategy, guard=row.blocked_by or "unknown").inc()
-        self._state.set(cycle_state(report, snapshot))
-        self.cycle_duration.observe(duration)
+        self._state.set(cycle_state(report))
         self.cycles.labels(result="success").inc()
-        self.last_success.set((finished_at or report.now).timestamp())
+        self.last_success.set(report.now.timestamp())
+
+    def cycle_took(self, duration: float) -> None:
+        """The wall time of a cycle, successful or not."""
+        self.cycle_duration.observe(duration)
 
     def cycle_failed(self, duration: float) -> None:
-        self.cycle_duration.observe(duration)
+        self.cycle_took(duration)
         self.cycles.labels(result="error").inc()
 
     def cycle_not_run(self, result: str) -> None:

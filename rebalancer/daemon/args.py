@@ -1,0 +1,98 @@
+"""The command-line options of `rebalancer run` and of a live `rebalancer once`.
+
+Owns the flags, their defaults and help texts, and the parsing of their values (durations, HOST:PORT).
+It must not act on them: `daemon.wiring` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rebalancer.daemon.lease import DEFAULT_LEASE_NAME
+from rebalancer.policy import parse_duration
+from rebalancer.state import STATE_CONFIGMAP
+
+__all__ = ["add_live_once_arguments", "add_run_arguments"]
+
+
+def _seconds(text: str) -> float:
+    try:
+        return float(parse_duration(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT or :PORT, got {text!r}")
+    return (host.strip("[]") or "0.0.0.0"), int(port)
+
+
+def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dry-run",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="report only (--dry-run) or evict (--no-dry-run); default: the policy's dry_run",
+    )
+    parser.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: in-cluster, then ~/.kube)")
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    parser.add_argument(
+        "--prometheus-url", metavar="URL", help="Prometheus for GPU telemetry (overrides the policy's)"
+    )
+    parser.add_argument(
+        "--namespace",
+        dest="namespaces",
+        action="append",
+        metavar="NS",
+        help="only list pods of this namespace (repeatable; free capacity may then be overstated)",
+    )
+    parser.add_argument("--log-format", choices=("auto", "json", "console"), default="auto")
+
+
+def add_live_once_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options `rebalancer once` needs without --snapshot (one live cycle, e.g. as a CronJob)."""
+    _add_cluster_arguments(parser)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `rebalancer run`."""
+    parser.add_argument(
+        "--policy", metavar="FILE", help="policy file, re-read every cycle (default: built-in)"
+    )
+    _add_cluster_arguments(parser)
+    parser.add_argument(
+        "--listen", type=_listen, default=("0.0.0.0", 8080), metavar="HOST:PORT", help="HTTP (default :8080)"
+    )
+    parser.add_argument("--jitter", type=_seconds, default=None, help="random delay per cycle (default 10%%)")
+    election = parser.add_argument_group("leader election (coordination.k8s.io/v1 Lease)")
+    election.add_argument("--no-leader-election", dest="leader_election", action="store_false")
+    election.add_argument("--lease-name", default=DEFAULT_LEASE_NAME)
+    election.add_argument("--lease-namespace", default=None, help="default: the pod's namespace")
+    election.add_argument(
+        "--identity", default=None, help="default: $POD_NAME or the hostname, plus a suffix"
+    )
+    election.add_argument("--lease-duration", type=_seconds, default=15.0, metavar="DURATION")
+    election.add_argument("--renew-deadline", type=_seconds, default=10.0, metavar="DURATION")
+    election.add_argument("--retry-period", type=_seconds, default=2.0, metavar="DURATION")
+    election.add_argument(
+        "--leader-margin",
+        type=_seconds,
+        default=2.0,
+        metavar="DURATION",
+        help="time left before the renew deadline that a decision needs to start (default 2s)",
+    )
+    memory = parser.add_argument_group(
+        "actuator memory (circuit breaker, owned drains), kept across restarts and leader changes"
+    )
+    where = memory.add_mutually_exclusive_group()
+    where.add_argument(
+        "--state-configmap",
+        default=STATE_CONFIGMAP,
+        metavar="NAME",
+        help=f"a ConfigMap in the Lease's namespace (default {STATE_CONFIGMAP}; unused with --dry-run)",
+    )
+    where.add_argument(
+        "--state-file", metavar="PATH", default=None, help="a JSON file instead (e.g. on a persistent volume)"
+    )

@@ -1,0 +1,440 @@
+"""The daemon's loop: a cycle every `interval`, each one `cycle.run_cycle`, stopping cleanly.
+
+Owns running over time:
+
+- the schedule: an apscheduler 3.x interval job (`interval` from the policy, first cycle at start,
+  `max_instances=1`, `coalesce=True`, jitter); a tick that finds the previous cycle still running is
+  skipped and counted;
+- one cycle (`Daemon.run_cycle`): re-check the policy file, check leadership, read the wall clock once
+  (`now`), build the Snapshot (the injected `SnapshotSource`), then `run_cycle` with the dry-run
+  evictor or the live one (behind a `GatedEvictor`) and the memory of earlier cycles, and publish the
+  report to the log sink, the extra sinks (Events) and the notifiers; count it in the metrics and keep
+  it for `/report`;
+- graceful shutdown: SIGTERM / SIGINT set a stop flag that the GatedEvictor checks *between* decisions
+  only, so a gang or a node drain in flight completes and nothing after it starts; so does losing the
+  lease (`holds(leader_margin)`), so a replica that cannot renew stops evicting before another can lead.
+
+Its collaborators are composed by `daemon.wiring`: the policy (a `PolicyWatcher` or a fixed one), the
+snapshot source, the `LiveEdge` (live evictor, memory, hooks), the `Leadership`, the `DaemonSinks` and
+the `Clock`. It must not contain rebalancing logic, nor build clients: it only runs what it is given.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import structlog
+from apscheduler.events import (
+    EVENT_JOB_ERROR,
+    EVENT_JOB_EXECUTED,
+    EVENT_JOB_MAX_INSTANCES,
+    JobExecutionEvent,
+)
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+
+from rebalancer.cycle import CycleMemory, Sink, run_cycle
+from rebalancer.daemon.clock import utcnow
+from rebalancer.daemon.lease import LeaseElector
+from rebalancer.daemon.reload import PolicyWatcher
+from rebalancer.errors import Problems
+from rebalancer.evictor import DryRunEvictor, Evictor
+from rebalancer.history import Memory
+from rebalancer.model import CycleReport, Decision, Finding, Mode, Outcome, Snapshot
+from rebalancer.policy import LoadedPolicy, NotifyConfig, format_duration
+from rebalancer.sinks.log import LogSink
+from rebalancer.sinks.metrics import DaemonMetrics
+from rebalancer.sinks.notify import Notifier
+
+__all__ = [
+    "JOB_ID",
+    "Clock",
+    "Daemon",
+    "DaemonError",
+    "DaemonSinks",
+    "GatedEvictor",
+    "Leadership",
+    "LiveEdge",
+    "NotifierFactory",
+    "SnapshotSource",
+]
+
+JOB_ID = "rebalancing-cycle"
+READY_INTERVALS = 3
+
+SnapshotSource = Callable[[datetime, LoadedPolicy], Snapshot]
+"""Builds the cycle's Snapshot for `now` under the running policy (live: the cluster + Prometheus)."""
+
+NotifierFactory = Callable[[NotifyConfig, Callable[[str, str], None]], Sequence[Notifier]]
+
+log = structlog.get_logger("rebalancer.daemon")
+
+
+class DaemonError(Problems):
+    """The daemon cannot start or a live cycle cannot run; one line per problem."""
+
+
+# --------------------------------------------------------------------------- collaborators
+
+
+@dataclass
+class LiveEdge:
+    """What a live cycle uses: the evictor, the memory it plans with, and what to tell about changes.
+
+    `memory` None keeps the history in process. `on_policy_change(old, new)` hears of every reload,
+    `on_lost_leadership()` of every term's end.
+    """
+
+    evictor: Evictor
+    memory: CycleMemory | None = None
+    on_policy_change: Callable[[LoadedPolicy, LoadedPolicy], None] | None = None
+    on_lost_leadership: Callable[[], None] | None = None
+
+
+@dataclass
+class Leadership:
+    """Only the replica holding `elector`'s lease runs cycles; decisions stop when it no longer holds it
+    with `margin` seconds to spare."""
+
+    elector: LeaseElector
+    margin: float = 2.0
+
+
+def _no_notifiers(_notify: NotifyConfig, _on_result: Callable[[str, str], None]) -> Sequence[Notifier]:
+    return ()
+
+
+@dataclass
+class DaemonSinks:
+    """Where reports go: the metrics, the notifiers (rebuilt when `notify:` changes) and extra sinks."""
+
+    metrics: DaemonMetrics = field(default_factory=DaemonMetrics)
+    notifiers: NotifierFactory = _no_notifiers
+    extra: Sequence[Sink] = ()
+
+
+@dataclass
+class Clock:
+    """The wall clock (read once per cycle), the monotonic clock and the loop's jitter (None: 10 %)."""
+
+    wall: Callable[[], datetime] = utcnow
+    monotonic: Callable[[], float] = time.monotonic
+    jitter: float | None = None
+
+
+# --------------------------------------------------------------------------- stop flag for evictions
+
+
+class GatedEvictor:
+    """Hands whole decisions to `inner` while `gate()` says nothing; after its first objection, none.
+
+    `gate` returns why evictions must stop (shutdown, leadership) or None. It is checked only between
+    decisions: a gang or a node drain already handed over always completes. Decisions after the stop
+    get `error` outcomes saying they were not attempted, so the report tells exactly what happened. The
+    cycle frame is the inner evictor's.
+    """
+
+    def __init__(self, inner: Evictor, gate: Callable[[], str | None]) -> None:
+        self._inner = inner
+        self._gate = gate
+        self.mode: Mode = inner.mode
+        self.stopped: str | None = None
+
+    def begin_cycle(self, snapshot: Snapshot, cycle_id: str) -> None:
+        self._inner.begin_cycle(snapshot, cycle_id)
+
+    def evict(self, decision: Decision) -> tuple[Outcome, ...]:
+        if self.stopped is None:
+            self.stopped = self._gate()
+            if self.stopped is not None:
+                log.warning("evictions stopped for this cycle", reason=self.stopped)
+        if self.stopped is not None:
+            detail = f"not attempted: {self.stopped}"
+            return tuple(Outcome(p.namespace, p.name, "error", detail) for p in decision.proposal.pods)
+        return self._inner.evict(decision)
+
+    def end_cycle(self, decisions: Sequence[Decision], *, completed: bool) -> tuple[Finding, ...]:
+        return self._inner.end_cycle(decisions, completed=completed)
+
+
+# --------------------------------------------------------------------------- the daemon
+
+
+class Daemon:
+    """The loop around cycles. `run_cycle()` runs one now; `start()` schedules them; `shutdown()` stops.
+
+    `dry_run` None follows the running policy's `dry_run`; a live cycle needs `live` (without it, it
+    fails). A dry-run cycle plans with a copy of the live memory's history and writes nothing.
+    """
+
+    def __init__(
+        self,
+        policy: PolicyWatcher | LoadedPolicy,
+        source: SnapshotSource,
+        *,
+        live: LiveEdge | None = None,
+        dry_run: bool | None = None,
+        leadership: Leadership | None = None,
+        sinks: DaemonSinks | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self._watcher = policy if isinstance(policy, PolicyWatcher) else None
+        self._loaded = policy.current if isinstance(policy, PolicyWatcher) else policy
+        self._source = source
+        self._live = live
+        self._memory: CycleMemory = (live.memory if live is not None else None) or Memory()
+        self._dry_run = dry_run
+        self._leadership = leadership
+        self._sinks = sinks or DaemonSinks()
+        self._clock = clock or Clock()
+        self.metrics = self._sinks.metrics
+        self._log_sink = LogSink()
+        self._notifiers: Sequence[Notifier] = self._sinks.notifiers(
+            self._loaded.policy.notify, self.metrics.notification
+        )
+        self._last_report: CycleReport | None = None
+        self._last_ok: float | None = None
+        self._standby = False
+        self._cycle_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._scheduler: BackgroundScheduler | None = None
+        # Ticks by result (success, error, standby, skipped), for tests and logs.
+        self.counts: Counter[str] = Counter()
+        # Scheduler jobs that have returned: until then apscheduler counts the job as running and
+        # skips a tick that comes due (max_instances=1).
+        self.jobs_finished = 0
+        self.metrics.leader.set(0 if leadership is not None else 1)
+
+    # ---- state
+
+    @property
+    def policy(self) -> LoadedPolicy:
+        return self._loaded
+
+    @property
+    def last_report(self) -> CycleReport | None:
+        return self._last_report
+
+    @property
+    def stopping(self) -> threading.Event:
+        return self._stopping
+
+    @property
+    def scheduler(self) -> BackgroundScheduler | None:
+        return self._scheduler
+
+    def dry_run(self) -> bool:
+        return self._dry_run if self._dry_run is not None else self._loaded.policy.dry_run
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready when a cycle (or, on a standby, a leadership check) succeeded within three intervals."""
+        if self._stopping.is_set():
+            return False, "shutting down"
+        if self._last_ok is None:
+            return False, "no cycle has completed yet"
+        limit = READY_INTERVALS * self._loaded.policy.interval
+        age = self._clock.monotonic() - self._last_ok
+        if age > limit:
+            return False, f"last successful cycle {age:.0f}s ago (more than {READY_INTERVALS} intervals)"
+        return True, "standby: another replica holds the lease" if self._standby else "ok"
+
+    def lost_leadership(self) -> None:
+        """Leadership changed to another replica: the live edge starts a new term when it leads again."""
+        if self._live is not None and self._live.on_lost_leadership is not None:
+            self._live.on_lost_leadership()
+
+    # ---- one cycle
+
+    def run_cycle(self, *, raise_errors: bool = False) -> CycleReport | None:
+        """Run one cycle now (unless one is running or the daemon is stopping); its report, if any.
+
+        A failed cycle is logged and counted; with `raise_errors` its exception is raised afterwards.
+        """
+        if self._stopping.is_set():
+            return None
+        if not self._cycle_lock.acquire(blocking=False):
+            self._not_run("skipped")
+            return None
+        try:
+            return self._cycle(raise_errors)
+        finally:
+            self._cycle_lock.release()
+
+    def _not_run(self, result: str) -> None:
+        self.counts[result] += 1
+        self.metrics.cycle_not_run(result)
+
+    def _reload(self) -> None:
+        if self._watcher is None:
+            return
+        result = self._watcher.check()
+        if result.status == "unreadable":
+            log.warning("policy file unreadable: keeping the running policy", problems=list(result.problems))
+            return
+        if result.status == "invalid":
+            log.error(
+                "policy change rejected: keeping the running policy",
+                source=str(self._watcher.path),
+                problems=list(result.problems),
+            )
+            self.metrics.policy_reload_errors.inc()
+        self.metrics.policy_valid.set(1 if self._watcher.valid else 0)
+        if result.status != "reloaded":
+            return
+        old_loaded = self._loaded
+        self._loaded = self._watcher.current
+        policy = self._loaded.policy
+        log.info(
+            "policy reloaded",
+            source=str(self._watcher.path),
+            interval=format_duration(policy.interval),
+            dry_run=policy.dry_run,
+            strategies=[s.name for s in self._loaded.strategies],
+        )
+        if policy.notify != old_loaded.policy.notify:
+            for notifier in self._notifiers:
+                notifier.close()
+            self._notifiers = self._sinks.notifiers(policy.notify, self.metrics.notification)
+        if self._live is not None and self._live.on_policy_change is not None:
+            self._live.on_policy_change(old_loaded, self._loaded)
+        if result.interval_changed and self._scheduler is not None:
+            self._scheduler.reschedule_job(JOB_ID, trigger=self._trigger(policy.interval))
+            log.info("cycle rescheduled", interval=format_duration(policy.interval))
+
+    def _gate(self) -> str | None:
+        if self._stopping.is_set():
+            return "shutting down"
+        leadership = self._leadership
+        if leadership is not None and not leadership.elector.holds(leadership.margin):
+            return "this replica no longer holds the leader lease with time to spare"
+        return None
+
+    def _evictor_and_memory(self) -> tuple[GatedEvictor, CycleMemory]:
+        if not self.dry_run():
+            if self._live is None:
+                raise DaemonError(["live cycle without a cluster evictor (run with --dry-run)"])
+            return GatedEvictor(self._live.evictor, self._gate), self._memory
+        # A dry run plans with what the live memory knows, and changes nothing of it.
+        return GatedEvictor(DryRunEvictor(), self._gate), Memory(self._memory.history)
+
+    def _cycle(self, raise_errors: bool) -> CycleReport | None:
+        try:
+            self._reload()
+        except Exception:  # a reload problem must not stop the loop: the running policy stays
+            log.exception("policy reload failed: keeping the running policy")
+        loaded = self._loaded
+        leadership = self._leadership
+        if leadership is not None:
+            leading = leadership.elector.holds(leadership.margin)
+            self.metrics.leader.set(1 if leading else 0)
+            if not leading:
+                self._standby = True
+                self._last_ok = self._clock.monotonic()
+                self._not_run("standby")
+                log.info("standby: another replica holds the lease", identity=leadership.elector.identity)
+                return None
+        self._standby = False
+        now = self._clock.wall()
+        cycle_id = f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
+        with structlog.contextvars.bound_contextvars(cycle_id=cycle_id):
+            started = self._clock.monotonic()
+            log.info("cycle started", now=now.isoformat(), dry_run=self.dry_run(), policy=loaded.source)
+            try:
+                snapshot = self._source(now, loaded)
+                evictor, memory = self._evictor_and_memory()
+                report = run_cycle(snapshot, loaded, evictor, memory=memory, cycle_id=cycle_id)
+            except Exception as exc:
+                duration = self._clock.monotonic() - started
+                self.metrics.cycle_failed(duration)
+                self.counts["error"] += 1
+                if isinstance(exc, Problems):
+                    log.error(
+                        "cycle failed", problems=list(exc.problems), duration_seconds=round(duration, 3)
+                    )
+                else:
+                    log.exception("cycle failed", duration_seconds=round(duration, 3))
+                if raise_errors:
+                    raise
+                return None
+            duration = self._clock.monotonic() - started
+            self.metrics.cycle_took(duration)
+            self.metrics.publish(report)
+            self._last_report = report
+            self._last_ok = self._clock.monotonic()
+            self.counts["success"] += 1
+            self._publish(report)
+            log.info("cycle finished", duration_seconds=round(duration, 3), stopped=evictor.stopped)
+            return report
+
+    def _publish(self, report: CycleReport) -> None:
+        for sink in (self._log_sink, *self._sinks.extra, *self._notifiers):
+            try:
+                sink.publish(report)
+            except Exception as exc:  # a sink is an edge: it never fails the cycle
+                name = getattr(sink, "name", type(sink).__name__)
+                log.error("sink failed", sink=name, error=f"{type(exc).__name__}: {exc}")
+
+    # ---- the loop
+
+    def _trigger(self, interval: int) -> IntervalTrigger:
+        jitter = self._clock.jitter if self._clock.jitter is not None else min(interval * 0.1, 30.0)
+        start = self._clock.wall() + timedelta(seconds=interval)
+        return IntervalTrigger(seconds=interval, start_date=start, timezone=UTC, jitter=jitter or None)
+
+    def _on_max_instances(self, event: JobExecutionEvent) -> None:
+        if event.job_id == JOB_ID:
+            self._not_run("skipped")
+            log.warning("cycle skipped: the previous one is still running")
+
+    def _on_job_finished(self, event: JobExecutionEvent) -> None:
+        if event.job_id == JOB_ID:
+            self.jobs_finished += 1
+
+    def start(self) -> Daemon:
+        """Schedule cycles every policy interval, the first one now."""
+        scheduler = BackgroundScheduler(
+            timezone=UTC,
+            executors={"default": ThreadPoolExecutor(max_workers=1)},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+        )
+        scheduler.add_listener(self._on_max_instances, EVENT_JOB_MAX_INSTANCES)
+        scheduler.add_listener(self._on_job_finished, EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)
+        scheduler.add_job(
+            self.run_cycle,
+            trigger=self._trigger(self._loaded.policy.interval),
+            id=JOB_ID,
+            name="rebalancing cycle",
+            next_run_time=self._clock.wall(),
+        )
+        scheduler.start()
+        self._scheduler = scheduler
+        return self
+
+    def wakeup(self) -> None:
+        """Make the scheduler look at the clock again (tests move a frozen clock)."""
+        if self._scheduler is not None:
+            self._scheduler.wakeup()
+
+    def request_stop(self) -> None:
+        """Stop after the decision in flight (safe from a signal handler)."""
+        self._stopping.set()
+
+    def shutdown(self, *, notify_timeout: float = 5.0, release_lease: bool = True) -> None:
+        """Stop: no new decision, wait for the running cycle, release the lease, flush notifications."""
+        self._stopping.set()
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=True)
+            self._scheduler = None
+        if self._leadership is not None:
+            self._leadership.elector.stop(release=release_lease)
+            self.metrics.leader.set(0)
+        deadline = time.monotonic() + notify_timeout
+        for notifier in self._notifiers:
+            notifier.close(max(0.0, deadline - time.monotonic()))

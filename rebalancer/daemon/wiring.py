@@ -1,0 +1,333 @@
+"""The composition root: flags and policy -> source, evictor, memory, elector, sinks, server; and run.
+
+Owns building the daemon's collaborators from `rebalancer run`'s and a live `rebalancer once`'s flags,
+and nothing else:
+
+- the snapshot source: a KubeSource with Prometheus telemetry when the running policy asks for it
+  (`--prometheus-url` replaces `telemetry.prometheus.url`);
+- the live edge: `rebalancer run` with the policy's `eviction:` section gets the ClusterActuator (drain
+  marks, checkpoint requests, and the memory kept by the state store: the ConfigMap `--state-configmap`
+  of the Lease's namespace, or `--state-file`; none when forced dry with `--dry-run`) and the Events
+  sink; a server-side dry run gets a plain KubeEvictor and an in-process memory; `once` a plain
+  KubeEvictor;
+- the Lease elector, the notifiers (one worker per Slack / webhook sink), the metrics, the HTTP server;
+- running: `run_command` serves until SIGTERM / SIGINT, then exits 0 after the decision in flight;
+  `run_live_once` runs one cycle.
+
+It must not contain rebalancing logic nor run cycles itself: `daemon.loop` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from types import FrameType
+
+import structlog
+from kubernetes import client
+
+from rebalancer.actuator import ClusterActuator
+from rebalancer.daemon.http import StatusServer
+from rebalancer.daemon.lease import LeaseElector
+from rebalancer.daemon.loop import Daemon, DaemonError, DaemonSinks, Leadership, LiveEdge, SnapshotSource
+from rebalancer.daemon.reload import PolicyWatcher
+from rebalancer.errors import InputError
+from rebalancer.evictor import REQUESTER, KubeEvictor
+from rebalancer.kubeapi import load_api_client
+from rebalancer.model import CycleReport, Snapshot
+from rebalancer.policy import LoadedPolicy, NotifyConfig, PrometheusConfig, default_policy, format_duration
+from rebalancer.sinks.events import KubeEventsSink
+from rebalancer.sinks.log import configure_logging
+from rebalancer.sinks.metrics import DaemonMetrics
+from rebalancer.sinks.notify import HttpPoster, Notifier
+from rebalancer.sinks.slack import SlackSink
+from rebalancer.sinks.webhook import WebhookSink
+from rebalancer.sources.kube import KubeSource
+from rebalancer.sources.prometheus import PrometheusTelemetrySource
+from rebalancer.state import ConfigMapStateStore, FileStateStore, StateStore
+from rebalancer.wording import quoted
+
+__all__ = [
+    "build_notifiers",
+    "build_state_store",
+    "kube_snapshot_source",
+    "live_edge",
+    "run_command",
+    "run_live_once",
+]
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+log = structlog.get_logger("rebalancer.daemon")
+
+
+# --------------------------------------------------------------------------- the source
+
+
+def _prometheus(loaded: LoadedPolicy, url: str | None) -> PrometheusConfig | None:
+    """The policy's Prometheus connection, with its URL replaced by `url` when given."""
+    cfg = loaded.policy.telemetry
+    conn = cfg.prometheus if cfg is not None else None
+    if url is None:
+        return conn
+    base = conn.model_dump() if conn is not None else {}
+    return PrometheusConfig.model_validate({**base, "url": url})
+
+
+def kube_snapshot_source(
+    api_client: client.ApiClient,
+    *,
+    prometheus_url: str | None = None,
+    namespaces: Sequence[str] | None = None,
+) -> SnapshotSource:
+    """Snapshots of the live cluster, with Prometheus telemetry when the running policy asks for it.
+
+    `prometheus_url` (the CLI's --prometheus-url) replaces `telemetry.prometheus.url`, keeping the rest
+    of the policy's connection settings. Telemetry needs `telemetry` in the policy and a strategy with a
+    telemetry window.
+    """
+
+    def source(now: datetime, loaded: LoadedPolicy) -> Snapshot:
+        telemetry = None
+        cfg = loaded.policy.telemetry
+        windows = loaded.telemetry_windows()
+        conn = _prometheus(loaded, prometheus_url)
+        if cfg is not None and windows and conn is not None:
+            telemetry = PrometheusTelemetrySource(cfg, windows, prometheus=conn)
+        kube = KubeSource(api_client, loaded, namespaces=namespaces, telemetry=telemetry)
+        return kube.snapshot(now)
+
+    return source
+
+
+# --------------------------------------------------------------------------- the live edge
+
+
+def build_state_store(args: argparse.Namespace, api_client: client.ApiClient) -> StateStore | None:
+    """Where `rebalancer run` keeps its memory: None when the run is forced dry (`--dry-run` writes
+    nothing), else the file `--state-file` or the ConfigMap `--state-configmap` in the Lease's
+    namespace (`--lease-namespace`, default the pod's). Builds the store only: no request is made."""
+    if args.dry_run is True:
+        return None
+    if args.state_file is not None:
+        return FileStateStore(args.state_file)
+    namespace = args.lease_namespace or _default_namespace()
+    return ConfigMapStateStore(api_client, namespace=namespace, name=args.state_configmap)
+
+
+def live_edge(
+    api_client: client.ApiClient,
+    loaded: LoadedPolicy,
+    identity: str,
+    *,
+    state_store: StateStore | None = None,
+) -> tuple[LiveEdge, tuple[KubeEventsSink, ...]]:
+    """What `rebalancer run` puts around live evictions, and the sinks that go with it.
+
+    The actuator is built once from the policy's `eviction:` section (a change there needs a restart:
+    the actuator's memory must not be lost). With `eviction.server_dry_run` the API server checks every
+    eviction and persists nothing, so there is no actuator: nothing of its own is written either.
+    """
+    cfg = loaded.policy.eviction
+    requested_by = f"{REQUESTER}/{identity}"
+
+    def policy_changed(old: LoadedPolicy, new: LoadedPolicy) -> None:
+        if old.policy.eviction != new.policy.eviction:
+            log.warning("policy `eviction:` changed: restart the daemon to apply it (kept the running one)")
+
+    if cfg.server_dry_run:
+        evictor = KubeEvictor(
+            api_client,
+            grace_period_seconds=cfg.grace_period_seconds,
+            server_dry_run=True,
+            retries=cfg.retries,
+            requested_by=requested_by,
+        )
+        return LiveEdge(evictor, on_policy_change=policy_changed), ()
+    actuator = ClusterActuator.from_config(
+        api_client, cfg, state_store=state_store, requested_by=requested_by
+    )
+    actuator.new_term()  # the first cycle takes the stored memory and cleans orphan marks
+    edge = LiveEdge(
+        actuator,
+        memory=actuator.memory,
+        on_policy_change=policy_changed,
+        on_lost_leadership=actuator.new_term,
+    )
+    return edge, (KubeEventsSink(api_client),)
+
+
+# --------------------------------------------------------------------------- notifiers
+
+
+def build_notifiers(
+    notify: NotifyConfig,
+    *,
+    on_result: Callable[[str, str], None] | None = None,
+    environ: Mapping[str, str] | None = None,
+    poster_factory: Callable[[], HttpPoster] = HttpPoster,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[Notifier]:
+    """One Notifier (worker thread, bounded queue) per configured Slack / webhook sink."""
+    notifiers: list[Notifier] = []
+    for index, slack in enumerate(notify.slack):
+        sink = SlackSink(slack, name=f"slack[{index}]", poster=poster_factory(), environ=environ)
+        notifiers.append(Notifier(sink, clock=clock, on_result=on_result))
+    for index, hook in enumerate(notify.webhooks):
+        webhook = WebhookSink(hook, name=f"webhook[{index}]", poster=poster_factory(), environ=environ)
+        if not webhook.signed:
+            log.warning("webhook has no signing secret: deliveries are unsigned", sink=webhook.name)
+        notifiers.append(Notifier(webhook, clock=clock, on_result=on_result))
+    return notifiers
+
+
+def default_notifiers(notify: NotifyConfig, on_result: Callable[[str, str], None]) -> Sequence[Notifier]:
+    return build_notifiers(notify, on_result=on_result)
+
+
+# --------------------------------------------------------------------------- flags
+
+
+def _default_namespace() -> str:
+    env = os.environ.get("POD_NAMESPACE")
+    if env:
+        return env
+    with contextlib.suppress(OSError):
+        text = SERVICE_ACCOUNT_NAMESPACE.read_text(encoding="utf-8").strip()
+        if text:
+            return text
+    return "default"
+
+
+def _default_identity() -> str:
+    base = os.environ.get("POD_NAME") or socket.gethostname()
+    return f"{base}_{uuid.uuid4().hex[:8]}"
+
+
+def _prometheus_url(args: argparse.Namespace) -> str | None:
+    url: str | None = args.prometheus_url
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise InputError([f"--prometheus-url: expected an http(s):// URL, got {quoted(url)}"])
+    return url
+
+
+def _api_client(args: argparse.Namespace) -> client.ApiClient:
+    """The cluster's client; a kubeconfig to fix raises kubeapi.KubeConfigError (bad input)."""
+    return load_api_client(args.kubeconfig, args.context)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def run_live_once(args: argparse.Namespace, loaded: LoadedPolicy) -> CycleReport:
+    """One live cycle (snapshot of the cluster, evictions unless dry-run), notifications flushed.
+
+    Raises DaemonError (or the source's error) when the cluster cannot be read.
+    """
+    # The report goes to stdout; stderr gets only warnings and errors (no decision lines twice).
+    configure_logging(args.log_format, level=logging.WARNING)
+    api_client = _api_client(args)
+    source = kube_snapshot_source(
+        api_client, prometheus_url=_prometheus_url(args), namespaces=args.namespaces
+    )
+    daemon = Daemon(
+        loaded,
+        source,
+        live=LiveEdge(KubeEvictor(api_client)),
+        dry_run=args.dry_run,
+        sinks=DaemonSinks(notifiers=default_notifiers),
+    )
+    try:
+        report = daemon.run_cycle(raise_errors=True)
+    finally:
+        daemon.shutdown(notify_timeout=30.0)
+    if report is None:  # pragma: no cover - a fresh daemon neither overlaps nor stops
+        raise DaemonError(["the cycle did not run"])
+    return report
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """`rebalancer run`: serve until SIGTERM / SIGINT, then exit 0 after the decision in flight."""
+    policy: PolicyWatcher | LoadedPolicy = PolicyWatcher(args.policy) if args.policy else default_policy()
+    configure_logging(args.log_format)
+    api_client = _api_client(args)
+    identity = args.identity or _default_identity()
+    metrics = DaemonMetrics()
+    loaded = policy.current if isinstance(policy, PolicyWatcher) else policy
+    live, extra_sinks = live_edge(
+        api_client, loaded, identity, state_store=build_state_store(args, api_client)
+    )
+
+    leadership: Leadership | None = None
+    holder: list[Daemon] = []
+    if args.leader_election:
+        if args.leader_margin >= args.renew_deadline:
+            raise InputError(["--leader-margin must be shorter than --renew-deadline"])
+
+        def on_leadership(leading: bool) -> None:
+            metrics.leader.set(1 if leading else 0)
+            if not leading and holder:
+                holder[0].lost_leadership()
+
+        try:
+            elector = LeaseElector(
+                api_client,
+                name=args.lease_name,
+                namespace=args.lease_namespace or _default_namespace(),
+                identity=identity,
+                lease_duration=args.lease_duration,
+                renew_deadline=args.renew_deadline,
+                retry_period=args.retry_period,
+                on_change=on_leadership,
+            )
+        except ValueError as exc:
+            raise InputError([str(exc)]) from None
+        leadership = Leadership(elector, args.leader_margin)
+    daemon = Daemon(
+        policy,
+        kube_snapshot_source(api_client, prometheus_url=_prometheus_url(args), namespaces=args.namespaces),
+        live=live,
+        dry_run=args.dry_run,
+        leadership=leadership,
+        sinks=DaemonSinks(metrics=metrics, notifiers=default_notifiers, extra=extra_sinks),
+    )
+    holder.append(daemon)
+    host, port = args.listen
+    try:
+        server = StatusServer(daemon, host, port).start()
+    except OSError as exc:
+        raise DaemonError([f"cannot listen on {host}:{port}: {exc.strerror or exc}"]) from None
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("stop requested", signal=signal.Signals(signum).name)
+        daemon.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info(
+        "daemon started",
+        listen=f"{host}:{server.port}",
+        policy=daemon.policy.source,
+        interval=format_duration(daemon.policy.policy.interval),
+        dry_run=daemon.dry_run(),
+        leader_election=leadership is not None,
+        identity=identity,
+    )
+    if leadership is not None:
+        leadership.elector.start().wait_first_round(args.renew_deadline)
+    daemon.start()
+    while not daemon.stopping.wait(0.5):
+        pass
+    daemon.shutdown()
+    server.stop()
+    log.info("daemon stopped")
+    return 0

@@ -37,6 +37,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from rebalancer import yaml_input
 from rebalancer.errors import InputError
 from rebalancer.wording import clip
 
@@ -128,14 +129,10 @@ def _check_kubeconfig(path: str) -> None:
         raise KubeConfigError([f"{path}: not a valid kubeconfig: not UTF-8 text ({exc.reason})"]) from None
     try:
         data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise KubeConfigError(
-            [f"{path}{line}: not a valid kubeconfig: {exc.problem or exc.context or 'YAML syntax error'}"]
-        ) from None
     except yaml.YAMLError as exc:
-        raise KubeConfigError([f"{path}: not a valid kubeconfig: {exc}"]) from None
+        line, problem = yaml_input.problem_of(exc, text)
+        where = f"{path}:{line}" if line is not None else path
+        raise KubeConfigError([f"{where}: not a valid kubeconfig: {clip(problem, 300)}"]) from None
     if not isinstance(data, dict):
         raise KubeConfigError(
             [f"{path}: not a valid kubeconfig: expected a mapping with clusters and contexts"]

@@ -326,6 +326,9 @@ class StrategyConfig(StrictModel):
 
 
 # The shipped strategies, in the order a policy that does not list any runs them.
+# A policy is a page or two of YAML; one of megabytes is a mistake (and slow to validate).
+MAX_POLICY_CHARS = 1_000_000
+
 BUILTIN_DEFAULT_ORDER = ("gpu-affinity", "idle-gpu", "topology-spread", "gpu-consolidation")
 
 
@@ -389,13 +392,15 @@ class LoadedPolicy(BaseModel):
 
 
 def format_loc(loc: Sequence[int | str]) -> str:
-    """`('strategies', 1, 'args', 'window')` -> `strategies[1].args.window`."""
+    """`('strategies', 1, 'args', 'window')` -> `strategies[1].args.window` (each key cut to a readable
+    length: a key is input too)."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += f".{part}" if out else str(part)
+            key = clip(str(part), 60)
+            out += f".{key}" if out else key
     return out or "(top level)"
 
 
@@ -570,17 +575,15 @@ def load_policy(path: str | Path) -> LoadedPolicy:
 
 
 def loads_policy(text: str, source: str = "<policy>") -> LoadedPolicy:
+    if len(text) > MAX_POLICY_CHARS:
+        size = f"{len(text):,} characters, more than a policy ever needs ({MAX_POLICY_CHARS:,})"
+        raise PolicyError([f"{source}:1: the policy is {size}"])
     try:
         root, data = yaml_input.compose_and_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = f":{mark.line + 1}" if mark is not None else ""
-        problem = exc.problem or exc.context or "invalid YAML"
-        if exc.context and problem.startswith("but "):
-            problem = f"{exc.context}, {problem}"  # "expected a single document ..., but found another"
-        raise PolicyError([f"{source}{line}: YAML syntax error: {problem}"]) from None
     except yaml.YAMLError as exc:
-        raise PolicyError([f"{source}: YAML error: {exc}"]) from None
+        line, problem = yaml_input.problem_of(exc, text)
+        where = f"{source}:{line}" if line is not None else source
+        raise PolicyError([f"{where}: YAML syntax error: {clip(problem, 300)}"]) from None
     return parse_policy(data, source, root)
 
 

@@ -50,7 +50,7 @@ def parse(text: str) -> datetime:
             raise ValueError(f"invalid timestamp {quoted(text)}: timezone offset out of range")
         zone = timezone(-offset if sign == "-" else offset)
     try:
-        return datetime(
+        moment = datetime(
             int(year),
             int(month),
             int(day),
@@ -60,8 +60,12 @@ def parse(text: str) -> datetime:
             int((fraction or "0").ljust(6, "0")[:6]),
             tzinfo=zone,
         )
+        moment.astimezone(UTC)  # the first and last days of the calendar overflow with some offsets
     except ValueError as exc:
         raise ValueError(f"invalid timestamp {quoted(text)}: {exc}") from None
+    except OverflowError:
+        raise ValueError(f"invalid timestamp {quoted(text)}: out of the range of dates") from None
+    return moment
 
 
 def format_utc(moment: datetime, precision: Precision = "seconds") -> str:

@@ -32,7 +32,7 @@ from yaml.resolver import Resolver
 
 from rebalancer.wording import quoted
 
-__all__ = ["MAX_ALIAS_NODES", "MAX_DEPTH", "compose_and_load", "load", "load_all"]
+__all__ = ["MAX_ALIAS_NODES", "MAX_DEPTH", "compose_and_load", "load", "load_all", "problem_of"]
 
 MAX_DEPTH = 100
 MAX_ALIAS_NODES = 10_000
@@ -198,3 +198,24 @@ def compose_and_load(text: str) -> tuple[Node | None, object]:
         return node, (loader.construct_document(node) if node is not None else None)
     finally:
         loader.dispose()
+
+
+def problem_of(exc: yaml.YAMLError, text: str | None = None) -> tuple[int | None, str]:
+    """The 1-based line (None when unknown) and a one-line description of a YAML error; `text` (the
+    document) places an unreadable character, which PyYAML reports by position."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context or "syntax error"
+        if exc.context and problem.startswith("but "):
+            problem = f"{exc.context}, {problem}"  # "expected a single document ..., but found another"
+        return (mark.line + 1 if mark is not None else None), _one_line(problem)
+    if isinstance(exc, yaml.reader.ReaderError):
+        line = text.count("\n", 0, exc.position) + 1 if text is not None else None
+        char = exc.character
+        what = f"#x{char:04x}" if isinstance(char, int) else f"#x{ord(char):04x}" if char else repr(char)
+        return line, f"unacceptable character {what}: {exc.reason}"
+    return None, _one_line(str(exc))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

@@ -511,3 +511,39 @@ def test_pdb_without_status_allows_nothing_and_selectors() -> None:
         ObjectError, match=r"PodDisruptionBudget ml/p: status.disruptionsAllowed: expected an integer"
     ):
         pdb_from_json({**base, "spec": {}, "status": {"disruptionsAllowed": "1"}})
+
+
+@pytest.mark.parametrize(
+    ("spec", "path"),
+    [
+        (
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [{"matchExpressions": [{"key": "a", "operator": "Bogus"}]}]
+                        }
+                    }
+                }
+            },
+            "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution."
+            "nodeSelectorTerms[0].matchExpressions[0].operator",
+        ),
+        (
+            {
+                "topologySpreadConstraints": [
+                    {"maxSkew": 1, "labelSelector": {"matchExpressions": [{"key": "a", "operator": "Gt"}]}}
+                ]
+            },
+            "spec.topologySpreadConstraints[0].labelSelector.matchExpressions[0].operator",
+        ),
+    ],
+)
+def test_an_unknown_selector_operator_is_refused_as_the_api_server_does(
+    spec: dict[str, Any], path: str
+) -> None:
+    """It used to be taken, and the pod then silently matched no node."""
+    with pytest.raises(ObjectError) as info:
+        pod_from_json(_pod(**spec), gangs=GANGS, sharing=SHARING)
+    assert info.value.field_path == path
+    assert "is not an operator" in info.value.message

@@ -774,3 +774,18 @@ def test_a_huge_value_is_echoed_cut_short() -> None:
     assert "more characters" in problem
     [problem] = problems_of(f"strategies:\n  - name: {'y' * 100_000}\n")
     assert len(problem) < 400
+
+
+def test_a_policy_of_megabytes_is_refused_before_it_is_parsed() -> None:
+    started = time.perf_counter()
+    [problem] = problems_of("strategies:\n" + "  - {name: idle-gpu}\n" * 100_000)
+    assert time.perf_counter() - started < 2
+    assert problem.startswith("p.yaml:1: the policy is 2,100,012 characters, more than a policy ever needs")
+
+
+def test_a_control_character_is_one_located_line() -> None:
+    [problem] = problems_of("dry_run: true\n---\x00\n")
+    assert (
+        problem
+        == "p.yaml:2: YAML syntax error: unacceptable character #x0000: special characters are not allowed"
+    )

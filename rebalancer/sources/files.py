@@ -58,7 +58,7 @@ from rebalancer.sources.snapshot_layout import SnapshotFile, UnreadableFile, rea
 from rebalancer.telemetry.exposition import ExpositionError, Series, parse_exposition_lines
 from rebalancer.telemetry.identity import telemetry_metrics
 from rebalancer.telemetry.windows import aggregate, unknown_node_findings
-from rebalancer.wording import plural, quoted
+from rebalancer.wording import clip, plural, quoted
 
 __all__ = ["METRIC_SUFFIXES", "OBJECT_SUFFIXES", "SNAPSHOT_FILE", "SnapshotError", "load_snapshot_dir"]
 
@@ -125,12 +125,9 @@ def _has_eof_line(file: SnapshotFile) -> bool:
         return any(line.strip() == "# EOF" for line in handle)
 
 
-def _yaml_problem(file: Path, exc: yaml.YAMLError) -> str:
-    if isinstance(exc, yaml.MarkedYAMLError):
-        mark = exc.problem_mark or exc.context_mark
-        line = f":{mark.line + 1}" if mark is not None else ""
-        return f"{file}{line}: invalid YAML: {exc.problem or exc.context or 'syntax error'}"
-    return f"{file}: invalid YAML: {exc}"
+def _yaml_problem(file: Path, exc: yaml.YAMLError, text: str | None = None) -> str:
+    line, problem = yaml_input.problem_of(exc, text)
+    return f"{file}{f':{line}' if line is not None else ''}: invalid YAML: {clip(problem, 300)}"
 
 
 def _documents(file: SnapshotFile, text: str, problems: list[str]) -> list[tuple[object, str]]:
@@ -141,13 +138,16 @@ def _documents(file: SnapshotFile, text: str, problems: list[str]) -> list[tuple
         except json.JSONDecodeError as exc:
             problems.append(f"{file.path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}")
             return []
+        except ValueError as exc:  # an integer of more digits than Python converts
+            problems.append(f"{file.path}: invalid JSON: {clip(str(exc), 200)}")
+            return []
         except RecursionError:
             problems.append(f"{file.path}: invalid JSON: nested too deeply")
             return []
     try:
         docs = list(yaml_input.load_all(text))
     except yaml.YAMLError as exc:
-        problems.append(_yaml_problem(file.path, exc))
+        problems.append(_yaml_problem(file.path, exc, text))
         return []
     label = str(file.path)
     if len(docs) == 1:
@@ -284,7 +284,7 @@ def _add_object(obj: Mapping[str, Any], where: str, loaded: LoadedPolicy, out: _
         return
     key = (kind, object_ref(obj) if kind != "Node" else _node_name(obj))
     if key in out.seen:
-        out.problems.append(f"{where}: duplicate {kind} {key[1]} (first in {out.seen[key]})")
+        out.problems.append(f"{where}: duplicate {kind} {clip(key[1], 120)} (first in {out.seen[key]})")
         return
     out.seen[key] = where
     policy = loaded.policy
@@ -318,7 +318,7 @@ def _parse_now(file: SnapshotFile, problems: list[str]) -> datetime | None:
     try:
         root, doc = yaml_input.compose_and_load(text)
     except yaml.YAMLError as exc:
-        problems.append(_yaml_problem(file.path, exc))
+        problems.append(_yaml_problem(file.path, exc, text))
         return None
     if doc is None:
         return None

@@ -81,8 +81,9 @@ class ObjectError(ValueError):
         self.name = name
         self.field_path = field_path
         self.message = message
-        where = f"{field_path}: " if field_path else ""
-        super().__init__(f"{kind} {name}: {where}{message}")
+        # Names and field paths come from the input too: cut, as quoted values are.
+        where = f"{clip(field_path, 160)}: " if field_path else ""
+        super().__init__(f"{kind} {clip(name, 120)}: {where}{message}")
 
 
 def object_ref(obj: Mapping[str, Any]) -> str:
@@ -314,10 +315,9 @@ def quantity_to_int(resource: str, amount: Decimal) -> int:
 
     Rounds up, as Kubernetes' `MilliValue()` / `Value()` do, so a request is never under-counted.
     """
-    scaled = amount * 1000 if resource == CPU_RESOURCE else amount
-    if scaled.adjusted() > 30:  # far past int64: no need to build the integer
+    if amount.adjusted() > 30:  # far past int64: neither scale nor build the integer
         return _MAX_INT64 + 1
-    return math.ceil(scaled)
+    return math.ceil(amount * 1000 if resource == CPU_RESOURCE else amount)
 
 
 def _resource_list(reader: _Reader, parent: Mapping[str, Any], key: str, path: str) -> dict[str, Decimal]:
@@ -343,6 +343,10 @@ def _to_ints(reader: _Reader, amounts: Mapping[str, Decimal], what: str) -> dict
 
 # --------------------------------------------------------------------------- selectors and scheduling
 
+# The API server's validation of node selector requirements (label selectors have no Gt / Lt).
+_NODE_SELECTOR_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
+_LABEL_SELECTOR_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
+
 
 def _label_selector(reader: _Reader, value: Mapping[str, Any], path: str) -> LabelSelector:
     match_labels = reader.string_map(value, "matchLabels", path)
@@ -353,6 +357,11 @@ def _label_selector(reader: _Reader, value: Mapping[str, Any], path: str) -> Lab
         operator = reader.string(expr, "operator", where)
         if not operator:
             raise reader.error(_join(where, "operator"), "required field is missing")
+        if operator not in _LABEL_SELECTOR_OPERATORS:
+            raise reader.error(
+                _join(where, "operator"),
+                f"{quoted(operator)} is not an operator (In, NotIn, Exists, DoesNotExist)",
+            )
         expressions.append(LabelRequirement(key, operator, reader.strings(expr, "values", where)))
     return LabelSelector(match_labels=match_labels, match_expressions=tuple(expressions))
 
@@ -366,6 +375,11 @@ def _node_requirements(
         operator = reader.string(expr, "operator", where)
         if not operator:
             raise reader.error(_join(where, "operator"), "required field is missing")
+        if operator not in _NODE_SELECTOR_OPERATORS:
+            raise reader.error(
+                _join(where, "operator"),
+                f"{quoted(operator)} is not an operator (In, NotIn, Exists, DoesNotExist, Gt, Lt)",
+            )
         out.append(
             NodeSelectorRequirement(
                 key=reader.string(expr, "key", where),

@@ -78,9 +78,9 @@ class ExpositionError(ValueError):
     def __init__(self, source: str, message: str, line: int | None = None) -> None:
         self.source = source
         self.line = line
-        self.message = message
+        self.message = clip(message, 300)  # parser messages quote whole lines of the input
         where = f"{source}:{line}" if line is not None else source
-        super().__init__(f"{where}: {message}")
+        super().__init__(f"{where}: {self.message}")
 
 
 def _is_openmetrics(text: str) -> bool:

@@ -60,7 +60,8 @@ from rebalancer.kubeapi import (
 )
 from rebalancer.model import Decision, Finding, Mode, Outcome, OutcomeResult, Pdb, Pod, Snapshot
 from rebalancer.selectors import label_selector_matches
-from rebalancer.sources.kube_objects import ObjectError, pdb_from_json
+from rebalancer.sources.kube_objects import pdb_from_json
+from rebalancer.sources.object_fields import ObjectError
 
 __all__ = [
     "DRAINING_TAINT_KEY",

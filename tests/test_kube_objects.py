@@ -21,13 +21,8 @@ from rebalancer.model import (
     Volume,
 )
 from rebalancer.policy import GangConfig, GpuSharingConfig, SharedGpuResource
-from rebalancer.sources.kube_objects import (
-    MATCH_NOTHING,
-    ObjectError,
-    node_from_json,
-    pdb_from_json,
-    pod_from_json,
-)
+from rebalancer.sources.kube_objects import MATCH_NOTHING, node_from_json, pdb_from_json, pod_from_json
+from rebalancer.sources.object_fields import ObjectError
 
 GIB = 1024**3
 GANGS = GangConfig()

@@ -14,13 +14,8 @@ from typing import Any
 import pytest
 
 from rebalancer.policy import GangConfig, GpuSharingConfig
-from rebalancer.sources.kube_objects import (
-    MAX_GPU_DEVICES,
-    ObjectError,
-    node_from_json,
-    parse_kubernetes_quantity,
-    pod_from_json,
-)
+from rebalancer.sources.kube_objects import node_from_json, pod_from_json
+from rebalancer.sources.object_fields import MAX_GPU_DEVICES, ObjectError, parse_kubernetes_quantity
 
 KI, MI, GI, TI, PI, EI = (1024**n for n in range(1, 7))
 
@@ -230,7 +225,7 @@ def test_node_device_counts_are_bounded() -> None:
     assert message.startswith("Node gpu-a-1: status.allocatable.nvidia.com/mig-1g.10gb: ")
 
 
-@pytest.mark.parametrize("label", ["99999999999", "-1", "eight", "1e3"])
+@pytest.mark.parametrize("label", ["99999999999", "-1", "eight", "1e3", "9" * 200_000])
 def test_the_gpu_count_label_is_checked(label: str) -> None:
     message = node_error(lambda o: o["metadata"]["labels"].update({"nvidia.com/gpu.count": label}))
     assert message.startswith("Node gpu-a-1: metadata.labels.nvidia.com/gpu.count: ")

@@ -46,14 +46,8 @@ from rebalancer.errors import InputError
 from rebalancer.gcpause import collector_paused
 from rebalancer.model import Finding, Node, Pdb, Pod, Snapshot, Telemetry
 from rebalancer.policy import LoadedPolicy
-from rebalancer.sources.kube_objects import (
-    ObjectError,
-    node_from_json,
-    object_ref,
-    pdb_from_json,
-    pod_from_json,
-    split_unbound,
-)
+from rebalancer.sources.kube_objects import node_from_json, pdb_from_json, pod_from_json, split_unbound
+from rebalancer.sources.object_fields import ObjectError, object_ref
 from rebalancer.sources.snapshot_layout import SnapshotFile, UnreadableFile, read_problem, walk
 from rebalancer.telemetry.exposition import ExpositionError, Series, parse_exposition_lines
 from rebalancer.telemetry.identity import telemetry_metrics

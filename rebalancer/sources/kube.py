@@ -37,16 +37,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rebalancer.errors import Problems
-from rebalancer.kubeapi import describe_error, is_transient, load_api_client
+from rebalancer.kubeapi import Backoff, describe_error, exponential_backoff, load_api_client, with_retries
 from rebalancer.model import NO_TELEMETRY, Finding, Node, Pdb, Pod, Snapshot, Telemetry
 from rebalancer.policy import LoadedPolicy
-from rebalancer.sources.kube_objects import (
-    ObjectError,
-    node_from_json,
-    pdb_from_json,
-    pod_from_json,
-    split_unbound,
-)
+from rebalancer.sources.kube_objects import node_from_json, pdb_from_json, pod_from_json, split_unbound
+from rebalancer.sources.object_fields import ObjectError
 from rebalancer.telemetry.windows import unknown_node_findings
 
 __all__ = ["ACTIVE_PODS", "KubeSource", "KubeSourceError", "TelemetryProvider"]
@@ -89,7 +84,7 @@ class KubeSource:
         page_size: int = DEFAULT_PAGE_SIZE,
         request_timeout: RequestTimeout = DEFAULT_TIMEOUT,
         retries: int = 2,
-        backoff: Callable[[int], float] = lambda attempt: min(0.5 * 2**attempt, 5.0),
+        backoff: Backoff | None = None,
         sleep: Callable[[float], None] = time.sleep,
         list_restarts: int = 2,
     ) -> None:
@@ -103,7 +98,7 @@ class KubeSource:
         self._page_size = page_size
         self._timeout = request_timeout
         self._retries = retries
-        self._backoff = backoff
+        self._backoff = backoff or exponential_backoff(0.5, 5.0)
         self._sleep = sleep
         self._list_restarts = list_restarts
 
@@ -258,27 +253,24 @@ class KubeSource:
         kwargs["_request_timeout"] = self._timeout
         if token is not None:
             kwargs["_continue"] = token
-        attempt = 0
-        while True:
+
+        def attempt() -> bytes:
+            response = cast("urllib3.BaseHTTPResponse", call(*args, **kwargs))
             try:
-                response = cast("urllib3.BaseHTTPResponse", call(*args, **kwargs))
-                try:
-                    data = response.data
-                finally:
-                    response.release_conn()
-                page = json.loads(data)
-                if not isinstance(page, dict):
-                    raise KubeSourceError([f"cannot list {what}: the API answered {type(page).__name__}"])
-                return page
-            except ApiException as exc:
-                if not is_transient(exc) or attempt >= self._retries:
-                    raise
-            except (urllib3.exceptions.HTTPError, OSError) as exc:
-                if attempt >= self._retries:
-                    raise KubeSourceError(
-                        [f"cannot list {what}: {describe_error(exc)} (after {attempt + 1} attempts)"]
-                    ) from None
-            except ValueError as exc:
-                raise KubeSourceError([f"cannot list {what}: the API answered invalid JSON: {exc}"]) from None
-            self._sleep(self._backoff(attempt))
-            attempt += 1
+                return bytes(response.data)
+            finally:
+                response.release_conn()
+
+        try:
+            data = with_retries(attempt, retries=self._retries, backoff=self._backoff, sleep=self._sleep)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise KubeSourceError(
+                [f"cannot list {what}: {describe_error(exc)} (after {self._retries + 1} attempts)"]
+            ) from None
+        try:
+            page = json.loads(data)
+        except ValueError as exc:
+            raise KubeSourceError([f"cannot list {what}: the API answered invalid JSON: {exc}"]) from None
+        if not isinstance(page, dict):
+            raise KubeSourceError([f"cannot list {what}: the API answered {type(page).__name__}"])
+        return page

@@ -7,26 +7,19 @@ pod requests (the scheduler's formula, including init and sidecar containers and
 Both the snapshot-directory source and the live cluster source call it, so they agree exactly.
 
 It must not do I/O, read the clock or build kubernetes client model objects (too slow for large
-clusters): plain dicts in, frozen model objects out. Anything malformed raises `ObjectError`, naming the
-object and the field path; it never guesses a value that could make an eviction look safe.
+clusters): plain dicts in, frozen model objects out. Field access and quantities are `object_fields`';
+anything malformed raises its `ObjectError`, naming the object and the field path; it never guesses a
+value that could make an eviction look safe.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Container, Iterable, Mapping
-from datetime import datetime
-from decimal import ROUND_UP, Decimal
-from functools import lru_cache
+from decimal import Decimal
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
-from rebalancer import rfc3339
 from rebalancer.model import (
     GPU_RESOURCE,
-    MIG_RESOURCE_PREFIX,
     MILLI_PER_GPU,
     Finding,
     GpuRequest,
@@ -45,300 +38,26 @@ from rebalancer.model import (
     Volume,
 )
 from rebalancer.policy import GangConfig, GpuSharingConfig
-from rebalancer.wording import clip, quoted
+from rebalancer.sources.object_fields import (
+    CPU_RESOURCE,
+    GPU_COUNT_LABEL,
+    MAX_GPU_DEVICES,
+    FieldReader,
+    checked_units,
+    join_path,
+    quote_value,
+    read_metadata,
+    resource_list,
+)
+from rebalancer.wording import quoted
 
-CPU_RESOURCE = "cpu"
 MEMORY_RESOURCE = "memory"
 
 # policy/v1: "A null selector will match no pods, while an empty ({}) selector will select all pods".
 # `In` with no values can never hold, so this selector matches nothing under every matcher.
 MATCH_NOTHING = LabelSelector(match_expressions=(LabelRequirement(key="", operator="In", values=()),))
 
-__all__ = [
-    "GPU_COUNT_LABEL",
-    "MATCH_NOTHING",
-    "MAX_GPU_DEVICES",
-    "ObjectError",
-    "is_extended_resource",
-    "node_from_json",
-    "object_ref",
-    "parse_kubernetes_quantity",
-    "pdb_from_json",
-    "pod_from_json",
-    "quantity_to_int",
-    "split_unbound",
-]
-
-
-class ObjectError(ValueError):
-    """A Kubernetes object that cannot be turned into the model.
-
-    `str()` reads `Pod ml/train-0: spec.containers[0].resources.requests.cpu: invalid quantity "abc"`.
-    """
-
-    def __init__(self, kind: str, name: str, field_path: str, message: str) -> None:
-        self.kind = kind
-        self.name = name
-        self.field_path = field_path
-        self.message = message
-        # Names and field paths come from the input too: cut, as quoted values are.
-        where = f"{clip(field_path, 160)}: " if field_path else ""
-        super().__init__(f"{kind} {clip(name, 120)}: {where}{message}")
-
-
-def object_ref(obj: Mapping[str, Any]) -> str:
-    """`namespace/name` (or `name` for cluster-scoped objects), tolerant of malformed metadata."""
-    meta = obj.get("metadata")
-    if not isinstance(meta, Mapping):
-        return "<unnamed>"
-    name = meta.get("name")
-    namespace = meta.get("namespace")
-    name_text = name if isinstance(name, str) and name else "<unnamed>"
-    return f"{namespace}/{name_text}" if isinstance(namespace, str) and namespace else name_text
-
-
-# --------------------------------------------------------------------------- typed field access
-
-
-class _Reader:
-    """Typed access to one object's fields, raising ObjectError with the field path on a wrong type."""
-
-    __slots__ = ("kind", "name")
-
-    def __init__(self, kind: str, name: str) -> None:
-        self.kind = kind
-        self.name = name
-
-    def error(self, path: str, message: str) -> ObjectError:
-        return ObjectError(self.kind, self.name, path, message)
-
-    def mapping(self, parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
-        value = parent.get(key)
-        if value is None:
-            return {}
-        if not isinstance(value, Mapping):
-            raise self.error(_join(path, key), f"expected an object, got {_type_name(value)}")
-        return value
-
-    def sequence(self, parent: Mapping[str, Any], key: str, path: str) -> list[Mapping[str, Any]]:
-        value = parent.get(key)
-        if value is None:
-            return []
-        where = _join(path, key)
-        if not isinstance(value, list):
-            raise self.error(where, f"expected a list, got {_type_name(value)}")
-        for index, item in enumerate(value):
-            if not isinstance(item, Mapping):
-                raise self.error(f"{where}[{index}]", f"expected an object, got {_type_name(item)}")
-        return value
-
-    def string(self, parent: Mapping[str, Any], key: str, path: str, default: str = "") -> str:
-        value = parent.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, str):
-            raise self.error(_join(path, key), f"expected a string, got {_type_name(value)}")
-        return value
-
-    def strings(self, parent: Mapping[str, Any], key: str, path: str) -> tuple[str, ...]:
-        value = parent.get(key)
-        if value is None:
-            return ()
-        where = _join(path, key)
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self.error(where, "expected a list of strings")
-        return tuple(value)
-
-    def string_map(self, parent: Mapping[str, Any], key: str, path: str) -> dict[str, str]:
-        value = self.mapping(parent, key, path)
-        for k, v in value.items():
-            if not isinstance(v, str):
-                raise self.error(_join(_join(path, key), str(k)), f"expected a string, got {_type_name(v)}")
-        return dict(value)
-
-    def integer(self, parent: Mapping[str, Any], key: str, path: str, default: int | None) -> int | None:
-        value = parent.get(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(_join(path, key), f"expected an integer, got {_type_name(value)}")
-        return value
-
-    def boolean(self, parent: Mapping[str, Any], key: str, path: str) -> bool:
-        value = parent.get(key)
-        if value is None:
-            return False
-        if not isinstance(value, bool):
-            raise self.error(_join(path, key), f"expected true or false, got {_type_name(value)}")
-        return value
-
-    def timestamp(self, parent: Mapping[str, Any], key: str, path: str) -> datetime | None:
-        value = parent.get(key)
-        if value is None:
-            return None
-        where = _join(path, key)
-        if not isinstance(value, str):
-            raise self.error(where, f"expected an RFC 3339 timestamp, got {_type_name(value)}")
-        try:
-            return rfc3339.parse(value)
-        except ValueError as exc:
-            raise self.error(where, str(exc)) from None
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _type_name(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return f"the number {clip(str(value))}"
-    if isinstance(value, str):
-        return f"the string {quoted(value)}"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, Mapping):
-        return "an object"
-    return type(value).__name__
-
-
-def _metadata(obj: Mapping[str, Any], kind: str, *, namespaced: bool) -> tuple[_Reader, Mapping[str, Any]]:
-    if not isinstance(obj, Mapping):
-        raise ObjectError(kind, "<unnamed>", "", f"expected an object, got {_type_name(obj)}")
-    reader = _Reader(kind, object_ref(obj))
-    meta = reader.mapping(obj, "metadata", "")
-    name = reader.string(meta, "name", "metadata")
-    if not name:
-        raise reader.error("metadata.name", "required field is missing")
-    if namespaced:
-        namespace = reader.string(meta, "namespace", "metadata") or "default"
-        reader.name = f"{namespace}/{name}"
-    else:
-        reader.name = name
-    return reader, meta
-
-
-# --------------------------------------------------------------------------- quantities
-
-# apimachinery's quantity grammar (pkg/api/resource/quantity.go): a signed decimal number, then a binary
-# suffix (Ki..Ei), a decimal suffix (n, u, m, k, M, G, T, P, E) or a decimal exponent (e3, E-9). The
-# official client's `parse_quantity` computes the value but also takes what Python's Decimal takes
-# (NaN, Infinity, `1_000`, `1e3Mi`...), which the API server refuses.
-_QUANTITY = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]*)(?:[KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?")
-_NANO = Decimal("1e-9")
-_MAX_INT64 = 2**63 - 1
-# Extended resources whose amounts are GPU devices (or MIG instances): a node or pod with more than this
-# is not a real one (the largest GPU servers hold 16; time-sliced replicas multiply that by tens).
-MAX_GPU_DEVICES = 1024
-GPU_COUNT_LABEL = "nvidia.com/gpu.count"
-_INTEGER_NATIVE = frozenset({"pods"})
-
-
-@lru_cache(maxsize=4096)
-def parse_kubernetes_quantity(text: str) -> Decimal:
-    """The value of a quantity string, as apimachinery's `ParseQuantity` gives it.
-
-    Non-zero values are rounded up to a whole nano (upstream's precision), binary quantities are capped
-    at the int64 maximum as upstream caps them. Raises ValueError for anything outside the grammar.
-    """
-    if len(text) > 200 or not _QUANTITY.fullmatch(text):
-        raise ValueError(f"invalid quantity {_quote(text)}")
-    try:
-        amount: Decimal = parse_quantity(text)  # type: ignore[no-untyped-call]
-    except (ValueError, ArithmeticError):
-        raise ValueError(f"invalid quantity {_quote(text)}") from None
-    if amount != 0:
-        amount = amount.quantize(_NANO, rounding=ROUND_UP) if amount.adjusted() < 19 else amount
-    if text.endswith("i") and abs(amount) > _MAX_INT64:
-        amount = Decimal(_MAX_INT64).copy_sign(amount)
-    return amount
-
-
-def _quote(value: object) -> str:
-    return f'"{clip(str(value))}"'
-
-
-def is_extended_resource(name: str) -> bool:
-    """apimachinery's IsExtendedResourceName: a qualified name outside the `kubernetes.io/` namespace
-    (and not a quota `requests.` name). Its amounts must be whole numbers."""
-    return "/" in name and "kubernetes.io/" not in name and not name.startswith("requests.")
-
-
-def _is_device_resource(name: str) -> bool:
-    return name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX)
-
-
-def _quantity(reader: _Reader, value: object, path: str) -> Decimal:
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise reader.error(path, f"expected a quantity such as 500m, 2 or 4Gi, got {_type_name(value)}")
-    try:
-        if isinstance(value, str):
-            parsed = parse_kubernetes_quantity(value)
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(value)
-        else:
-            parsed = Decimal(value)
-    except (ValueError, ArithmeticError):
-        raise reader.error(path, f"invalid quantity {_quote(value)}") from None
-    if parsed < 0:
-        raise reader.error(path, f"quantity {_quote(value)} is negative")
-    return parsed
-
-
-def _checked_amount(reader: _Reader, resource: str, amount: Decimal, given: object, path: str) -> int:
-    """Model units for one resource amount, refusing what the API server (or physics) would not hold."""
-    if (
-        is_extended_resource(resource) or resource in _INTEGER_NATIVE
-    ) and amount != amount.to_integral_value():
-        kind = "an extended resource" if is_extended_resource(resource) else "counted in whole units"
-        raise reader.error(path, f"quantity {_quote(given)} must be an integer ({resource} is {kind})")
-    if _is_device_resource(resource) and amount > MAX_GPU_DEVICES:
-        raise reader.error(
-            path,
-            f"quantity {_quote(given)} is more GPU devices than a node can hold (at most {MAX_GPU_DEVICES})",
-        )
-    units = quantity_to_int(resource, amount)
-    if units > _MAX_INT64:
-        raise reader.error(
-            path,
-            f"quantity {_quote(given)} is too large (more than the 64-bit integers Kubernetes counts "
-            "resources in)",
-        )
-    return units
-
-
-def quantity_to_int(resource: str, amount: Decimal) -> int:
-    """Model units for a resource amount: millicores for CPU, whole units (bytes, GPUs) otherwise.
-
-    Rounds up, as Kubernetes' `MilliValue()` / `Value()` do, so a request is never under-counted.
-    """
-    if amount.adjusted() > 30:  # far past int64: neither scale nor build the integer
-        return _MAX_INT64 + 1
-    return math.ceil(amount * 1000 if resource == CPU_RESOURCE else amount)
-
-
-def _resource_list(reader: _Reader, parent: Mapping[str, Any], key: str, path: str) -> dict[str, Decimal]:
-    raw = reader.mapping(parent, key, path)
-    where = _join(path, key)
-    out: dict[str, Decimal] = {}
-    for name, value in raw.items():
-        at = f"{where}.{name}"
-        amount = _quantity(reader, value, at)
-        _checked_amount(reader, str(name), amount, value, at)
-        out[str(name)] = amount
-    return out
-
-
-def _to_ints(reader: _Reader, amounts: Mapping[str, Decimal], what: str) -> dict[str, int]:
-    """Model units of amounts each already checked alone; a sum of them (a pod's effective request) is
-    checked again, named by `what`."""
-    return {
-        name: _checked_amount(reader, name, amount, amount, f"{what}.{name}")
-        for name, amount in amounts.items()
-    }
+__all__ = ["MATCH_NOTHING", "node_from_json", "pdb_from_json", "pod_from_json", "split_unbound"]
 
 
 # --------------------------------------------------------------------------- selectors and scheduling
@@ -348,18 +67,18 @@ _NODE_SELECTOR_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "
 _LABEL_SELECTOR_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
 
 
-def _label_selector(reader: _Reader, value: Mapping[str, Any], path: str) -> LabelSelector:
+def _label_selector(reader: FieldReader, value: Mapping[str, Any], path: str) -> LabelSelector:
     match_labels = reader.string_map(value, "matchLabels", path)
     expressions: list[LabelRequirement] = []
     for index, expr in enumerate(reader.sequence(value, "matchExpressions", path)):
-        where = f"{_join(path, 'matchExpressions')}[{index}]"
+        where = f"{join_path(path, 'matchExpressions')}[{index}]"
         key = reader.string(expr, "key", where)
         operator = reader.string(expr, "operator", where)
         if not operator:
-            raise reader.error(_join(where, "operator"), "required field is missing")
+            raise reader.error(join_path(where, "operator"), "required field is missing")
         if operator not in _LABEL_SELECTOR_OPERATORS:
             raise reader.error(
-                _join(where, "operator"),
+                join_path(where, "operator"),
                 f"{quoted(operator)} is not an operator (In, NotIn, Exists, DoesNotExist)",
             )
         expressions.append(LabelRequirement(key, operator, reader.strings(expr, "values", where)))
@@ -367,17 +86,17 @@ def _label_selector(reader: _Reader, value: Mapping[str, Any], path: str) -> Lab
 
 
 def _node_requirements(
-    reader: _Reader, term: Mapping[str, Any], key: str, path: str
+    reader: FieldReader, term: Mapping[str, Any], key: str, path: str
 ) -> tuple[NodeSelectorRequirement, ...]:
     out: list[NodeSelectorRequirement] = []
     for index, expr in enumerate(reader.sequence(term, key, path)):
-        where = f"{_join(path, key)}[{index}]"
+        where = f"{join_path(path, key)}[{index}]"
         operator = reader.string(expr, "operator", where)
         if not operator:
-            raise reader.error(_join(where, "operator"), "required field is missing")
+            raise reader.error(join_path(where, "operator"), "required field is missing")
         if operator not in _NODE_SELECTOR_OPERATORS:
             raise reader.error(
-                _join(where, "operator"),
+                join_path(where, "operator"),
                 f"{quoted(operator)} is not an operator (In, NotIn, Exists, DoesNotExist, Gt, Lt)",
             )
         out.append(
@@ -390,7 +109,7 @@ def _node_requirements(
     return tuple(out)
 
 
-def _node_selector_term(reader: _Reader, term: Mapping[str, Any], path: str) -> NodeSelectorTerm:
+def _node_selector_term(reader: FieldReader, term: Mapping[str, Any], path: str) -> NodeSelectorTerm:
     return NodeSelectorTerm(
         match_expressions=_node_requirements(reader, term, "matchExpressions", path),
         match_fields=_node_requirements(reader, term, "matchFields", path),
@@ -398,13 +117,13 @@ def _node_selector_term(reader: _Reader, term: Mapping[str, Any], path: str) -> 
 
 
 def _node_affinity(
-    reader: _Reader, spec: Mapping[str, Any]
+    reader: FieldReader, spec: Mapping[str, Any]
 ) -> tuple[tuple[NodeSelectorTerm, ...], tuple[PreferredTerm, ...]]:
     path = "spec.affinity.nodeAffinity"
     affinity = reader.mapping(reader.mapping(spec, "affinity", "spec"), "nodeAffinity", "spec.affinity")
     required_key = "requiredDuringSchedulingIgnoredDuringExecution"
     required = reader.mapping(affinity, required_key, path)
-    terms_path = _join(path, required_key)
+    terms_path = join_path(path, required_key)
     required_terms = tuple(
         _node_selector_term(reader, term, f"{terms_path}.nodeSelectorTerms[{index}]")
         for index, term in enumerate(reader.sequence(required, "nodeSelectorTerms", terms_path))
@@ -412,16 +131,16 @@ def _node_affinity(
     preferred_key = "preferredDuringSchedulingIgnoredDuringExecution"
     preferred: list[PreferredTerm] = []
     for index, entry in enumerate(reader.sequence(affinity, preferred_key, path)):
-        where = f"{_join(path, preferred_key)}[{index}]"
+        where = f"{join_path(path, preferred_key)}[{index}]"
         weight = reader.integer(entry, "weight", where, None)
         if weight is None:
-            raise reader.error(_join(where, "weight"), "required field is missing")
+            raise reader.error(join_path(where, "weight"), "required field is missing")
         term = _node_selector_term(reader, reader.mapping(entry, "preference", where), f"{where}.preference")
         preferred.append(PreferredTerm(weight=weight, term=term))
     return required_terms, tuple(preferred)
 
 
-def _tolerations(reader: _Reader, spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
+def _tolerations(reader: FieldReader, spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
     out: list[Toleration] = []
     for index, entry in enumerate(reader.sequence(spec, "tolerations", "spec")):
         where = f"spec.tolerations[{index}]"
@@ -437,14 +156,14 @@ def _tolerations(reader: _Reader, spec: Mapping[str, Any]) -> tuple[Toleration, 
 
 
 def _spread_constraints(
-    reader: _Reader, spec: Mapping[str, Any], labels: Mapping[str, str]
+    reader: FieldReader, spec: Mapping[str, Any], labels: Mapping[str, str]
 ) -> tuple[TopologySpreadConstraint, ...]:
     out: list[TopologySpreadConstraint] = []
     for index, entry in enumerate(reader.sequence(spec, "topologySpreadConstraints", "spec")):
         where = f"spec.topologySpreadConstraints[{index}]"
         max_skew = reader.integer(entry, "maxSkew", where, None)
         if max_skew is None:
-            raise reader.error(_join(where, "maxSkew"), "required field is missing")
+            raise reader.error(join_path(where, "maxSkew"), "required field is missing")
         selector = _label_selector(
             reader, reader.mapping(entry, "labelSelector", where), f"{where}.labelSelector"
         )
@@ -472,11 +191,11 @@ def _spread_constraints(
 
 def node_from_json(obj: Mapping[str, Any]) -> Node:
     """A v1 Node dict -> Node. Allocatable falls back to capacity; no Ready=True condition means not ready."""
-    reader, meta = _metadata(obj, "Node", namespaced=False)
+    reader, meta = read_metadata(obj, "Node", namespaced=False)
     spec = reader.mapping(obj, "spec", "")
     status = reader.mapping(obj, "status", "")
     key = "allocatable" if status.get("allocatable") is not None else "capacity"
-    allocatable = _to_ints(reader, _resource_list(reader, status, key, "status"), f"status.{key}")
+    allocatable = checked_units(reader, resource_list(reader, status, key, "status"), f"status.{key}")
 
     taints: list[Taint] = []
     for index, entry in enumerate(reader.sequence(spec, "taints", "spec")):
@@ -485,7 +204,7 @@ def node_from_json(obj: Mapping[str, Any]) -> Node:
         effect = reader.string(entry, "effect", where)
         if not taint_key or not effect:
             missing = "key" if not taint_key else "effect"
-            raise reader.error(_join(where, missing), "required field is missing")
+            raise reader.error(join_path(where, missing), "required field is missing")
         taints.append(Taint(key=taint_key, value=reader.string(entry, "value", where), effect=effect))
 
     ready = False
@@ -495,10 +214,12 @@ def node_from_json(obj: Mapping[str, Any]) -> Node:
 
     labels = reader.string_map(meta, "labels", "metadata")
     count = labels.get(GPU_COUNT_LABEL)
-    if count is not None and not (count.isascii() and count.isdigit() and int(count) <= MAX_GPU_DEVICES):
+    if count is not None and not (
+        count.isascii() and count.isdigit() and len(count) <= 5 and int(count) <= MAX_GPU_DEVICES
+    ):
         raise reader.error(
             f"metadata.labels.{GPU_COUNT_LABEL}",
-            f"{_quote(count)} is not a GPU count (a whole number from 0 to {MAX_GPU_DEVICES})",
+            f"{quote_value(count)} is not a GPU count (a whole number from 0 to {MAX_GPU_DEVICES})",
         )
     return Node(
         name=reader.name,
@@ -525,7 +246,7 @@ class _ContainerResources:
 
 
 def _containers(
-    reader: _Reader, spec: Mapping[str, Any], key: str
+    reader: FieldReader, spec: Mapping[str, Any], key: str
 ) -> list[tuple[Mapping[str, Any], _ContainerResources]]:
     out: list[tuple[Mapping[str, Any], _ContainerResources]] = []
     for index, container in enumerate(reader.sequence(spec, key, "spec")):
@@ -536,8 +257,8 @@ def _containers(
             (
                 container,
                 _ContainerResources(
-                    requests=_resource_list(reader, resources, "requests", rpath),
-                    limits=_resource_list(reader, resources, "limits", rpath),
+                    requests=resource_list(reader, resources, "requests", rpath),
+                    limits=resource_list(reader, resources, "limits", rpath),
                 ),
             )
         )
@@ -556,7 +277,7 @@ def _max_into(into: dict[str, Decimal], amounts: Mapping[str, Decimal]) -> None:
 
 
 def _effective_requests(
-    reader: _Reader,
+    reader: FieldReader,
     containers: Iterable[tuple[Mapping[str, Any], _ContainerResources]],
     init_containers: Iterable[tuple[Mapping[str, Any], _ContainerResources]],
     overhead: Mapping[str, Decimal],
@@ -627,7 +348,7 @@ def _gang(
     return None
 
 
-def _volumes(reader: _Reader, spec: Mapping[str, Any]) -> tuple[Volume, ...]:
+def _volumes(reader: FieldReader, spec: Mapping[str, Any]) -> tuple[Volume, ...]:
     out: list[Volume] = []
     for index, entry in enumerate(reader.sequence(spec, "volumes", "spec")):
         where = f"spec.volumes[{index}]"
@@ -640,7 +361,7 @@ def _volumes(reader: _Reader, spec: Mapping[str, Any]) -> tuple[Volume, ...]:
     return tuple(out)
 
 
-def _owner(reader: _Reader, meta: Mapping[str, Any]) -> OwnerRef | None:
+def _owner(reader: FieldReader, meta: Mapping[str, Any]) -> OwnerRef | None:
     for index, ref in enumerate(reader.sequence(meta, "ownerReferences", "metadata")):
         where = f"metadata.ownerReferences[{index}]"
         if reader.boolean(ref, "controller", where):
@@ -660,7 +381,7 @@ def pod_from_json(obj: Mapping[str, Any], *, gangs: GangConfig, sharing: GpuShar
     ownerReference only. The gang id is `<namespace>/<value>` of the first gang key found in the
     labels, then in the annotations.
     """
-    reader, meta = _metadata(obj, "Pod", namespaced=True)
+    reader, meta = read_metadata(obj, "Pod", namespaced=True)
     namespace, _, name = reader.name.partition("/")
     spec = reader.mapping(obj, "spec", "")
     status = reader.mapping(obj, "status", "")
@@ -669,8 +390,8 @@ def pod_from_json(obj: Mapping[str, Any], *, gangs: GangConfig, sharing: GpuShar
 
     containers = _containers(reader, spec, "containers")
     init_containers = _containers(reader, spec, "initContainers")
-    overhead = _resource_list(reader, spec, "overhead", "spec")
-    requests = _to_ints(
+    overhead = resource_list(reader, spec, "overhead", "spec")
+    requests = checked_units(
         reader, _effective_requests(reader, containers, init_containers, overhead), "the pod's total request"
     )
     required, preferred = _node_affinity(reader, spec)
@@ -715,7 +436,7 @@ def pdb_from_json(obj: Mapping[str, Any]) -> Pdb:
     `disruptions_allowed` is status.disruptionsAllowed; without a status it is 0 (the safe value). A null
     selector matches no pods (policy/v1), an empty one every pod of the namespace.
     """
-    reader, _meta = _metadata(obj, "PodDisruptionBudget", namespaced=True)
+    reader, _meta = read_metadata(obj, "PodDisruptionBudget", namespaced=True)
     namespace, _, name = reader.name.partition("/")
     spec = reader.mapping(obj, "spec", "")
     status = reader.mapping(obj, "status", "")
@@ -740,18 +461,8 @@ def split_unbound(
     findings: list[Finding] = []
     for pod in pods:
         if pod.node_name is not None and pod.node_name not in nodes:
-            findings.append(
-                Finding(
-                    kind="unknown-node",
-                    node=pod.node_name,
-                    namespace=pod.namespace,
-                    pod=pod.name,
-                    detail=(
-                        f"pod {pod.ref} is bound to node {pod.node_name}, which is not in {missing_from}; "
-                        "ignored"
-                    ),
-                )
-            )
+            where = f"pod {pod.ref} is bound to node {pod.node_name}, which is not in {missing_from}"
+            findings.append(Finding.about("unknown-node", pod, f"{where}; ignored"))
             continue
         kept.append(pod)
     return kept, findings

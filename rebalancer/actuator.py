@@ -448,18 +448,10 @@ class ClusterActuator:
                 if problem[0] == "gone":  # deleted or re-created since the snapshot: nothing to ask
                     log.info("no checkpoint request for %s: %s", pod.ref, problem[1])
                     continue
-                self._drain_notes.append(
-                    Finding(
-                        kind=CHECKPOINT_REQUEST,
-                        node=pod.node_name,
-                        namespace=pod.namespace,
-                        pod=pod.name,
-                        detail=(
-                            f"cannot ask {pod.ref} to checkpoint ({problem[0]}: {problem[1]}); asked "
-                            "again next cycle"
-                        ),
-                    )
+                detail = (
+                    f"cannot ask {pod.ref} to checkpoint ({problem[0]}: {problem[1]}); asked again next cycle"
                 )
+                self._drain_notes.append(Finding.about(CHECKPOINT_REQUEST, pod, detail))
 
     def _withdraw_checkpoints(self, snapshot: Snapshot, wanted: set[tuple[str, str]]) -> None:
         timeout = timedelta(seconds=self._cfg.checkpoint_timeout)

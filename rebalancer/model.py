@@ -52,13 +52,9 @@ class LabelSelector:
     match_expressions: tuple[LabelRequirement, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class NodeSelectorRequirement:
-    """One node affinity requirement (In, NotIn, Exists, DoesNotExist, Gt, Lt) on a label or field."""
-
-    key: str
-    operator: str
-    values: tuple[str, ...] = ()
+NodeSelectorRequirement = LabelRequirement
+"""One node affinity requirement (In, NotIn, Exists, DoesNotExist, Gt, Lt) on a label or field: the
+same shape as a label selector's, with two more operators."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +334,11 @@ class Finding:
     detail: str = ""
     # leaked-vram: the framebuffer in use on that GPU (and pod), MiB, as the telemetry's newest sample.
     fb_used_mib: float | None = None
+
+    @classmethod
+    def about(cls, kind: str, pod: Pod, detail: str) -> Finding:
+        """A finding about a pod, on its node."""
+        return cls(kind=kind, node=pod.node_name, namespace=pod.namespace, pod=pod.name, detail=detail)
 
 
 # --------------------------------------------------------------------------- snapshot

@@ -21,10 +21,9 @@ Model:
   accounted: what it held is released first (and taken back if the move fails).
 - Running pods get devices deterministically when the state is built: whole-GPU pods first, then
   shares by best fit, largest first. A snapshot that overcommits a node shows negative free capacity.
-- MostAllocated: score = sum_r w_r * (used_r + requested_r) / allocatable_r / sum_r w_r over the
-  resources the node has: GPU milli over all devices (weight 10), cpu (1), memory (1), and each
-  `nvidia.com/mig-*` resource the pod requests (10). `best_node` takes the highest score, then the
-  higher preferred node affinity weight, then the first node name.
+- MostAllocated (`scoring`) over GPU milli of all devices, cpu, memory and each `nvidia.com/mig-*`
+  resource the pod requests. `best_node` takes the highest score, then the higher preferred node
+  affinity weight, then the first node name. Device arithmetic is `gpu_devices`'.
 
 Speed: copies are copy-on-write per node, so a what-if `copy()` costs one dictionary copy and only the
 nodes it changes are duplicated; states built from one snapshot share its accounting, done once.
@@ -40,6 +39,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from rebalancer.gpu_devices import best_fit_devices, devices_for_existing, gpu_device_count, has_devices
 from rebalancer.model import (
     GPU_RESOURCE,
     MIG_RESOURCE_PREFIX,
@@ -52,10 +52,10 @@ from rebalancer.model import (
     Taint,
     Toleration,
 )
+from rebalancer.scoring import CPU_WEIGHT, GPU_WEIGHT, MEMORY_WEIGHT, MIG_WEIGHT, most_allocated
 from rebalancer.selectors import (
     format_taint,
     node_selector_matches,
-    parse_int,
     preferred_affinity_score,
     required_affinity_matches,
     tolerates,
@@ -64,18 +64,11 @@ from rebalancer.selectors import (
 
 PodKey = tuple[str, str]
 
-GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 PODS_RESOURCE = "pods"
 CPU_RESOURCE = "cpu"
 MEMORY_RESOURCE = "memory"
 # The taint a cordoned (spec.unschedulable) node carries; tolerating it lets a pod on such a node.
 UNSCHEDULABLE_TAINT = Taint(key="node.kubernetes.io/unschedulable", effect="NoSchedule")
-
-# MostAllocated weights: GPUs (and MIG slices) dominate, so pods pack onto the fullest GPU nodes.
-GPU_WEIGHT = 10
-MIG_WEIGHT = 10
-CPU_WEIGHT = 1
-MEMORY_WEIGHT = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,13 +80,6 @@ class FitResult:
 
 
 FITS = FitResult(ok=True)
-
-
-def gpu_device_count(node: Node) -> int:
-    """Physical GPU devices of a node: allocatable `nvidia.com/gpu`, or the GPU count label if larger."""
-    labelled = node.labels.get(GPU_COUNT_LABEL)
-    count = parse_int(labelled) if labelled is not None else None
-    return max(node.gpu_count, count or 0, 0)
 
 
 # --------------------------------------------------------------------------- per-pod and per-node data
@@ -224,46 +210,6 @@ class _NodeState:
         return holding
 
 
-def _has_devices(devices: list[int], count: int, milli: int) -> bool:
-    """Whether `count` distinct devices each have at least `milli` free."""
-    if milli == MILLI_PER_GPU:
-        return devices.count(MILLI_PER_GPU) >= count
-    found = 0
-    for free in devices:
-        if free >= milli:
-            found += 1
-            if found >= count:
-                return True
-    return False
-
-
-def best_fit_devices(devices: list[int], count: int, milli: int) -> tuple[int, ...] | None:
-    """The `count` devices with the least free milli that still hold `milli` (lowest index on ties)."""
-    if milli == MILLI_PER_GPU and count == 1:  # a whole device: the first entirely free one
-        return (devices.index(MILLI_PER_GPU),) if MILLI_PER_GPU in devices else None
-    if count == 1:
-        chosen = -1
-        for index, free in enumerate(devices):
-            if free >= milli and (chosen < 0 or free < devices[chosen]):
-                chosen = index
-        return (chosen,) if chosen >= 0 else None
-    candidates = sorted((free, index) for index, free in enumerate(devices) if free >= milli)
-    if len(candidates) < count:
-        return None
-    return tuple(sorted(index for _, index in candidates[:count]))
-
-
-def _devices_for_existing(devices: list[int], count: int, milli: int) -> tuple[int, ...]:
-    """Devices for a pod already running: best fit, or, when the snapshot itself overcommits the node,
-    the devices with the most free milli, so the overcommit shows as negative free instead of vanishing.
-    """
-    chosen = best_fit_devices(devices, count, milli)
-    if chosen is not None:
-        return chosen
-    most_free_first = sorted(range(len(devices)), key=lambda index: (-devices[index], index))
-    return tuple(sorted(most_free_first[:count]))
-
-
 def _existing_order(item: tuple[_Demand, Pod]) -> tuple[bool, int, int, str, str]:
     """Whole-GPU pods first, then shares from the largest down (best fit decreasing), then by name."""
     demand, pod = item
@@ -274,7 +220,7 @@ def _has_room(demand: _Demand, state: _NodeState) -> bool:
     """Whether what is free on the node now covers the pod: GPU devices (the likeliest to be short, and
     one C-level count for whole GPUs), scalar resources and a pod slot.
     """
-    if demand.gpu_count and not _has_devices(state.devices, demand.gpu_count, demand.gpu_milli):
+    if demand.gpu_count and not has_devices(state.devices, demand.gpu_count, demand.gpu_milli):
         return False
     free = state.free
     for resource, amount in demand.requests:
@@ -292,7 +238,7 @@ def _shortfall(demand: _Demand, state: _NodeState) -> str | None:
     if free.get(PODS_RESOURCE, 1) < 1:
         return "Too many pods"
     count, milli = demand.gpu_count, demand.gpu_milli
-    if not count or _has_devices(state.devices, count, milli):
+    if not count or has_devices(state.devices, count, milli):
         return None
     if milli == MILLI_PER_GPU:
         return (
@@ -312,31 +258,25 @@ def _could_ever_hold(demand: _Demand, state: _NodeState) -> bool:
 
 
 def _score(demand: _Demand, state: _NodeState) -> float:
-    """MostAllocated: weighted mean over the node's resources of (used + requested) / allocatable."""
-    weighted = 0.0
-    weights = 0
+    """MostAllocated (`scoring`) over the node's GPU milli, cpu, memory and the pod's MIG resources."""
+    parts: list[tuple[int, float, float]] = []
     devices = state.devices
     if devices:
         capacity = len(devices) * MILLI_PER_GPU
-        used = capacity - sum(devices)
-        weighted += GPU_WEIGHT * (used + demand.gpu_total_milli) / capacity
-        weights += GPU_WEIGHT
+        parts.append((GPU_WEIGHT, capacity - sum(devices) + demand.gpu_total_milli, capacity))
     allocatable = state.node.allocatable
     free = state.free
     cpu = allocatable.get(CPU_RESOURCE, 0)
     if cpu > 0:
-        weighted += CPU_WEIGHT * (cpu - free[CPU_RESOURCE] + demand.cpu) / cpu
-        weights += CPU_WEIGHT
+        parts.append((CPU_WEIGHT, cpu - free[CPU_RESOURCE] + demand.cpu, cpu))
     memory = allocatable.get(MEMORY_RESOURCE, 0)
     if memory > 0:
-        weighted += MEMORY_WEIGHT * (memory - free[MEMORY_RESOURCE] + demand.memory) / memory
-        weights += MEMORY_WEIGHT
+        parts.append((MEMORY_WEIGHT, memory - free[MEMORY_RESOURCE] + demand.memory, memory))
     for resource, amount in demand.mig:
         total = allocatable.get(resource, 0)
         if total > 0:
-            weighted += MIG_WEIGHT * (total - free[resource] + amount) / total
-            weights += MIG_WEIGHT
-    return weighted / weights if weights else 0.0
+            parts.append((MIG_WEIGHT, total - free[resource] + amount, total))
+    return most_allocated(parts)
 
 
 # How good a feasible node is for a pod, as a sort key: smaller is better (higher score, then higher
@@ -393,7 +333,7 @@ def _build(snapshot: Snapshot) -> _Built:
         gpu_pods.sort(key=_existing_order)
         for demand, pod in gpu_pods:
             key = (pod.namespace, pod.name)
-            devices = _devices_for_existing(state.devices, demand.gpu_count, demand.gpu_milli)
+            devices = devices_for_existing(state.devices, demand.gpu_count, demand.gpu_milli)
             state.take(key, _Holding(demand, devices))
             home[key] = name
     return _Built(nodes, home)

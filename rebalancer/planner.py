@@ -24,12 +24,12 @@ mutates the Snapshot or the proposals. It does not order proposals either: the c
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from rebalancer import guards, rfc3339
-from rebalancer.history import NO_HISTORY, DisruptionHistory, Trip, open_circuits, workload_key
+from rebalancer.history import NO_HISTORY, DisruptionHistory, Trip, Workload, open_circuits, workload_key
 from rebalancer.model import GPU_RESOURCE, MILLI_PER_GPU, Decision, Pdb, Pod, Proposal, Snapshot
 from rebalancer.placement import ClusterState
 from rebalancer.policy import Policy, format_duration
@@ -195,17 +195,24 @@ def _cooldown(ctx: _Context) -> _Block | None:
                 f"node {drained} was drained {_ago(now - last)}, within the cooldown of "
                 f"{format_duration(period)}",
             )
-    for pod in ctx.pods:
-        key = workload_key(pod)
-        last = ctx.history.workloads.get(key) if key is not None else None
-        if key is not None and last is not None and now - last < window:
+    for pod, key in _workloads(ctx):
+        last = ctx.history.workloads.get(key)
+        if last is not None and now - last < window:
             return _Block(
                 guards.COOLDOWN,
-                f"workload {key[1]} {key[0]}/{key[2]} was disrupted {_ago(now - last)}, within the "
+                f"workload {key.kind} {key.ref} was disrupted {_ago(now - last)}, within the "
                 f"cooldown of {format_duration(period)}",
                 pod,
             )
     return None
+
+
+def _workloads(ctx: _Context) -> Iterator[tuple[Pod, Workload]]:
+    """The proposal's pods that have a controller, with it."""
+    for pod in ctx.pods:
+        key = workload_key(pod)
+        if key is not None:
+            yield pod, key
 
 
 def _disruption_budget(ctx: _Context) -> _Block | None:
@@ -214,15 +221,12 @@ def _disruption_budget(ctx: _Context) -> _Block | None:
         return None
     period = ctx.policy.guards.disruption_window
     now = ctx.snapshot.now
-    for pod in ctx.pods:
-        key = workload_key(pod)
-        if key is None:
-            continue
+    for pod, key in _workloads(ctx):
         recent = sum(1 for t in ctx.history.disruptions.get(key, ()) if now - t < timedelta(seconds=period))
         if recent >= limit:
             return _Block(
                 guards.DISRUPTION_BUDGET,
-                f"workload {key[1]} {key[0]}/{key[2]} was disrupted {plural(recent, 'time')} in the last "
+                f"workload {key.kind} {key.ref} was disrupted {plural(recent, 'time')} in the last "
                 f"{format_duration(period)} (max_disruptions_per_workload: {limit})",
                 pod,
             )

@@ -110,20 +110,15 @@ def _summary_lines(report: CycleReport) -> list[str]:
     return lines
 
 
+def _cells(d: ReportedDecision) -> list[str]:
+    """A decision row's columns, as the text and markdown tables show them."""
+    return [d.strategy, f"{d.namespace}/{d.pod}", d.node or "-", _verdict(d), d.target_node or "-", d.reason]
+
+
 def render_text(report: CycleReport) -> str:
     out = [f"gpu-rebalancer {report.mode} report at {_rfc3339(report.now)}", ""]
     if report.decisions:
-        rows = [
-            [
-                d.strategy,
-                f"{d.namespace}/{d.pod}",
-                d.node or "-",
-                _verdict(d),
-                d.target_node or "-",
-                d.reason,
-            ]
-            for d in report.decisions
-        ]
+        rows = [_cells(d) for d in report.decisions]
         out += _table(["STRATEGY", "POD", "NODE", "VERDICT", "TARGET", "REASON"], rows)
     else:
         out.append("No evictions proposed.")
@@ -152,22 +147,7 @@ def render_markdown(report: CycleReport) -> str:
     out += [f"- {line}" for line in _summary_lines(report)]
     if report.decisions:
         out += ["", "| strategy | pod | node | verdict | target | reason |", "|---|---|---|---|---|---|"]
-        out += [
-            "| "
-            + " | ".join(
-                _md_cell(c)
-                for c in (
-                    d.strategy,
-                    f"{d.namespace}/{d.pod}",
-                    d.node or "-",
-                    _verdict(d),
-                    d.target_node or "-",
-                    d.reason,
-                )
-            )
-            + " |"
-            for d in report.decisions
-        ]
+        out += ["| " + " | ".join(_md_cell(c) for c in _cells(d)) + " |" for d in report.decisions]
     if report.findings:
         out += ["", "### Findings", ""]
         for f in report.findings:

@@ -46,6 +46,7 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
+from rebalancer.gpu_devices import gpu_device_count
 from rebalancer.guards import node_refusal
 from rebalancer.model import (
     MIG_RESOURCE_PREFIX,
@@ -59,7 +60,7 @@ from rebalancer.model import (
     StrategyResult,
     TelemetryWindow,
 )
-from rebalancer.placement import ClusterState, gpu_device_count
+from rebalancer.placement import ClusterState
 from rebalancer.policy import Duration, Percent, format_duration
 from rebalancer.registry import StrategyArgs, StrategyContext, strategy
 from rebalancer.selectors import node_selector_matches, required_affinity_matches, untolerated_taints

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rebalancer.gpu_devices import gpu_device_count
 from rebalancer.model import (
     GPU_RESOURCE,
     GpuRequest,
@@ -21,7 +22,7 @@ from rebalancer.model import (
     Taint,
     Toleration,
 )
-from rebalancer.placement import ClusterState, FitResult, PodKey, gpu_device_count
+from rebalancer.placement import ClusterState, FitResult, PodKey
 from rebalancer.selectors import preferred_affinity_score
 from tests.builders import GIB, H100, L4, node, pod, snapshot
 

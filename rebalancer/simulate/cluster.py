@@ -28,8 +28,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from rebalancer.gpu_devices import best_fit_devices, has_devices
 from rebalancer.model import MILLI_PER_GPU
-from rebalancer.placement import CPU_WEIGHT, GPU_WEIGHT, MEMORY_WEIGHT, best_fit_devices
+from rebalancer.scoring import CPU_WEIGHT, GPU_WEIGHT, MEMORY_WEIGHT, most_allocated
 from rebalancer.simulate.trace import Job, TraceNode
 
 SchedulerModel = Literal["packed", "spread"]
@@ -119,32 +120,19 @@ class SimNode:
         """Whether the job fits what is free now (the GPU model is the caller's business)."""
         if self.free_cpu < job.cpu_milli or self.free_memory < job.memory_mib * MIB or self.free_slots < 1:
             return False
-        count, milli = job.num_gpu, job.gpu_milli
-        if milli == MILLI_PER_GPU:
-            return self.devices.count(MILLI_PER_GPU) >= count
-        found = 0
-        for free in self.devices:
-            if free >= milli:
-                found += 1
-                if found >= count:
-                    return True
-        return False
+        return has_devices(self.devices, job.num_gpu, job.gpu_milli)
 
     def score(self, job: Job) -> float:
-        """MostAllocated, computed exactly as `rebalancer.placement` does (same weights, same order)."""
+        """MostAllocated, as `rebalancer.placement` computes it (`rebalancer.scoring`, same order)."""
         capacity = len(self.devices) * MILLI_PER_GPU
-        weighted = 0.0
-        weights = 0
+        parts: list[tuple[int, float, float]] = []
         if capacity:
-            weighted += GPU_WEIGHT * (self.used_milli + job.num_gpu * job.gpu_milli) / capacity
-            weights += GPU_WEIGHT
+            parts.append((GPU_WEIGHT, self.used_milli + job.num_gpu * job.gpu_milli, capacity))
         if self.cpu > 0:
-            weighted += CPU_WEIGHT * (self.cpu - self.free_cpu + job.cpu_milli) / self.cpu
-            weights += CPU_WEIGHT
+            parts.append((CPU_WEIGHT, self.cpu - self.free_cpu + job.cpu_milli, self.cpu))
         if self.memory > 0:
-            weighted += MEMORY_WEIGHT * (self.memory - self.free_memory + job.memory_mib * MIB) / self.memory
-            weights += MEMORY_WEIGHT
-        return weighted / weights if weights else 0.0
+            parts.append((MEMORY_WEIGHT, self.memory - self.free_memory + job.memory_mib * MIB, self.memory))
+        return most_allocated(parts)
 
     def best_fit_devices(self, count: int, milli: int) -> tuple[int, ...] | None:
         """The `count` devices with the least free milli that still hold `milli` (lowest index on ties)."""

@@ -19,6 +19,7 @@ from typing import IO, Any, Literal
 import structlog
 
 from rebalancer.model import CycleReport
+from rebalancer.report import to_dict
 
 __all__ = ["LogFormat", "LogSink", "configure_logging"]
 
@@ -34,35 +35,15 @@ class LogSink:
         self._log = logger if logger is not None else structlog.get_logger("rebalancer.cycle")
 
     def publish(self, report: CycleReport) -> None:
-        for row in report.decisions:
-            self._log.info(
-                "decision",
-                strategy=row.strategy,
-                namespace=row.namespace,
-                pod=row.pod,
-                node=row.node,
-                action=row.action,
-                outcome=row.outcome,
-                blocked_by=row.blocked_by,
-                group=row.group,
-                target_node=row.target_node,
-                reason=row.reason,
-            )
-        s = report.summary
+        doc = to_dict(report)  # the fields of the JSON report, so logs and `--output json` agree
+        for row in doc["decisions"]:
+            self._log.info("decision", **row)
         self._log.info(
             "cycle report",
             mode=report.mode,
             now=report.now.isoformat(),
-            nodes=s.nodes,
-            gpus=s.gpus,
-            pods=s.pods,
-            proposals=s.proposals,
-            evictions=s.evictions,
-            blocked=s.blocked,
-            nodes_freed=s.nodes_freed,
+            **doc["summary"],
             freed_nodes=list(report.freed_nodes),
-            gpus_freed=s.gpus_freed,
-            estimated_savings_per_hour=s.estimated_savings_per_hour,
             findings=dict(sorted(Counter(f.kind for f in report.findings).items())),
             skipped_strategies=[f"{x.strategy}: {x.reason}" for x in report.skipped_strategies],
         )

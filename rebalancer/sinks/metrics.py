@@ -104,6 +104,10 @@ def cycle_state(report: CycleReport) -> CycleState:
     )
 
 
+def _gauge(name: str, documentation: str, labels: list[str] | None = None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{PREFIX}{name}", documentation, labels=labels)
+
+
 class _CycleStateCollector(Collector):
     """Exposes the last CycleState; swapped atomically, so a scrape sees one cycle's values."""
 
@@ -116,33 +120,21 @@ class _CycleStateCollector(Collector):
             self._state = state
 
     def _families(self, state: CycleState | None) -> Iterator[Metric]:
-        freeable = GaugeMetricFamily(
-            f"{PREFIX}nodes_freeable",
-            "GPU nodes the last cycle freed (live) or would free (dry-run), by GPU model.",
-            labels=["gpu_model"],
+        by_model = ["gpu_model"]
+        freed = "the nodes the last cycle freed (live) or would free (dry-run), by GPU model"
+        freeable = _gauge("nodes_freeable", f"GPU nodes: {freed}.", by_model)
+        gpus_freeable = _gauge("gpus_freeable", f"GPUs on {freed}.", by_model)
+        circuit = _gauge(
+            "circuit_open", "1 while the safety valve stops evictions (evicted pods stayed Pending)."
         )
-        gpus_freeable = GaugeMetricFamily(
-            f"{PREFIX}gpus_freeable",
-            "GPUs on the nodes the last cycle freed (live) or would free (dry-run), by GPU model.",
-            labels=["gpu_model"],
+        idle = _gauge(
+            "idle_gpus", "Distinct GPUs found idle (idle-gpu findings) in the last cycle.", by_model
         )
-        circuit = GaugeMetricFamily(
-            f"{PREFIX}circuit_open",
-            "1 while the safety valve stops evictions (evicted pods stayed Pending), else 0.",
+        leaked = _gauge(
+            "leaked_vram_bytes", "GPU framebuffer held by no pod or by an idle one (leaked-vram).", ["node"]
         )
-        idle = GaugeMetricFamily(
-            f"{PREFIX}idle_gpus",
-            "Distinct GPUs found idle (idle-gpu findings) in the last cycle, by GPU model.",
-            labels=["gpu_model"],
-        )
-        leaked = GaugeMetricFamily(
-            f"{PREFIX}leaked_vram_bytes",
-            "GPU framebuffer held by no pod, or by a pod that computed nothing (leaked-vram), by node.",
-            labels=["node"],
-        )
-        savings = GaugeMetricFamily(
-            f"{PREFIX}estimated_savings_per_hour",
-            "Hourly price of the GPUs on the nodes the last cycle freed (or would free), from policy prices.",
+        savings = _gauge(
+            "estimated_savings_per_hour", f"Hourly price of the GPUs on {freed}, from policy prices."
         )
         if state is not None:
             for model, count in sorted(state.nodes_freeable.items()):

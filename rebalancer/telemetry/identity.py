@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Literal
 
-from rebalancer.model import Finding, Pod
+from rebalancer.model import Finding, GpuTelemetry, Pod
 from rebalancer.policy import LabelMapping, MetricConfig, TelemetryConfig, TelemetryPreset
 
 __all__ = [
@@ -69,27 +69,9 @@ def bad_telemetry_finding(identity: SeriesIdentity, detail: str) -> Finding:
 # --------------------------------------------------------------------------- identity
 
 
-@dataclass(frozen=True, slots=True)
-class SeriesIdentity:
-    """Which GPU (or MIG instance) a series is about, and which pod it is attributed to."""
-
-    node: str
-    uuid: str
-    gpu_index: str = ""
-    model_name: str = ""
-    mig_profile: str | None = None
-    mig_instance: str | None = None
-    pod_namespace: str | None = None
-    pod_name: str | None = None
-
-    @property
-    def pod_key(self) -> tuple[str, str] | None:
-        if self.pod_namespace and self.pod_name:
-            return (self.pod_namespace, self.pod_name)
-        return None
-
-    def without_pod(self) -> SeriesIdentity:
-        return replace(self, pod_namespace=None, pod_name=None)
+SeriesIdentity = GpuTelemetry
+"""Which GPU (or MIG instance) a series is about, and which pod it is attributed to: a row of
+`model.Telemetry` before any aggregate is filled in (`telemetry.windows.row` fills them)."""
 
 
 # (node, GPU UUID, MIG instance, pod namespace, pod name): one GpuTelemetry row per key and window.
@@ -147,7 +129,7 @@ def attribute(identity: SeriesIdentity, pods: Mapping[tuple[str, str], Pod] | No
         return identity
     pod = pods.get(key)
     if pod is None or not pod.uses_gpu:
-        return identity.without_pod()
+        return replace(identity, pod_namespace=None, pod_name=None)
     return identity
 
 

@@ -23,7 +23,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Generic, Literal, Protocol, TypeVar
 
@@ -172,16 +172,9 @@ def row(
     fb_free: float | None = None,
     newest_sample: datetime | None = None,
 ) -> GpuTelemetry:
-    """One model row from raw (exporter-unit) aggregates: applies each metric's `scale`."""
-    return GpuTelemetry(
-        node=identity.node,
-        uuid=identity.uuid,
-        gpu_index=identity.gpu_index,
-        model_name=identity.model_name,
-        mig_profile=identity.mig_profile,
-        mig_instance=identity.mig_instance,
-        pod_namespace=identity.pod_namespace,
-        pod_name=identity.pod_name,
+    """The identity's row with raw (exporter-unit) aggregates, each metric's `scale` applied."""
+    return replace(
+        identity,
         util_avg_percent=_scaled(util_avg, cfg.utilization.scale),
         util_max_percent=_scaled(util_max, cfg.utilization.scale),
         util_samples=util_samples,

@@ -1,0 +1,2697 @@
+"""Fuzzing the command line's input contract.
+
+The contract (README, "Commands"): for every input, `rebalancer once --snapshot DIR [--policy FILE]`
+and `rebalancer validate POLICY...` exit 0, or exit 2 with one line per problem on stderr, each of
+the form `rebalancer: error: <where>: <what>` where <where> names the file (and the line or field
+where known). Never a traceback, never exit 1 for a problem in a file, always in bounded time and
+memory.
+
+This module holds everything the fuzz tests (tests/test_fuzz.py) and the long runner (bench/fuzz.py)
+share:
+
+- `Case`: the files of one input (a snapshot directory `snapshot/`, policies next to it) and the
+  command to run on them;
+- hypothesis strategies that mutate the real inputs of `tests/fixtures/fuzz/base` (a small cut of
+  examples/demo-cluster) and the shipped policies: structure-aware (parse the JSON / YAML, change one
+  path, write it back) and byte-level, kubectl objects and Lists, DCGM expositions, `snapshot.yaml`,
+  policies, and whole files (compressed, moved, renamed, deleted);
+- `run_case`: runs the command on a case in a forked child under an address-space limit and a time
+  limit, and collects its exit status, output and resource use;
+- `violations`: what in a result breaks the contract, and `signature`, a short key that groups the
+  results of one bug;
+- `minimize`: a delta-debugging reducer that keeps a failing case small while its signature holds;
+- the corpus: `save_case` writes a failing case under `tests/fuzz_corpus/<hash>/` (its files plus a
+  `case.json`), `load_corpus` reads every saved case back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import faulthandler
+import gzip
+import hashlib
+import io
+import itertools
+import json
+import math
+import os
+import re
+import resource
+import select
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any, Literal, NoReturn
+
+import yaml
+from hypothesis import strategies as st
+
+import rebalancer.cli
+
+# --------------------------------------------------------------------------- layout
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE_DIR = ROOT / "tests" / "fixtures" / "fuzz" / "base"
+CORPUS_DIR = ROOT / "tests" / "fuzz_corpus"
+DEMO_POLICY = ROOT / "examples" / "demo-cluster" / "policy.yaml"
+POLICY_SEEDS = (
+    DEMO_POLICY,
+    ROOT / "policies" / "default.yaml",
+    *sorted((ROOT / "policies" / "examples").glob("*.yaml")),
+)
+
+SNAPSHOT_DIR = "snapshot"
+POLICY_FILE = "policy.yaml"
+CASE_FILE = "case.json"
+ERROR_PREFIX = "rebalancer: error: "
+WARNING_PREFIX = "rebalancer: warning: "
+MAX_LINE = 2000  # longest acceptable stderr line: values echoed in messages must be cut
+STRATEGY_NAMES = ("gpu-affinity", "idle-gpu", "topology-spread", "gpu-consolidation")
+
+GIB = 1024**3
+DEFAULT_TIMEOUT = 20.0
+DEFAULT_MEMORY = 2 * GIB
+CHILD_CRASH = 99  # exit code of a child whose command raised
+
+ArgvKind = Literal["once", "once-json", "once-markdown", "validate"]
+ARGV_KINDS: tuple[ArgvKind, ...] = ("once", "once-json", "once-markdown", "validate")
+ONCE_KINDS: tuple[ArgvKind, ...] = ("once", "once-json", "once-markdown")
+
+Kind = Literal[
+    "objects-json", "objects-yaml", "bytes", "files", "exposition", "snapshot-yaml", "policy", "mixed"
+]
+KINDS: tuple[Kind, ...] = (
+    "objects-json",
+    "objects-yaml",
+    "bytes",
+    "files",
+    "exposition",
+    "snapshot-yaml",
+    "policy",
+    "mixed",
+)
+
+# Decoded JSON / YAML: anything a loader can return.
+Json = Any
+JsonPath = tuple[str | int, ...]
+
+
+# --------------------------------------------------------------------------- cases
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class Case:
+    """One input: relative path -> content (a path ending in `/` is a directory), and the command."""
+
+    files: Mapping[str, bytes]
+    argv_kind: ArgvKind
+    note: str = ""
+
+    def __repr__(self) -> str:  # hypothesis prints drawn cases: sizes, not 150 KB of bytes
+        sizes = ", ".join(f"{name}={len(data)}B" for name, data in sorted(self.files.items()))
+        return f"Case({self.argv_kind!r}, note={self.note!r}, files=[{sizes}])"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # hypothesis' pretty printer
+        printer.text(repr(self))
+
+    def with_file(self, name: str, data: bytes, note: str) -> Case:
+        return Case({**self.files, name: data}, self.argv_kind, _join_note(self.note, note))
+
+    def without(self, names: Sequence[str], note: str) -> Case:
+        files = {k: v for k, v in self.files.items() if k not in names}
+        return Case(files, self.argv_kind, _join_note(self.note, note))
+
+    def replace_files(self, files: Mapping[str, bytes], note: str) -> Case:
+        return Case(dict(files), self.argv_kind, _join_note(self.note, note))
+
+    def with_argv(self, argv_kind: ArgvKind) -> Case:
+        return Case(self.files, argv_kind, self.note)
+
+    def snapshot_files(self) -> list[str]:
+        return sorted(k for k in self.files if k.startswith(SNAPSHOT_DIR + "/") and not k.endswith("/"))
+
+    @property
+    def size(self) -> int:
+        return sum(len(v) for v in self.files.values())
+
+
+def _join_note(note: str, more: str) -> str:
+    joined = f"{note}; {more}" if note and more else note or more
+    return joined if len(joined) <= 600 else joined[:597] + "..."
+
+
+def _load_base() -> dict[str, bytes]:
+    return {f"{SNAPSHOT_DIR}/{p.name}": p.read_bytes() for p in sorted(BASE_DIR.iterdir()) if p.is_file()}
+
+
+BASE_FILES: Mapping[str, bytes] = _load_base()
+POLICY_TEXTS: Mapping[str, bytes] = {p.relative_to(ROOT).as_posix(): p.read_bytes() for p in POLICY_SEEDS}
+
+
+def base_case(argv_kind: ArgvKind = "once", *, policy: bytes | None = None) -> Case:
+    """The unmodified base snapshot with the demo policy (or `policy`)."""
+    files = dict(BASE_FILES)
+    files[POLICY_FILE] = DEMO_POLICY.read_bytes() if policy is None else policy
+    return Case(files, argv_kind)
+
+
+def policy_paths(files: Mapping[str, bytes]) -> list[str]:
+    """The policies of a case: top-level `*.yaml` / `*.yml` files, or one inside the snapshot directory."""
+    top = sorted(k for k in files if "/" not in k and k.endswith((".yaml", ".yml")))
+    if top:
+        return top
+    inside = f"{SNAPSHOT_DIR}/{POLICY_FILE}"
+    return [inside] if inside in files else []
+
+
+def argv_for(files: Mapping[str, bytes], argv_kind: ArgvKind) -> list[str]:
+    """The command line for a case, relative to the case directory."""
+    policies = policy_paths(files)
+    if argv_kind == "validate":
+        return ["validate", *(policies or [POLICY_FILE])]
+    argv = ["once", "--snapshot", SNAPSHOT_DIR]
+    if policies:
+        argv += ["--policy", POLICY_FILE if POLICY_FILE in policies else policies[0]]
+    if argv_kind == "once-json":
+        argv += ["--output", "json"]
+    elif argv_kind == "once-markdown":
+        argv += ["--output", "markdown"]
+    return argv
+
+
+def write_case(root: Path, files: Mapping[str, bytes]) -> None:
+    """Write a case's files under `root` (created); directories are keys ending in `/`."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name in sorted(files):
+        parts = Path(name.rstrip("/")).parts
+        if not parts or name.startswith("/") or ".." in parts:
+            raise ValueError(f"case path outside the case: {name!r}")
+        target = root.joinpath(*parts)
+        # Entries that contradict each other (`snapshot` both a file and a directory): the first wins.
+        if any(parent.is_file() for parent in target.parents if parent != root and root in parent.parents):
+            continue
+        if target.exists() and target.is_dir() != name.endswith("/"):
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if name.endswith("/"):
+            target.mkdir(exist_ok=True)
+        else:
+            target.write_bytes(files[name])
+
+
+# --------------------------------------------------------------------------- running a case
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseResult:
+    argv: tuple[str, ...]
+    argv_kind: ArgvKind
+    locations: tuple[str, ...]  # what a message may name as its <where>
+    exit_code: int | None  # None when the child was killed by a signal
+    signal: int | None
+    timed_out: bool
+    stdout: str
+    stderr: str
+    wall_seconds: float
+    cpu_seconds: float
+    max_rss_mib: float
+
+    @property
+    def outcome(self) -> str:
+        if self.timed_out:
+            return "timeout"
+        if self.signal is not None:
+            return f"signal {_signal_name(self.signal)}"
+        return f"exit {self.exit_code}"
+
+
+MainFn = Callable[[Sequence[str]], int]
+
+
+def _main(argv: Sequence[str]) -> int:
+    return rebalancer.cli.main(argv)
+
+
+_warmed = False
+
+
+def warm_up() -> None:
+    """Run the command once in this process on the base case, so that every forked child starts with
+    what a first run builds lazily (validators, compiled patterns) instead of paying for it per case."""
+    global _warmed  # noqa: PLW0603 - a once-per-process switch
+    if _warmed:
+        return
+    _warmed = True
+    case = base_case()
+    with tempfile.TemporaryDirectory(prefix="rebalancer-fuzz-") as tmp:
+        write_case(Path(tmp), case.files)
+        cwd = os.getcwd()
+        os.chdir(tmp)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                for argv_kind in ("once", "once-json", "validate"):
+                    rebalancer.cli.main(argv_for(case.files, argv_kind))
+        finally:
+            os.chdir(cwd)
+
+
+def run_case(
+    files: Mapping[str, bytes],
+    argv_kind: ArgvKind,
+    *,
+    main: MainFn | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    memory_bytes: int = DEFAULT_MEMORY,
+) -> CaseResult:
+    """Write the case into a fresh temporary directory and run the command on it in a forked child.
+
+    The child runs in the case directory with stdin from /dev/null and stdout / stderr redirected to
+    files, under RLIMIT_AS = `memory_bytes`, a CPU limit and an alarm of `timeout` seconds; an
+    exception that escapes `main` is printed as a traceback and the child exits 99. The parent kills
+    a child still running after the timeout and a grace period.
+    """
+    if main is None:
+        warm_up()
+    run_main = main or _main
+    with tempfile.TemporaryDirectory(prefix="rebalancer-fuzz-") as tmp:
+        case_dir = Path(tmp) / "case"
+        write_case(case_dir, files)
+        argv = argv_for(files, argv_kind)
+        out_path, err_path = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        sys.stdout.flush()
+        sys.stderr.flush()
+        started = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            _child(
+                run_main,
+                argv,
+                case_dir=case_dir,
+                out=out_path,
+                err=err_path,
+                timeout=timeout,
+                memory=memory_bytes,
+            )
+        status, usage, killed = _wait(pid, timeout + 10.0)
+        wall = time.perf_counter() - started
+        stdout = _read_output(out_path)
+        stderr = _read_output(err_path)
+    code = os.waitstatus_to_exitcode(status)
+    sig = -code if code < 0 else None
+    timed_out = killed or sig in (signal.SIGALRM, signal.SIGXCPU)
+    return CaseResult(
+        argv=tuple(argv),
+        argv_kind=argv_kind,
+        locations=_locations(files, argv, case_dir),
+        exit_code=code if code >= 0 else None,
+        signal=sig,
+        timed_out=timed_out,
+        stdout=stdout,
+        stderr=stderr,
+        wall_seconds=wall,
+        cpu_seconds=usage.ru_utime + usage.ru_stime,
+        max_rss_mib=usage.ru_maxrss / 1024,
+    )
+
+
+def run(case: Case, **kwargs: Any) -> CaseResult:
+    return run_case(case.files, case.argv_kind, **kwargs)
+
+
+def _child(
+    main: MainFn, argv: list[str], *, case_dir: Path, out: Path, err: Path, timeout: float, memory: int
+) -> NoReturn:
+    code = CHILD_CRASH
+    try:
+        os.chdir(case_dir)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(os.open(out, flags, 0o600), 1)
+        os.dup2(os.open(err, flags, 0o600), 2)
+        # What a console script gets under a UTF-8 locale: strict stdout, backslashreplace stderr.
+        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="strict")
+        sys.stderr = io.TextIOWrapper(
+            io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
+        )
+        faulthandler.enable(file=sys.stderr)
+        for sig in (signal.SIGALRM, signal.SIGINT, signal.SIGTERM, signal.SIGXCPU):
+            signal.signal(sig, signal.SIG_DFL)
+        cpu = math.ceil(timeout)
+        # A child still running near the limit first prints where it is, then the alarm ends it.
+        faulthandler.dump_traceback_later(max(timeout * 0.9, timeout - 2.0), exit=False, file=sys.stderr)
+        _limit(resource.RLIMIT_CORE, 0)
+        # `memory` on top of what the child inherits (the runner and this case's bytes).
+        _limit(resource.RLIMIT_AS, _address_space() + memory)
+        _limit(resource.RLIMIT_CPU, cpu, cpu + 2)
+        signal.alarm(cpu)
+        # The command gets the recursion headroom it has when started from its console script.
+        sys.setrecursionlimit(_stack_depth() + 1000)
+        code = main(argv)
+    except SystemExit as exc:  # as the interpreter does with an uncaught SystemExit
+        if exc.code is None:
+            code = 0
+        elif isinstance(exc.code, int):
+            code = exc.code
+        else:
+            _print_safely(str(exc.code))
+            code = 1
+    except BaseException:
+        _print_safely(traceback.format_exc())
+        code = CHILD_CRASH
+    try:
+        sys.stdout.flush()
+    except BaseException:
+        _print_safely(traceback.format_exc())
+        code = CHILD_CRASH
+    try:
+        sys.stderr.flush()
+    finally:
+        os._exit(code if isinstance(code, int) else CHILD_CRASH)
+
+
+def _address_space() -> int:
+    """This process's virtual memory size in bytes (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as handle:
+            return int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _limit(which: int, soft: int, hard: int | None = None) -> None:
+    """Lower a resource limit (never above the hard limit already in force)."""
+    _, current = resource.getrlimit(which)
+    wanted = soft if hard is None else hard
+    if current != resource.RLIM_INFINITY:
+        wanted = min(wanted, current)
+        soft = min(soft, current)
+    resource.setrlimit(which, (soft, wanted))
+
+
+def _print_safely(text: str) -> None:
+    try:
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+        sys.stderr.flush()
+    except BaseException:
+        os.write(2, text.encode("utf-8", "backslashreplace")[:65536])
+
+
+def _stack_depth() -> int:
+    depth = 0
+    frame: FrameType | None = sys._getframe()
+    while frame is not None:
+        depth += 1
+        frame = frame.f_back
+    return depth
+
+
+def _wait(pid: int, deadline_seconds: float) -> tuple[int, resource.struct_rusage, bool]:
+    """Wait for the child; SIGKILL it after `deadline_seconds`. (status, rusage, killed by us)."""
+    end = time.monotonic() + deadline_seconds
+    killed = False
+    pidfd: int | None = None
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    try:
+        while True:
+            done, status, usage = os.wait4(pid, os.WNOHANG)
+            if done == pid:
+                return status, usage, killed
+            left = end - time.monotonic()
+            if left <= 0 and not killed:
+                os.kill(pid, signal.SIGKILL)
+                killed = True
+                left = 5.0
+            if pidfd is not None:
+                select.select([pidfd], [], [], max(left, 0.0))
+            else:
+                time.sleep(min(0.005, max(left, 0.0)))
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _read_output(path: Path, limit: int = 16 * 1024 * 1024) -> str:
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(limit)
+    except OSError:
+        return ""
+    return data.decode("utf-8", "backslashreplace")
+
+
+def _locations(files: Mapping[str, bytes], argv: Sequence[str], case_dir: Path) -> tuple[str, ...]:
+    """What a message may start with: the snapshot directory, a file of the case, a policy named on the
+    command line, or a command-line option."""
+    names = {SNAPSHOT_DIR, *(k.rstrip("/") for k in files)}
+    if argv and argv[0] == "validate":
+        names |= set(argv[1:])
+    elif "--policy" in argv:
+        names.add(argv[argv.index("--policy") + 1])
+    names |= {f"{case_dir}/{n}" for n in names}  # the same, made absolute
+    names |= {"--snapshot", "--policy", "argument --snapshot", "argument --policy"}
+    return tuple(sorted((n for n in names if n), key=len, reverse=True))
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+# --------------------------------------------------------------------------- the contract
+
+# Violation kinds, most important first; a case's signature is that of its most important violation.
+VIOLATION_ORDER = (
+    "timeout",
+    "signal",
+    "memory",
+    "traceback",
+    "exit-code",
+    "empty-stderr",
+    "unprefixed-line",
+    "unlocated-line",
+    "overlong-line",
+    "stderr-on-success",
+    "invalid-json-report",
+)
+
+_TRACEBACK = "Traceback (most recent call last):"
+_SLOW = re.compile(r"^Timeout \(\d+:\d\d:\d\d(?:\.\d+)?\)!$", re.MULTILINE)  # faulthandler's watchdog
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
+
+
+def violations(result: CaseResult) -> list[str]:
+    """Every way `result` breaks the contract, each `<kind>: <detail>` (empty: it holds)."""
+    found: list[str] = []
+    # Lines as a terminal shows them (str.splitlines would also break at \x1c-\x1e, \x85, \u2028...).
+    lines = result.stderr.split("\n")
+    if lines and not lines[-1]:
+        lines.pop()
+    if result.timed_out:
+        found.append(f"timeout: no exit within the time limit{_fault_frame(result.stderr)}")
+    elif _SLOW.search(result.stderr):
+        # Finished, but only after the watchdog printed where it was at 90% of the limit.
+        return [f"timeout: close to the time limit ({result.wall_seconds:.1f}s){_fault_frame(result.stderr)}"]
+    elif result.signal is not None:
+        found.append(f"signal: killed by {_signal_name(result.signal)}{_fault_frame(result.stderr)}")
+    crash = traceback_summary(result.stderr)
+    if crash is not None:
+        found.append(f"{'memory' if crash.startswith('MemoryError') else 'traceback'}: {crash}")
+    if result.exit_code is not None and result.exit_code not in (0, 2) and result.exit_code != CHILD_CRASH:
+        first = _cut(lines[-1], 160) if lines else "no message"
+        found.append(f"exit-code: exit {result.exit_code} ({first})")
+    elif result.exit_code == CHILD_CRASH and crash is None:
+        found.append("exit-code: exit 99 without a traceback")
+    if result.exit_code == 2 and crash is None:
+        if not any(line.strip() for line in lines):
+            found.append("empty-stderr: exit 2 without a message")
+        for line in lines:
+            found.extend(_line_problems(line, result.locations))
+    elif result.exit_code == 0 and crash is None:
+        noise = [line for line in lines if line.strip() and not line.startswith(WARNING_PREFIX)]
+        if noise:
+            found.append(f"stderr-on-success: {_cut(noise[0], 160)}")
+        if result.argv_kind == "once-json":
+            problem = _json_problem(result.stdout)
+            if problem is not None:
+                found.append(f"invalid-json-report: {problem}")
+    long_lines = [line for line in lines if len(line) > MAX_LINE]
+    if long_lines and result.exit_code != 2:
+        found.append(f"overlong-line: {len(long_lines[0])} characters: {_cut(long_lines[0], 120)}")
+    return found
+
+
+def _line_problems(line: str, locations: Sequence[str]) -> list[str]:
+    problems: list[str] = []
+    if len(line) > MAX_LINE:
+        problems.append(f"overlong-line: {len(line)} characters: {_cut(line, 120)}")
+    if not line.startswith(ERROR_PREFIX):
+        if line.strip():
+            problems.append(f"unprefixed-line: {_cut(line, 160)}")
+        return problems
+    rest = line[len(ERROR_PREFIX) :]
+    if not _located(rest, locations):
+        problems.append(f"unlocated-line: {_cut(line, 160)}")
+    return problems
+
+
+def _located(rest: str, locations: Sequence[str]) -> bool:
+    """Whether a message starts with a location of the case followed by `:` or ` ` and has a <what>."""
+    for where in locations:
+        if rest.startswith(where) and len(rest) > len(where) and rest[len(where)] in ": (":
+            what = rest[len(where) :]
+            if ": " in what and what.split(": ", 1)[1].strip():
+                return True
+    return False
+
+
+def _json_problem(stdout: str) -> str | None:
+    def refuse(token: str) -> float:
+        raise ValueError(f"non-standard JSON token {token}")
+
+    try:
+        json.loads(stdout, parse_constant=refuse)
+    except ValueError as exc:
+        return _cut(str(exc), 160)
+    return None
+
+
+def traceback_summary(stderr: str) -> str | None:
+    """`<ExceptionType>: <message head> at <innermost project frame>` of the last traceback, if any."""
+    start = stderr.rfind(_TRACEBACK)
+    if start == -1:
+        return None
+    block = stderr[start:].splitlines()[1:]
+    frames = [m for m in (_FRAME.match(line) for line in block) if m is not None]
+    tail = [line for line in block if line and not line.startswith(" ")]
+    exception = tail[-1] if tail else "unknown exception"
+    where = ""
+    own = [m for m in frames if _project_file(m["file"]) is not None]
+    if own:
+        last = own[-1]
+        where = f" at {_project_file(last['file'])}:{last['line']} in {last['func']}"
+    if frames and (not own or frames[-1] is not own[-1]):
+        inner = frames[-1]
+        where += f" (raised in {_short_file(inner['file'])} {inner['func']})"
+    return f"{_cut(exception, 200)}{where}"
+
+
+def _project_file(path: str) -> str | None:
+    parts = Path(path).parts
+    for top in ("rebalancer", "strategies"):
+        if top in parts:
+            index = len(parts) - 1 - parts[::-1].index(top)
+            if "site-packages" not in parts[:index]:
+                return "/".join(parts[index:])
+    return None
+
+
+def _short_file(path: str) -> str:
+    parts = Path(path).parts
+    if "site-packages" in parts:
+        return "/".join(parts[parts.index("site-packages") + 1 :])
+    return "/".join(parts[-2:])
+
+
+def _fault_frame(stderr: str) -> str:
+    """The innermost project frame of a faulthandler dump, when the child crashed in C."""
+    frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', stderr)
+    own = [(f, ln, fn) for f, ln, fn in frames if _project_file(f) is not None]
+    if not own:
+        return ""
+    # faulthandler prints the innermost frame first
+    file, line, func = own[0]
+    return f" at {_project_file(file)}:{line} in {func}"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _normalise(text: str) -> str:
+    """Case-specific parts of a message (values, numbers, names) replaced, to group one bug's messages."""
+    text = re.sub(r"(.{1,16}?)\1{3,}", "…", text)  # a value repeated thousands of times
+    text = re.sub(r"\S{40,}", "…", text)
+    text = re.sub(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", "'…'", text)
+    text = re.sub(r"\bsnapshot/\S+?(?=[: ]|$)", "FILE", text)
+    text = re.sub(r"\b(?:policy|policy-\d+)\.ya?ml\b", "FILE", text)
+    text = re.sub(r"\d+", "N", text)
+    text = re.sub(r"\[N\]", "[]", text)
+    return text
+
+
+def signature(found: Sequence[str]) -> str:
+    """A short key naming the bug behind a case's violations (its most important one)."""
+    if not found:
+        return ""
+    rank = {kind: index for index, kind in enumerate(VIOLATION_ORDER)}
+    top = min(found, key=lambda v: rank.get(v.split(":", 1)[0], len(rank)))
+    kind, _, detail = top.partition(": ")
+    if kind in ("traceback", "memory"):
+        exception, _, where = detail.partition(" at ")
+        exc_type, _, message = exception.partition(":")
+        where = re.sub(r":\d+ in ", ":", where.split(" (raised in ")[0])
+        return f"{kind}: {exc_type} {_normalise(message.strip())[:32]} @ {where or '?'}"
+    if kind in ("unlocated-line", "unprefixed-line", "overlong-line", "stderr-on-success"):
+        detail = detail.removeprefix(ERROR_PREFIX)
+        if kind == "overlong-line":
+            detail = detail.split(": ", 1)[-1].removeprefix(ERROR_PREFIX)
+        return f"{kind}: {_normalise(detail)[:60]}"
+    return f"{kind}: {_normalise(detail)[:80]}"
+
+
+def describe(case: Case, result: CaseResult, found: Sequence[str]) -> str:
+    """A failure message: what was run on what, what came back, what is wrong with it."""
+    err = result.stderr.splitlines()
+    shown = "\n".join("    " + _cut(line, 300) for line in err[-25:]) or "    (empty)"
+    return (
+        f"{case!r}\n  command: rebalancer {' '.join(result.argv)}\n  outcome: {result.outcome} in "
+        f"{result.wall_seconds:.2f}s\n  violations:\n"
+        + "\n".join(f"    - {v}" for v in found)
+        + f"\n  stderr (last {min(len(err), 25)} lines):\n{shown}"
+    )
+
+
+# --------------------------------------------------------------------------- nasty values
+
+QUANTITIES = (
+    "1e400",
+    "2Gi",
+    "1.5",
+    "-1",
+    "0x10",
+    "99999999999",
+    "1Ei",
+    "1e-400",
+    "",
+    " ",
+    "NaN",
+    "Infinity",
+    "-0",
+    "+1",
+    "1m",
+    "0.0001m",
+    "1.5e3Mi",
+    "1__0",
+    "١٢",
+    "Ki",
+    "1Ki1",
+    "1 Gi",
+    ".5",
+    "9223372036854775808",
+    "18446744073709551616Ei",
+    "1e99999999",
+    "1E999999999999",
+    "9" * 4400,
+    "0.000000000000000000000001",
+    "1e18Ei",
+    "-1Ei",
+    "100%",
+)
+TIMESTAMPS = (
+    "2026-02-30T00:00:00Z",
+    "2026-11-29T12:00:00",
+    "99999-01-01T00:00:00Z",
+    "9999-12-31T23:59:59-10:00",
+    "0001-01-01T00:00:00+10:00",
+    "0001-01-01T00:00:00Z",
+    "9999-12-31T23:59:59Z",
+    "1970-01-01T00:00:00Z",
+    "2026-11-29",
+    "2026-11-29T12:00:00+25:00",
+    "2026-11-29T12:00:00.123456789Z",
+    "2026-11-29 12:00:00Z",
+    "2026-13-01T00:00:00Z",
+    "2027-01-01T00:00:00Z",
+    "2026-11-29T12:00:00+00:00:00.5",
+    "20261129T120000Z",
+    "now",
+)
+STRINGS = (
+    "",
+    " ",
+    "ñ€😀",
+    "\u202eevil",
+    "\x00",
+    "\ud800",
+    "a\nb",
+    "${HOME}",
+    "%s%n",
+    "\\",
+    '"',
+    "true",
+    "null",
+    "1",
+    "-",
+    "/",
+    "..",
+    "a" * 300,
+    "x" * 100_000,
+    "In",
+    "Exists",
+    "NoSchedule",
+    "DoNotSchedule",
+    "Memory",
+    "kube-system",
+    "nvidia.com/gpu",
+    "50%",
+    "150%",
+    "-10%",
+    "%",
+)
+NUMBERS: tuple[Json, ...] = (
+    0,
+    -1,
+    1,
+    2**31,
+    2**63,
+    2**64,
+    -(2**63) - 1,
+    10**30,
+    1.5,
+    -0.0,
+    1e308,
+    1e-308,
+    math.nan,
+    math.inf,
+    -math.inf,
+    True,
+    False,
+)
+KIND_VALUES: tuple[Json, ...] = (
+    "List",
+    "PodList",
+    "NodeList",
+    "Pod",
+    "Node",
+    "PodDisruptionBudget",
+    "PodDisruptionBudgetList",
+    "",
+    "Secret",
+    "ListList",
+    "list",
+    "pod",
+    5,
+    None,
+    [],
+)
+DURATIONS = (
+    "99999999999w",
+    "1e400s",
+    "0s",
+    "-5m",
+    "5m5",
+    "1.5h",
+    "1h30m",
+    "10ms",
+    "9" * 400 + "s",
+    "1d1d",
+    "5 m",
+    "5M",
+    "P1D",
+    "",
+    "0",
+    "1w" * 50,
+)
+POLICY_VALUES: tuple[Json, ...] = (
+    "maybe",
+    "yes",
+    "off",
+    "idle-gpu",
+    "unknown-strategy",
+    101,
+    -1,
+    1e309,
+    9 * 10**18,
+    [],
+    {},
+    [[]],
+    [{"name": "idle-gpu"}],
+    {"name": "idle-gpu"},
+    "http://",
+    "https://prometheus:9090",
+    "ftp://x",
+    "NoSchedule",
+    "In",
+)
+YAML_SCALARS = (  # YAML text, placed after `key: ` in policies and snapshot.yaml
+    "maybe",
+    "99999999999w",
+    "1e400",
+    "1.0e+400",
+    ".nan",
+    "-.inf",
+    "-1",
+    "[]",
+    "{}",
+    "~",
+    "*undefined",
+    "&anchor 5m",
+    "!!python/name:os.system",
+    "!!python/object/apply:os.getpid []",
+    "0x10",
+    "1_000",
+    "0o17",
+    "2026-02-30",
+    "2026-02-30T00:00:00Z",
+    "!!float abc",
+    "!!int 12abc",
+    "!!timestamp 2026-02-30",
+    "!!binary AAAA",
+    "!!set {a, b}",
+    "!!omap [a: 1, a: 2]",
+    "!!pairs [a: 1]",
+    '"\\ud800"',
+    '"\\x00"',
+    "'",
+    '"unterminated',
+    "9" * 5000,
+    "{a: {b: [1, {c: d}]}}",
+    "[a, [b, [c]]]",
+    "? x",
+    "|\n  block",
+    "@reserved",
+    "`reserved",
+    "%",
+    "null",
+    "True",
+    "NO",
+    "1:20",
+    "190:20:30",
+)
+
+
+class _Raw:
+    """Text written verbatim in place of a value (what a serialiser cannot produce: 5000-digit numbers,
+    nesting thousands deep, YAML tags), through a marker string."""
+
+    def __init__(self) -> None:
+        self.fragments: dict[str, tuple[str, str]] = {}
+
+    def marker(self, json_text: str, yaml_text: str) -> str:
+        key = f"@@fuzz-raw-{len(self.fragments)}@@"
+        self.fragments[key] = (json_text, yaml_text)
+        return key
+
+    def substitute(self, text: str, *, as_yaml: bool, budget: int = 4_000_000) -> str:
+        """`text` with the fragments in place; beyond `budget` characters of fragments (a fragment
+        copied by an edit hundreds of times), the rest become `0`."""
+        for key, (json_text, yaml_text) in self.fragments.items():
+            raw = yaml_text if as_yaml else json_text
+            for quoted in (json.dumps(key), f"'{key}'", key):
+                count = text.count(quoted)
+                if not count:
+                    continue
+                fits = min(count, budget // max(len(raw), 1))
+                budget -= fits * len(raw)
+                text = text.replace(quoted, raw, fits).replace(quoted, "0")
+        return text
+
+
+def _deep_list(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _deep_json_map(depth: int) -> str:
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
+def _deep_yaml_map(depth: int) -> str:
+    return "{a: " * depth + "1" + "}" * depth
+
+
+DEPTHS = (200, 1000, 3000, 10_000, 50_000)
+
+
+@st.composite
+def raw_value(draw: st.DrawFn, raw: _Raw) -> str:
+    """A marker for a fragment a serialiser cannot write (or would write differently)."""
+    choice = draw(st.integers(0, 13))
+    if choice == 0:
+        digits = "9" * draw(st.sampled_from((4301, 5000, 100_000)))
+        return raw.marker(digits, digits)
+    if choice == 1:
+        depth = draw(st.sampled_from(DEPTHS))
+        return raw.marker(_deep_list(depth), _deep_list(depth))
+    if choice == 2:
+        depth = draw(st.sampled_from(DEPTHS))
+        return raw.marker(_deep_json_map(depth), _deep_yaml_map(depth))
+    pairs = (
+        ("1e400", "1.0e+400"),
+        ("-1e400", "-1.0e+400"),
+        ("NaN", ".nan"),
+        ("Infinity", ".inf"),
+        ('"2026-02-30"', "2026-02-30"),
+        ('"abc"', "!!float abc"),
+        ('"0x"', "!!int 0x"),
+        ('"2026-02-30T00:00:00Z"', "!!timestamp 2026-02-30T00:00:00Z"),
+        ('"AAAA"', "!!binary AAAA"),
+        ('"\\ud800"', "*undefined"),
+        ("[1, 2]", "!!set {a, b}"),
+    )
+    return raw.marker(*pairs[choice - 3])
+
+
+@st.composite
+def nasty_value(draw: st.DrawFn, raw: _Raw, key: str | int | None, context: JsonPath) -> Json:
+    """A value to put where `key` (under `context`) was: fitting the place, or any wrong type."""
+    text = "/".join(str(p) for p in (*context, key if key is not None else ""))
+    pools: list[st.SearchStrategy[Json]] = []
+    if any(word in text for word in ("requests", "limits", "allocatable", "capacity", "overhead")):
+        pools.append(st.sampled_from(QUANTITIES))
+    if isinstance(key, str) and (key.endswith(("Timestamp", "Time", "At")) or key == "startTime"):
+        pools.append(st.sampled_from(TIMESTAMPS))
+    if key == "kind":
+        pools.append(st.sampled_from(KIND_VALUES))
+    if isinstance(key, str) and key.lower().endswith(
+        ("skew", "priority", "available", "unavailable", "allowed", "healthy", "domains", "seconds")
+    ):
+        pools.append(st.sampled_from((*NUMBERS, "50%", "150%", "-10%", "abc%", "1e400%", "%")))
+    pools.append(st.sampled_from(STRINGS))
+    pools.append(st.sampled_from(NUMBERS))
+    pools.append(st.sampled_from((None, [], {}, [None], {"": None}, [[]], {"a": {"b": {}}})))
+    pools.append(st.text(max_size=20))
+    pools.append(st.integers() | st.floats())
+    pools.append(raw_value(raw))
+    return draw(st.one_of(*pools))
+
+
+# --------------------------------------------------------------------------- structure-aware edits
+
+
+def all_paths(doc: Json, limit: int = 50_000) -> list[JsonPath]:
+    """Every path into `doc` (the root is `()`), depth first."""
+    paths: list[JsonPath] = [()]
+    stack: list[tuple[JsonPath, Json]] = [((), doc)]
+    while stack and len(paths) < limit:
+        path, value = stack.pop()
+        children: list[tuple[JsonPath, Json]]
+        if isinstance(value, dict):
+            children = [((*path, k), v) for k, v in value.items() if isinstance(k, str | int)]
+        elif isinstance(value, list):
+            children = [((*path, i), v) for i, v in enumerate(value)]
+        else:
+            continue
+        for child in reversed(children):
+            stack.append(child)
+        paths.extend(p for p, _ in children)
+    return paths
+
+
+def get_path(doc: Json, path: JsonPath) -> Json:
+    for part in path:
+        doc = doc[part]
+    return doc
+
+
+def _path_text(path: JsonPath) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(root)"
+
+
+EDITS = (
+    "replace",
+    "replace",
+    "replace",
+    "delete",
+    "delete",
+    "null",
+    "wrap-list",
+    "wrap-map",
+    "stringify",
+    "duplicate",
+    "unknown-key",
+    "deep",
+    "blow-up",
+    "rename-key",
+)
+
+
+@st.composite
+def edit_document(draw: st.DrawFn, doc: Json, raw: _Raw, *, extra: Sequence[Json] = ()) -> tuple[Json, str]:
+    """One edit at a random path of `doc` (changed in place where possible); (new doc, description)."""
+    paths = all_paths(doc)
+    # The root rarely: hypothesis favours index 0, and a replaced root hides every other check.
+    at_root = len(paths) == 1 or draw(st.integers(0, 19)) == 0
+    path = paths[0 if at_root else draw(st.integers(1, len(paths) - 1), label="path")]
+    op = draw(st.sampled_from(EDITS), label="edit")
+    value = get_path(doc, path)
+    parent = get_path(doc, path[:-1]) if path else None
+    key = path[-1] if path else None
+    where = _path_text(path)
+
+    def put(new: Json) -> Json:
+        if parent is None:
+            return new
+        parent[key] = new
+        return doc
+
+    def nasty() -> Json:
+        if len(extra) > 0 and draw(st.booleans()):
+            return copy.deepcopy(draw(st.sampled_from(list(extra))))
+        # Copied: the pools hold shared lists and mappings a later edit could change in place.
+        return copy.deepcopy(draw(nasty_value(raw, key, path[:-1])))
+
+    if op == "replace":
+        new = nasty()
+        return put(new), f"{where} = {_show(new, raw)}"
+    if op == "delete":
+        if parent is None:
+            return None, "(root) deleted"
+        del parent[key]
+        return doc, f"{where} deleted"
+    if op == "null":
+        return put(None), f"{where} = null"
+    if op == "wrap-list":
+        return put([value]), f"{where} wrapped in a list"
+    if op == "wrap-map":
+        return put({"value": value}), f"{where} wrapped in a mapping"
+    if op == "stringify":
+        if isinstance(value, str):
+            number = int(value) if value.isdigit() and len(value) < 100 else 0
+            new = draw(st.sampled_from((number, len(value), [value], value * 2)))
+        else:
+            new = json.dumps(value, default=str)[:1000] if not isinstance(value, float) else str(value)
+        return put(new), f"{where} = {_show(new, raw)} (type changed)"
+    if op == "duplicate":
+        if isinstance(parent, list) and isinstance(key, int):
+            parent.insert(key, copy.deepcopy(value))
+            return doc, f"{where} duplicated"
+        if isinstance(value, list) and value:
+            value.append(copy.deepcopy(value[0]))
+            return doc, f"{where}[0] appended again"
+        return put([value, copy.deepcopy(value)]), f"{where} given twice in a list"
+    if op == "unknown-key":
+        if isinstance(value, dict):
+            name = draw(
+                st.sampled_from(("unknownField", "", "kind", "items", "x" * 200, "x" * 3000, "ñ", "$ref"))
+            )
+            value[name] = nasty()
+            return doc, f"{where}.{name} added"
+        new = nasty()
+        return put(new), f"{where} = {_show(new, raw)}"
+    if op == "deep":
+        depth = draw(st.sampled_from(DEPTHS))
+        marker = raw.marker(
+            _deep_list(depth) if depth % 2 else _deep_json_map(depth),
+            _deep_list(depth) if depth % 2 else _deep_yaml_map(depth),
+        )
+        return put(marker), f"{where} nested {depth} deep"
+    if op == "blow-up":
+        times = draw(st.sampled_from((10, 100, 500)))
+        if isinstance(value, list) and value:
+            times = min(times, max(1, 1_000_000 // _size(value[-1])))  # a megabyte or so
+            value.extend(copy.deepcopy(value[-1]) for _ in range(times))
+            return doc, f"{where} last item repeated {times} times"
+        if isinstance(value, str) and value not in raw.fragments:
+            repeat = max(1, min(times * 20, 200_000 // max(len(value), 1)))
+            return put(value * repeat), f"{where} repeated {repeat} times"
+        times = min(times, max(1, 1_000_000 // _size(value)))
+        return put([copy.deepcopy(value) for _ in range(times)]), f"{where} as a list of {times}"
+    # rename-key
+    if isinstance(parent, dict) and isinstance(key, str):
+        new_key = draw(
+            st.sampled_from(
+                (key.upper(), key + " ", "", key[:-1], f"{key}\u200b", key.capitalize(), (key * 300)[:3000])
+            )
+        )
+        parent[new_key] = parent.pop(key)
+        return doc, f"{where} renamed {new_key!r}"
+    new = nasty()
+    return put(new), f"{where} = {_show(new, raw)}"
+
+
+def _size(value: Json) -> int:
+    """About how many bytes `value` takes once written."""
+    try:
+        return len(json.dumps(value, default=str)) + 1
+    except (ValueError, RecursionError):
+        return 1_000_000
+
+
+def _show(value: Json, raw: _Raw) -> str:
+    if isinstance(value, str) and value in raw.fragments:
+        text = raw.fragments[value][1]
+        return f"<{text[:20]}...{len(text)} chars>" if len(text) > 40 else text
+    try:
+        shown = json.dumps(value)
+    except (TypeError, ValueError):
+        shown = repr(value)
+    return shown if len(shown) <= 60 else f"{shown[:40]}...({len(shown)} chars)"
+
+
+def dump_json(doc: Json, raw: _Raw, *, indent: int | None, ascii_only: bool) -> bytes:
+    try:
+        text = json.dumps(doc, indent=indent, ensure_ascii=ascii_only, default=str)
+    except (ValueError, RecursionError):
+        text = json.dumps(str(doc)[:1000])
+    return raw.substitute(text, as_yaml=False).encode("utf-8", "surrogatepass")
+
+
+def dump_yaml(docs: Sequence[Json], raw: _Raw, *, flow: bool | None = None) -> bytes:
+    try:
+        text = yaml.safe_dump_all(
+            list(docs),
+            sort_keys=False,
+            allow_unicode=True,
+            default_flow_style=flow,
+            explicit_start=len(docs) > 1,
+        )
+    except (yaml.YAMLError, ValueError, RecursionError, TypeError):
+        text = "\n---\n".join(json.dumps(d, default=str) for d in docs)
+    return raw.substitute(text, as_yaml=True).encode("utf-8", "surrogatepass")
+
+
+def _loads_yaml_all(data: bytes) -> list[Json]:
+    return list(yaml.load_all(data.decode("utf-8"), Loader=yaml.CSafeLoader))
+
+
+# --------------------------------------------------------------------------- strategies per input kind
+
+
+@st.composite
+def snapshot_argv(draw: st.DrawFn) -> ArgvKind:
+    return draw(st.sampled_from(("once", "once", "once", "once-json", "once-markdown")))
+
+
+@st.composite
+def snapshot_base(draw: st.DrawFn) -> Case:
+    """The base snapshot, run with the demo policy, another shipped policy or the built-in default."""
+    argv_kind = draw(snapshot_argv())
+    choice = draw(st.integers(0, 5))
+    if choice == 0:
+        return base_case(argv_kind).without([POLICY_FILE], "built-in default policy")
+    if choice == 1:
+        name = draw(st.sampled_from(sorted(POLICY_TEXTS)))
+        case = base_case(argv_kind, policy=POLICY_TEXTS[name])
+        return dataclasses.replace(case, note=f"policy {name}")
+    return base_case(argv_kind)
+
+
+OBJECT_JSON_FILES = ("snapshot/pods.json", "snapshot/nodes.json")
+
+
+# --------------------------------------------------------------------------- semantic edits
+
+RESOURCES = (
+    "cpu",
+    "memory",
+    "nvidia.com/gpu",
+    "nvidia.com/gpu.shared",
+    "nvidia.com/mig-1g.10gb",
+    "nvidia.com/mig-3g.40gb",
+    "gpu-rebalancer.io/gpu-milli",
+    "ephemeral-storage",
+    "pods",
+    "hugepages-2Mi",
+)
+RESOURCE_VALUES: tuple[Json, ...] = (
+    *QUANTITIES,
+    "0",
+    "1",
+    "4",
+    "8",
+    "1000",
+    "3",
+    0,
+    1,
+    4,
+    -1,
+    1.5,
+    None,
+    [],
+    {},
+)
+SELECTORS: tuple[Json, ...] = (
+    None,
+    {},
+    {"matchLabels": {}},
+    {"matchLabels": {"app.kubernetes.io/name": "llm-serve"}},
+    {"matchLabels": {"app.kubernetes.io/name": None}},
+    {"matchLabels": ["app.kubernetes.io/name"]},
+    {"matchExpressions": [{"key": "app.kubernetes.io/name", "operator": "In", "values": []}]},
+    {"matchExpressions": [{"key": "app.kubernetes.io/name", "operator": "Exists", "values": ["x"]}]},
+    {"matchExpressions": [{"key": "a", "operator": "Bogus"}]},
+    {"matchExpressions": [{"key": "", "operator": "DoesNotExist"}]},
+    {"matchExpressions": [{"operator": "In", "values": ["x"]}]},
+    {"matchExpressions": {}},
+    {"matchExpressions": [None]},
+    "app=llm-serve",
+)
+SPREAD_VALUES: tuple[Json, ...] = (0, -1, 1, 2, 2**63, "1", None, 1.5, 10**30, True)
+NODE_TERMS: tuple[Json, ...] = (
+    [],
+    [{}],
+    [{"matchExpressions": []}],
+    [{"matchExpressions": [{"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["abc"]}]}],
+    [{"matchExpressions": [{"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["1e400"]}]}],
+    [{"matchExpressions": [{"key": "nvidia.com/gpu.count", "operator": "Lt", "values": ["9" * 400]}]}],
+    [{"matchExpressions": [{"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["1", "2"]}]}],
+    [{"matchExpressions": [{"key": "nvidia.com/gpu.count", "operator": "Gt", "values": []}]}],
+    [{"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": []}]}],
+    [{"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "NotIn", "values": None}]}],
+    [{"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "Bogus", "values": ["x"]}]}],
+    [{"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "Exists", "values": ["x"]}]}],
+    [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["l4-b-1"]}]}],
+    [{"matchFields": [{"key": "metadata.uid", "operator": "Gt", "values": ["1"]}]}],
+    [{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": []}]}],
+    [{"matchExpressions": [{"key": 5, "operator": "In", "values": [5]}]}],
+    [None],
+    {"matchExpressions": []},
+)
+PREFERRED_TERMS: tuple[Json, ...] = (
+    [{"weight": 0, "preference": {"matchExpressions": []}}],
+    [{"weight": -1, "preference": {}}],
+    [
+        {
+            "weight": 101,
+            "preference": {
+                "matchExpressions": [
+                    {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-L4"]}
+                ]
+            },
+        }
+    ],
+    [
+        {
+            "weight": 2**63,
+            "preference": {
+                "matchExpressions": [
+                    {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}
+                ]
+            },
+        }
+    ],
+    [{"weight": "x"}],
+    [{"preference": None}],
+    [{}],
+)
+TOLERATIONS: tuple[Json, ...] = (
+    [{"operator": "Exists"}],
+    [{"key": "nvidia.com/gpu", "operator": "Equal"}],
+    [{"key": "nvidia.com/gpu", "operator": "Bogus", "effect": "NoSchedule"}],
+    [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "Bogus"}],
+    [{"key": "nvidia.com/gpu", "operator": "Exists", "tolerationSeconds": -1}],
+    [{"key": "nvidia.com/gpu", "operator": "Exists", "tolerationSeconds": 2**64}],
+    [{"key": "nvidia.com/gpu", "operator": "Exists", "value": "x"}],
+    [{"effect": "NoExecute"}],
+    [None],
+    {},
+)
+OWNERS: tuple[Json, ...] = (
+    [],
+    [{"kind": "DaemonSet", "name": "x", "controller": True, "apiVersion": "apps/v1"}],
+    [
+        {"kind": "ReplicaSet", "name": "a", "controller": True},
+        {"kind": "Job", "name": "b", "controller": True},
+    ],
+    [{"kind": "ReplicaSet", "name": "a", "controller": "true"}],
+    [{"kind": "Node", "name": "l4-a-1", "controller": True}],
+    [{"kind": "", "name": "", "controller": True}],
+    [{"controller": True}],
+    [None],
+)
+TAINTS: tuple[Json, ...] = (
+    [],
+    [{"key": "rebalancer.gpu/draining", "effect": "NoSchedule", "value": "x"}],
+    [{"key": "nvidia.com/gpu", "effect": "NoExecute"}],
+    [{"key": "x", "effect": "Bogus"}],
+    [{"effect": "NoSchedule"}],
+    [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}],
+    [None],
+)
+VOLUMES: tuple[Json, ...] = (
+    [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1e400"}}],
+    [{"name": "scratch", "emptyDir": {}}],
+    [{"name": "scratch", "emptyDir": None}],
+    [{"name": "h", "hostPath": None}],
+    [{"name": "h", "hostPath": {"path": "/"}}],
+    [{"name": "v"}],
+    [{}],
+    [{"name": "e", "ephemeral": {"volumeClaimTemplate": {}}}],
+)
+INIT_CONTAINERS: tuple[Json, ...] = (
+    [{"name": "init", "resources": {"requests": {"nvidia.com/gpu": "8", "cpu": "1e400"}}}],
+    [{"name": "sidecar", "restartPolicy": "Always", "resources": {"requests": {"nvidia.com/gpu": "1"}}}],
+    [{"name": "sidecar", "restartPolicy": 5, "resources": {"requests": {"cpu": "-1"}}}],
+    [{"name": "init", "resources": {"limits": {"nvidia.com/gpu": "2"}}}],
+    [{"name": "init", "resources": None}],
+    [{}],
+)
+GPU_LABELS = (
+    "nvidia.com/gpu.count",
+    "nvidia.com/gpu.product",
+    "nvidia.com/gpu.memory",
+    "nvidia.com/gpu.replicas",
+    "nvidia.com/mig.config",
+    "topology.kubernetes.io/zone",
+    "kubernetes.io/hostname",
+    "node.kubernetes.io/instance-type",
+)
+LABEL_VALUES_OBJ: tuple[Json, ...] = (
+    *QUANTITIES[:12],
+    "NVIDIA-H100-80GB-HBM3",
+    "NVIDIA-L4",
+    "us-east-1a",
+    "us-east-1b",
+    "us-east-1c",
+    "a100-a-2",
+    "",
+    None,
+    5,
+)
+ANNOTATIONS = (
+    "rebalancer.gpu/evict",
+    "rebalancer.gpu/checkpoint",
+    "cluster-autoscaler.kubernetes.io/safe-to-evict",
+    "karpenter.sh/do-not-disrupt",
+    "cluster-autoscaler.kubernetes.io/scale-down-disabled",
+    "kubernetes.io/config.mirror",
+    "scheduling.x-k8s.io/pod-group",
+)
+FLAGS: tuple[Json, ...] = ("true", "false", "True", "yes", "", True, None, 1, "x" * 3000)
+PDB_NUMBERS: tuple[Json, ...] = (
+    0,
+    -1,
+    1,
+    4,
+    "150%",
+    "-10%",
+    "abc",
+    "1e400%",
+    "50%",
+    "0%",
+    "100%",
+    2**63,
+    None,
+    1.5,
+    "",
+    "%",
+)
+
+
+def _object_kind(obj: Mapping[str, Any], list_kind: str | None) -> str | None:
+    kind = obj.get("kind")
+    if isinstance(kind, str) and kind in ("Pod", "Node", "PodDisruptionBudget"):
+        return kind
+    if list_kind and list_kind.endswith("List") and list_kind != "List":
+        return list_kind.removesuffix("List")
+    return None
+
+
+def _objects_of(doc: Json) -> list[tuple[dict[str, Any], str]]:
+    """The Pod, Node and PDB mappings in a document, a List, or a list of YAML documents."""
+    found: list[tuple[dict[str, Any], str]] = []
+    stack: list[tuple[Json, str | None]] = [(doc, None)]
+    while stack:
+        value, list_kind = stack.pop()
+        if isinstance(value, list):
+            stack.extend((item, list_kind) for item in reversed(value))
+        elif isinstance(value, dict):
+            items = value.get("items")
+            own = value.get("kind")
+            if isinstance(items, list) and isinstance(own, str) and own.endswith("List"):
+                stack.extend((item, own) for item in reversed(items))
+                continue
+            kind = _object_kind(value, list_kind)
+            if kind is not None:
+                found.append((value, kind))
+    return found
+
+
+def _set(obj: dict[str, Any], path: JsonPath, value: Json) -> None:
+    """Set `obj[path]`, creating mappings (and one-item lists for index 0) on the way."""
+    node: Any = obj
+    for part, following in itertools.pairwise(path):
+        fresh: Json = [{}] if isinstance(following, int) else {}
+        if isinstance(part, int):
+            if not isinstance(node, list):
+                return
+            while len(node) <= part:
+                node.append(copy.deepcopy(fresh[0]) if isinstance(fresh, list) else {})
+            if not isinstance(node[part], dict | list):
+                node[part] = fresh
+            node = node[part]
+        else:
+            if not isinstance(node, dict):
+                return
+            if not isinstance(node.get(part), dict | list):
+                node[part] = fresh
+            node = node[part]
+    last = path[-1]
+    if isinstance(last, int) and isinstance(node, list):
+        while len(node) <= last:
+            node.append(None)
+        node[last] = value
+    elif isinstance(last, str) and isinstance(node, dict):
+        node[last] = value
+
+
+@st.composite
+def semantic_edit(draw: st.DrawFn, doc: Json, raw: _Raw) -> tuple[Json, str]:
+    """An edit of a field the rebalancer reads (requests, allocatable, spread, affinity, PDB budgets...),
+    with values that parse but are extreme, contradictory or of the wrong type."""
+    objects = _objects_of(doc)
+    if not objects:
+        return doc, "no object to edit"
+    obj, kind = objects[draw(st.integers(0, len(objects) - 1), label="object")]
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    field: JsonPath
+    value: Json
+    if kind == "Pod":
+        which = draw(st.integers(0, 17), label="pod-field")
+        if which <= 3:
+            section = "requests" if which <= 2 else "limits"
+            field = ("spec", "containers", 0, "resources", section, draw(st.sampled_from(RESOURCES)))
+            value = draw(st.sampled_from(RESOURCE_VALUES))
+        elif which == 4:
+            field = ("spec", "overhead", draw(st.sampled_from(RESOURCES)))
+            value = draw(st.sampled_from(RESOURCE_VALUES))
+        elif which == 5:
+            field, value = ("spec", "initContainers"), draw(st.sampled_from(INIT_CONTAINERS))
+        elif which == 6:
+            field = ("spec", "nodeName")
+            value = draw(st.sampled_from(("", "ghost-node", None, 5, "a100-a-2", "l4-b-1", "h100-b-1")))
+        elif which == 7:
+            constraint = {
+                "maxSkew": draw(st.sampled_from(SPREAD_VALUES)),
+                "topologyKey": draw(
+                    st.sampled_from(
+                        ("topology.kubernetes.io/zone", "kubernetes.io/hostname", "", "missing/label", None)
+                    )
+                ),
+                "whenUnsatisfiable": draw(st.sampled_from(("DoNotSchedule", "ScheduleAnyway", "", "x"))),
+                "labelSelector": draw(st.sampled_from(SELECTORS)),
+            }
+            if draw(st.booleans()):
+                constraint["minDomains"] = draw(st.sampled_from(SPREAD_VALUES))
+            if draw(st.booleans()):
+                constraint["matchLabelKeys"] = draw(st.sampled_from((["pod-template-hash"], [], None, [5])))
+            field, value = ("spec", "topologySpreadConstraints"), [constraint]
+        elif which == 8:
+            field = (
+                "spec",
+                "affinity",
+                "nodeAffinity",
+                "requiredDuringSchedulingIgnoredDuringExecution",
+                "nodeSelectorTerms",
+            )
+            value = draw(st.sampled_from(NODE_TERMS))
+        elif which == 9:
+            field = ("spec", "affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution")
+            value = draw(st.sampled_from(PREFERRED_TERMS))
+        elif which == 10:
+            field, value = ("spec", "tolerations"), draw(st.sampled_from(TOLERATIONS))
+        elif which == 11:
+            field = (
+                "spec",
+                draw(st.sampled_from(("priority", "priorityClassName", "schedulerName", "nodeSelector"))),
+            )
+            value = draw(
+                st.sampled_from(
+                    (
+                        2**31,
+                        -(2**31),
+                        2**63,
+                        "system-node-critical",
+                        "gpu-packed-scheduler",
+                        "",
+                        None,
+                        {},
+                        {"a": None},
+                    )
+                )
+            )
+        elif which == 12:
+            field = ("metadata", draw(st.sampled_from(("creationTimestamp", "deletionTimestamp"))))
+            value = draw(st.sampled_from(TIMESTAMPS))
+        elif which == 13:
+            field = ("status", draw(st.sampled_from(("phase", "startTime", "qosClass"))))
+            value = draw(
+                st.sampled_from(("Pending", "Succeeded", "Failed", "Unknown", "", 5, None, *TIMESTAMPS[:6]))
+            )
+        elif which == 14:
+            field, value = ("metadata", "ownerReferences"), draw(st.sampled_from(OWNERS))
+        elif which == 15:
+            field = (
+                "metadata",
+                draw(st.sampled_from(("labels", "annotations"))),
+                draw(st.sampled_from(ANNOTATIONS)),
+            )
+            value = draw(st.sampled_from((*FLAGS, "llm-finetune", "llm-serve")))
+        elif which == 16:
+            field, value = ("spec", "volumes"), draw(st.sampled_from(VOLUMES))
+        else:
+            field = ("metadata", draw(st.sampled_from(("name", "namespace"))))
+            value = draw(
+                st.sampled_from(
+                    ("", "llm-serve-hlntxhwkcg-59dbk", "inference", "kube-system", "x" * 300, None, 5)
+                )
+            )
+    elif kind == "Node":
+        which = draw(st.integers(0, 7), label="node-field")
+        if which <= 2:
+            field = ("status", "allocatable" if which <= 1 else "capacity", draw(st.sampled_from(RESOURCES)))
+            value = draw(st.sampled_from(RESOURCE_VALUES))
+        elif which == 3:
+            field = ("metadata", "labels", draw(st.sampled_from(GPU_LABELS)))
+            value = draw(st.sampled_from(LABEL_VALUES_OBJ))
+        elif which == 4:
+            field, value = ("spec", "taints"), draw(st.sampled_from(TAINTS))
+        elif which == 5:
+            field = ("spec", "unschedulable")
+            value = draw(st.sampled_from((True, "true", 1, None)))
+        elif which == 6:
+            field = ("status", "conditions")
+            value = draw(
+                st.sampled_from(
+                    (
+                        [],
+                        [{"type": "Ready", "status": "False"}],
+                        [{"type": "Ready", "status": True}],
+                        [{"type": "Ready"}],
+                        [None],
+                    )
+                )
+            )
+        else:
+            field = ("metadata", draw(st.sampled_from(("creationTimestamp", "annotations"))))
+            value = (
+                draw(st.sampled_from(TIMESTAMPS))
+                if field[1] == "creationTimestamp"
+                else {draw(st.sampled_from(ANNOTATIONS)): draw(st.sampled_from(FLAGS))}
+            )
+    else:
+        which = draw(st.integers(0, 3), label="pdb-field")
+        if which <= 1:
+            field = ("spec", draw(st.sampled_from(("minAvailable", "maxUnavailable"))))
+            value = draw(st.sampled_from(PDB_NUMBERS))
+        elif which == 2:
+            field, value = ("spec", "selector"), draw(st.sampled_from(SELECTORS))
+        else:
+            field = (
+                "status",
+                draw(
+                    st.sampled_from(
+                        ("disruptionsAllowed", "currentHealthy", "desiredHealthy", "expectedPods")
+                    )
+                ),
+            )
+            value = draw(st.sampled_from(PDB_NUMBERS))
+    value = copy.deepcopy(value)
+    _set(obj, field, value)
+    return doc, f"{kind} {name}: {_path_text(field)} = {_show(value, raw)}"
+
+
+@st.composite
+def object_edit(draw: st.DrawFn, doc: Json, raw: _Raw) -> tuple[Json, str]:
+    """A semantic edit or an edit at a random path."""
+    if draw(st.booleans()):
+        return draw(semantic_edit(doc, raw))
+    return draw(edit_document(doc, raw))
+
+
+@st.composite
+def mutate_objects_json(draw: st.DrawFn, case: Case) -> Case:
+    """kubectl JSON: one to three edits at random paths of a List file, written back."""
+    names = [n for n in OBJECT_JSON_FILES if n in case.files] or [
+        n for n in case.files if n.endswith(".json")
+    ]
+    if not names:
+        return case
+    name = draw(st.sampled_from(names))
+    try:
+        doc = json.loads(case.files[name])
+    except (ValueError, RecursionError):
+        return case
+    raw = _Raw()
+    notes: list[str] = []
+    for _ in range(draw(st.integers(1, 3))):
+        doc, note = draw(object_edit(doc, raw))
+        notes.append(note)
+    data = dump_json(doc, raw, indent=draw(st.sampled_from((None, 1))), ascii_only=draw(st.booleans()))
+    return case.with_file(name, data, f"{name.split('/')[-1]}: {', '.join(notes)}")
+
+
+@st.composite
+def mutate_objects_yaml(draw: st.DrawFn, case: Case) -> Case:
+    """Kubernetes objects as YAML: edits in the multi-document file, or a JSON List rewritten as YAML."""
+    name = f"{SNAPSHOT_DIR}/extra.yaml"
+    notes: list[str] = []
+    if draw(st.booleans()) or name not in case.files:
+        source = draw(st.sampled_from([n for n in OBJECT_JSON_FILES if n in case.files] or [name]))
+        if source not in case.files:
+            return case
+        try:
+            docs = (
+                [json.loads(case.files[source])]
+                if source.endswith(".json")
+                else _loads_yaml_all(case.files[source])
+            )
+        except (ValueError, yaml.YAMLError, RecursionError):
+            return case  # already broken by an earlier mutation
+        if source != name:
+            target = source.removesuffix(".json") + draw(st.sampled_from((".yaml", ".yml")))
+            case = case.without([source], f"{source.split('/')[-1]} as YAML")
+            name = target
+            if draw(st.booleans()) and isinstance(docs[0], dict) and isinstance(docs[0].get("items"), list):
+                docs = list(docs[0]["items"])  # one document per object
+                notes.append("one document per item")
+    else:
+        try:
+            docs = _loads_yaml_all(case.files[name])
+        except (ValueError, yaml.YAMLError, RecursionError):
+            return case
+    raw = _Raw()
+    holder: Json = list(docs)
+    for _ in range(draw(st.integers(1, 3))):
+        holder, note = draw(object_edit(holder, raw))
+        notes.append(note)
+    if not isinstance(holder, list):
+        holder = [holder]
+    text = dump_yaml(holder, raw, flow=draw(st.sampled_from((None, False, True))))
+    return case.with_file(name, text, f"{name.split('/')[-1]}: {', '.join(notes)}")
+
+
+INVALID_UTF8 = (b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xc0\xaf", b"\x80", b"\xe2\x82")
+
+
+@st.composite
+def mutate_bytes(draw: st.DrawFn, case: Case, name: str | None = None) -> Case:
+    """Byte-level damage to one file: truncation, invalid UTF-8, NULs, BOMs, other encodings, splices."""
+    names = sorted(k for k in case.files if not k.endswith("/"))
+    if not names:
+        return case
+    name = name or draw(st.sampled_from(names))
+    data = case.files[name]
+    op = draw(
+        st.sampled_from(
+            (
+                "truncate",
+                "truncate",
+                "empty",
+                "invalid-utf8",
+                "invalid-utf8",
+                "nul",
+                "bom",
+                "utf16",
+                "flip",
+                "delete-chunk",
+                "duplicate-chunk",
+                "crlf",
+                "random",
+                "splice",
+                "latin1",
+                "cr-only",
+            )
+        ),
+        label="byte-op",
+    )
+    at = draw(st.integers(0, max(len(data), 0)), label="offset")
+    if op == "truncate":
+        new, note = data[:at], f"truncated at byte {at}"
+    elif op == "empty":
+        new, note = b"", "emptied"
+    elif op == "invalid-utf8":
+        bad = draw(st.sampled_from(INVALID_UTF8))
+        new, note = data[:at] + bad + data[at:], f"invalid UTF-8 {bad!r} at byte {at}"
+    elif op == "nul":
+        new, note = data[:at] + b"\x00" + data[at:], f"NUL at byte {at}"
+    elif op == "bom":
+        bom = draw(st.sampled_from((b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")))
+        new, note = bom + data, f"BOM {bom!r}"
+    elif op == "utf16":
+        new, note = data.decode("utf-8", "replace").encode("utf-16"), "re-encoded as UTF-16"
+    elif op == "latin1":
+        new, note = (
+            data.decode("utf-8", "replace").replace("\ufffd", "?").encode("latin-1", "replace"),
+            "latin-1",
+        )
+        new = new + "é".encode("latin-1")
+    elif op == "flip":
+        if not data:
+            new, note = b"\x01", "one byte"
+        else:
+            index = min(at, len(data) - 1)
+            bit = 1 << draw(st.integers(0, 7))
+            new = data[:index] + bytes([data[index] ^ bit]) + data[index + 1 :]
+            note = f"bit {bit} flipped at byte {index}"
+    elif op == "delete-chunk":
+        size = draw(st.integers(1, 4096))
+        new, note = data[:at] + data[at + size :], f"{size} bytes deleted at {at}"
+    elif op == "duplicate-chunk":
+        size = draw(st.integers(1, 4096))
+        new, note = (
+            data[: at + size] + data[at : at + size] + data[at + size :],
+            f"{size} bytes repeated at {at}",
+        )
+    elif op == "crlf":
+        new, note = data.replace(b"\n", b"\r\n"), "CRLF line ends"
+    elif op == "cr-only":
+        new, note = data.replace(b"\n", b"\r"), "CR line ends"
+    elif op == "random":
+        new = draw(st.binary(max_size=300))
+        note = f"replaced by {len(new)} random bytes"
+    else:
+        other = draw(st.sampled_from(names))
+        cut = draw(st.integers(0, len(case.files[other])))
+        new, note = data[:at] + case.files[other][cut:], f"spliced with {other.split('/')[-1]} at {at}"
+    return case.with_file(name, new, f"{name.split('/')[-1]}: {note}")
+
+
+@st.composite
+def mutate_files(draw: st.DrawFn, case: Case) -> Case:
+    """Whole-file changes: compressed copies, subdirectories, renames, deletions, odd entries."""
+    snap = case.snapshot_files()
+    op = draw(
+        st.sampled_from(
+            (
+                "gzip",
+                "gzip",
+                "gzip-unrenamed",
+                "subdir",
+                "delete",
+                "delete",
+                "copy",
+                "rename",
+                "rename",
+                "hidden",
+                "dir-named-like-file",
+                "empty-dir",
+                "no-dir",
+                "dir-is-file",
+                "policy-inside",
+                "odd-name",
+                "only",
+            )
+        ),
+        label="file-op",
+    )
+    if not snap and op not in ("no-dir", "dir-is-file", "empty-dir"):
+        op = "empty-dir"
+    if op in ("gzip", "gzip-unrenamed"):
+        name = draw(st.sampled_from(snap))
+        packed = gzip.compress(case.files[name], mtime=0)
+        if op == "gzip":
+            target = name + ".gz"
+            keep = draw(st.booleans())
+            out = case.with_file(target, packed, f"{name.split('/')[-1]} gzip-compressed as .gz")
+            return out if keep else out.without([name], "original removed")
+        return case.with_file(name, packed, f"{name.split('/')[-1]} gzip-compressed in place")
+    if op == "subdir":
+        name = draw(st.sampled_from(snap))
+        sub = draw(st.sampled_from(("sub", "2026-11-29", ".hidden", "nested/deeper")))
+        moved = f"{SNAPSHOT_DIR}/{sub}/{name.split('/', 1)[1]}"
+        return case.without([name], "").with_file(
+            moved, case.files[name], f"{name.split('/')[-1]} moved to {sub}/"
+        )
+    if op == "delete":
+        names = draw(st.lists(st.sampled_from(snap), min_size=1, max_size=3, unique=True))
+        return case.without(names, f"deleted {', '.join(n.split('/')[-1] for n in names)}")
+    if op == "copy":
+        name = draw(st.sampled_from(snap))
+        stem, dot, suffix = name.rpartition(".")
+        copy_name = f"{stem}-copy{dot}{suffix}" if dot else name + "-copy"
+        return case.with_file(copy_name, case.files[name], f"{name.split('/')[-1]} copied")
+    if op == "rename":
+        name = draw(st.sampled_from(snap))
+        # A name with no dot (an earlier rename dropped it) is all stem.
+        stem = name.rpartition(".")[0] if "." in name.rsplit("/", 1)[-1] else name
+        new_suffix = draw(
+            st.sampled_from(("json", "yaml", "yml", "prom", "om", "JSON", "Yaml", "OM", "txt", ""))
+        )
+        target = f"{stem}.{new_suffix}" if new_suffix else stem
+        if target == name:
+            return case
+        return case.without([name], "").with_file(
+            target, case.files[name], f"{name.split('/')[-1]} renamed .{new_suffix}"
+        )
+    if op == "hidden":
+        name = draw(st.sampled_from(snap))
+        hidden = f"{SNAPSHOT_DIR}/.{name.split('/', 1)[1]}"
+        return case.without([name], "").with_file(hidden, case.files[name], f"{name.split('/')[-1]} hidden")
+    if op == "dir-named-like-file":
+        name = draw(st.sampled_from((*snap, f"{SNAPSHOT_DIR}/x.json", f"{SNAPSHOT_DIR}/snapshot.yaml")))
+        files = {k: v for k, v in case.files.items() if k != name}
+        files[name + "/"] = b""
+        return case.replace_files(files, f"{name.split('/')[-1]} is a directory")
+    if op == "empty-dir":
+        files = {k: v for k, v in case.files.items() if not _in_snapshot(k)}
+        files[SNAPSHOT_DIR + "/"] = b""
+        return case.replace_files(files, "empty snapshot directory")
+    if op == "no-dir":
+        files = {k: v for k, v in case.files.items() if not _in_snapshot(k)}
+        return case.replace_files(files, "no snapshot directory")
+    if op == "dir-is-file":
+        files = {k: v for k, v in case.files.items() if not _in_snapshot(k)}
+        files[SNAPSHOT_DIR] = case.files.get(f"{SNAPSHOT_DIR}/pods.json", b"{}")
+        return case.replace_files(files, "snapshot is a file")
+    if op == "policy-inside":
+        policy = case.files.get(POLICY_FILE, DEMO_POLICY.read_bytes())
+        files = {k: v for k, v in case.files.items() if k != POLICY_FILE}
+        files[f"{SNAPSHOT_DIR}/{POLICY_FILE}"] = policy
+        return case.replace_files(files, "policy inside the snapshot directory")
+    if op == "odd-name":
+        name = draw(st.sampled_from(snap))
+        base = name.rsplit("/", 1)[-1]
+        suffix = "." + base.rpartition(".")[2] if "." in base else ""
+        odd = draw(
+            st.sampled_from(("pöds ü", "with space", "x" * 200, "-leading-dash", "a:b", "1", "--policy"))
+        )
+        target = f"{SNAPSHOT_DIR}/{odd}{suffix}"
+        return case.without([name], "").with_file(
+            target, case.files[name], f"{name.split('/')[-1]} renamed {odd!r}"
+        )
+    # only: a single file of the snapshot kept
+    name = draw(st.sampled_from(snap))
+    kept = {k: v for k, v in case.files.items() if not k.startswith(SNAPSHOT_DIR + "/") or k == name}
+    return case.replace_files(kept, f"only {name.split('/')[-1]} kept")
+
+
+def _in_snapshot(name: str) -> bool:
+    return name == SNAPSHOT_DIR or name.startswith(SNAPSHOT_DIR + "/")
+
+
+GARBAGE_LINES = (
+    "garbage",
+    "{}",
+    "metric{",
+    'x{a="1"} 1 2 3',
+    "# TYPE x bogus",
+    "# HELP",
+    "#",
+    "  ",
+    "\t",
+    'DCGM_FI_DEV_GPU_UTIL{gpu="0"} abc',
+    "DCGM_FI_DEV_GPU_UTIL 1 notatime",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_GPU_UTIL{} 1",
+    'DCGM_FI_DEV_GPU_UTIL{gpu="0",gpu="1"} 1',
+    "DCGM_FI_DEV_GPU_UTIL{gpu=0} 1",
+    '{gpu="0"} 1',
+    'DCGM_FI_DEV_GPU_UTIL{"gpu"="0"} 1',
+    "# EOF",
+    "# UNIT DCGM_FI_DEV_GPU_UTIL percent",
+    "# TYPE DCGM_FI_DEV_GPU_UTIL counter",
+    'ünïcødé{ä="ö"} 1',
+    "\x00",
+    "DCGM_FI_DEV_GPU_UTIL 1e400",
+    "DCGM_FI_DEV_GPU_UTIL NaN 1795953135",
+    'DCGM_FI_DEV_FB_USED{hostname="ghost-node",UUID="GPU-x",gpu="0"} 99999999999 1795953135',
+    "DCGM_FI_DEV_GPU_UTIL" + "x" * 3000 + " 1",
+    'DCGM_FI_DEV_GPU_UTIL{gpu="0",note="' + "x" * 3000 + '"} 1 1795953135',
+)
+SAMPLE_VALUES = (
+    "NaN",
+    "+Inf",
+    "-Inf",
+    "Nan",
+    "nan",
+    "inf",
+    "1e400",
+    "-1e400",
+    "-1",
+    "1e308",
+    "0x10",
+    "1_000",
+    "9" * 400,
+    "",
+    "1.5.5",
+    "∞",
+    "-0",
+    "4294967280",
+    "140737488355328",
+    "9223372036854775792",
+    "9" * 3000 + "x",
+)
+TIMESTAMP_EDITS = (
+    "x1000",
+    "/1000",
+    "negative",
+    "1e20",
+    "9" * 30,
+    "1e400",
+    "0",
+    "fraction",
+    "abc",
+    "remove",
+    "-1e400",
+    "253402300800",
+    "NaN",
+)
+LABEL_VALUES = (
+    '\\"',
+    "\\\\",
+    "\\n",
+    "ü",
+    "}",
+    "\\x",
+    '"',
+    "",
+    ",",
+    "=",
+    "x" * 100_000,
+    "a\\",
+    "\t",
+)
+
+
+def _split_sample(line: str) -> tuple[str, list[str]] | None:
+    """`name{labels}` and the rest (value, timestamp, exemplar...) of a sample line."""
+    if not line or line.startswith("#"):
+        return None
+    brace = line.rfind("}")
+    head_end = brace + 1 if brace != -1 else line.find(" ")
+    if head_end <= 0:
+        return None
+    return line[:head_end], line[head_end:].split()
+
+
+def _join_sample(series: str, rest: Sequence[str]) -> str:
+    return " ".join([series, *rest])
+
+
+EXPOSITION_OPS = (
+    "value",
+    "value",
+    "timestamp",
+    "timestamp",
+    "out-of-order",
+    "duplicate-line",
+    "garbage",
+    "garbage",
+    "label",
+    "label",
+    "duplicate-family",
+    "type",
+    "drop-metadata",
+    "eof-remove",
+    "eof-middle",
+    "eof-add",
+    "after-eof",
+    "scale-all",
+    "strip-timestamps",
+    "crlf",
+    "exemplar",
+    "rename-metric",
+    "huge-timestamp-all",
+)
+
+
+@st.composite
+def mutate_exposition(draw: st.DrawFn, case: Case) -> Case:
+    """DCGM expositions: values, timestamps, labels, families, `# EOF`, garbage lines."""
+    names = [n for n in case.snapshot_files() if n.endswith((".om", ".prom"))]
+    if not names:
+        return case
+    name = draw(st.sampled_from(names))
+    try:
+        lines = case.files[name].decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        return case
+    samples = [i for i, line in enumerate(lines) if _split_sample(line) is not None]
+    notes: list[str] = []
+    for _ in range(draw(st.integers(1, 3))):
+        op = draw(st.sampled_from(EXPOSITION_OPS), label="exposition-op")
+        index = samples[draw(st.integers(0, len(samples) - 1))] if samples else 0
+        parsed = _split_sample(lines[index]) if samples else None
+        if op == "value" and parsed:
+            series, rest = parsed
+            value = draw(st.sampled_from(SAMPLE_VALUES))
+            lines[index] = _join_sample(series, [value, *rest[1:]] if value else rest[1:])
+            notes.append(f"line {index + 1} value {value[:20]!r}")
+        elif op == "timestamp" and parsed:
+            series, rest = parsed
+            edit = draw(st.sampled_from(TIMESTAMP_EDITS))
+            rest = list(rest) + ([] if len(rest) > 1 else ["1795953135"])
+            rest[1] = _edit_timestamp(rest[1], edit)
+            lines[index] = _join_sample(series, [r for r in rest if r])
+            notes.append(f"line {index + 1} timestamp {edit}")
+        elif op == "out-of-order" and parsed and index + 1 < len(lines):
+            other = _split_sample(lines[index + 1])
+            if other and len(parsed[1]) > 1 and len(other[1]) > 1:
+                a, b = list(parsed[1]), list(other[1])
+                a[1], b[1] = b[1], a[1]
+                lines[index], lines[index + 1] = _join_sample(parsed[0], a), _join_sample(other[0], b)
+                notes.append(f"lines {index + 1}-{index + 2} out of order")
+        elif op == "duplicate-line":
+            lines.insert(index, lines[index])
+            notes.append(f"line {index + 1} repeated")
+        elif op == "garbage":
+            garbage = draw(st.sampled_from(GARBAGE_LINES) | st.text(max_size=40))
+            at = draw(st.integers(0, len(lines)))
+            lines.insert(at, garbage)
+            notes.append(f"garbage {garbage[:30]!r} at line {at + 1}")
+        elif op == "label" and parsed:
+            series, rest = parsed
+            value = draw(st.sampled_from(LABEL_VALUES))
+            how = draw(st.sampled_from(("value", "add", "duplicate", "empty", "unclosed", "bad-name")))
+            lines[index] = _join_sample(_edit_labels(series, how, value), rest)
+            notes.append(f"line {index + 1} labels {how} {value[:10]!r}")
+        elif op == "duplicate-family":
+            first = [line for line in lines if line and line != "# EOF"]
+            family = _first_family(first)
+            eof = "# EOF" in lines
+            body = [line for line in lines if line != "# EOF"]
+            lines = body + family + (["# EOF"] if eof else [])
+            notes.append("first family repeated")
+        elif op == "type":
+            kind = draw(
+                st.sampled_from(
+                    (
+                        "counter",
+                        "histogram",
+                        "summary",
+                        "info",
+                        "stateset",
+                        "gaugehistogram",
+                        "unknown",
+                        "untyped",
+                        "bogus",
+                        "",
+                    )
+                )
+            )
+            lines = [
+                re.sub(r"^(# TYPE \S+) \S+$", rf"\1 {kind}", line, count=1)
+                if line.startswith("# TYPE")
+                else line
+                for line in lines
+            ]
+            notes.append(f"TYPE {kind!r}")
+        elif op == "drop-metadata":
+            lines = [line for line in lines if not line.startswith(("# TYPE", "# HELP"))]
+            notes.append("no HELP / TYPE")
+        elif op == "eof-remove":
+            lines = [line for line in lines if line != "# EOF"]
+            notes.append("# EOF removed")
+        elif op == "eof-middle":
+            lines.insert(draw(st.integers(0, len(lines))), "# EOF")
+            notes.append("# EOF in the middle")
+        elif op == "eof-add":
+            lines = [*(line for line in lines if line), "# EOF", ""]
+            notes.append("# EOF added")
+        elif op == "after-eof":
+            lines += ['DCGM_FI_DEV_GPU_UTIL{gpu="9",UUID="GPU-after",hostname="l4-a-1"} 1 1795953135', ""]
+            notes.append("sample after # EOF")
+        elif op == "scale-all":
+            factor = draw(st.sampled_from(("x1000", "/1000")))
+            lines = [_edit_line_timestamp(line, factor) for line in lines]
+            notes.append(f"every timestamp {factor}")
+        elif op == "huge-timestamp-all":
+            edit = draw(st.sampled_from(("1e20", "negative", "0", "253402300800", "9" * 30)))
+            lines = [_edit_line_timestamp(line, edit) for line in lines]
+            notes.append(f"every timestamp {edit}")
+        elif op == "strip-timestamps":
+            lines = [_edit_line_timestamp(line, "remove") for line in lines]
+            notes.append("no timestamps")
+        elif op == "crlf":
+            lines = [line + "\r" if line else line for line in lines]
+            notes.append("CRLF")
+        elif op == "exemplar" and parsed:
+            series, rest = parsed
+            lines[index] = _join_sample(series, [*rest, '# {trace_id="abc"} 1.0 1795953135'])
+            notes.append(f"line {index + 1} exemplar")
+        elif op == "rename-metric" and parsed:
+            series, rest = parsed
+            suffix = draw(st.sampled_from(("_total", "_created", "_bucket", "_count", "_info", "x")))
+            metric, brace, labels = series.partition("{")
+            lines[index] = _join_sample(metric + suffix + brace + labels, rest)
+            notes.append(f"line {index + 1} metric {suffix}")
+        samples = [i for i, line in enumerate(lines) if _split_sample(line) is not None]
+    out = case.with_file(name, "\n".join(lines).encode("utf-8"), f"{name.split('/')[-1]}: {', '.join(notes)}")
+    if draw(st.integers(0, 3)) == 0 and f"{SNAPSHOT_DIR}/snapshot.yaml" in out.files:
+        out = out.without([f"{SNAPSHOT_DIR}/snapshot.yaml"], "no snapshot.yaml (now from the samples)")
+    return out
+
+
+def _edit_timestamp(text: str, edit: str) -> str:
+    try:
+        number = float(text)
+    except ValueError:
+        number = 1795953135.0
+    if edit == "x1000":
+        return f"{int(number * 1000) if math.isfinite(number) else text}"
+    if edit == "/1000":
+        return f"{number / 1000:.3f}" if math.isfinite(number) else text
+    if edit == "negative":
+        return f"-{text.lstrip('-')}"
+    if edit == "fraction":
+        return f"{text}.5" if "." not in text else text + "5"
+    if edit == "remove":
+        return ""
+    return edit
+
+
+def _edit_line_timestamp(line: str, edit: str) -> str:
+    parsed = _split_sample(line)
+    if parsed is None or len(parsed[1]) < 2:
+        return line
+    series, rest = parsed
+    rest = list(rest)
+    rest[1] = _edit_timestamp(rest[1], edit)
+    return _join_sample(series, [r for r in rest if r])
+
+
+def _edit_labels(series: str, how: str, value: str) -> str:
+    metric, brace, labels = series.partition("{")
+    labels = labels.removesuffix("}")
+    if how == "value":
+        labels = re.sub(r'="[^"]*"', lambda _: f'="{value}"', labels, count=1)
+    elif how == "add":
+        labels = f'{labels},extra="{value}"' if labels else f'extra="{value}"'
+    elif how == "duplicate":
+        first = labels.split(",")[0] if labels else 'gpu="0"'
+        labels = f"{labels},{first}"
+    elif how == "empty":
+        labels = ""
+    elif how == "unclosed":
+        return f"{metric}{{{labels}"
+    else:
+        labels = f'{labels},1bad-name="{value}"'
+    return f"{metric}{{{labels}}}" if brace or labels else metric
+
+
+def _first_family(lines: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    name: str | None = None
+    for line in lines:
+        if line.startswith("# TYPE ") or line.startswith("# HELP "):
+            current = line.split()[2] if len(line.split()) > 2 else ""
+            if name is not None and current != name and any(not x.startswith("#") for x in out):
+                break
+            name = current
+        out.append(line)
+    return out[:400]
+
+
+NOW_VALUES = (
+    "2026-02-30T00:00:00Z",
+    "2026-11-29T12:00:00",
+    "2026-11-29 12:00:00",
+    "2026-11-29 12:00:00 +01:00",
+    "99999-01-01T00:00:00Z",
+    "9999-12-31T23:59:59-10:00",
+    "9999-12-31T23:59:59Z",
+    "9999-12-31T23:59:59.999999+00:00",
+    "0001-01-01T00:00:00+10:00",
+    "0001-01-01T00:00:00Z",
+    "1970-01-01T00:00:00Z",
+    "1969-12-31T23:59:59Z",
+    "2030-01-01T00:00:00Z",
+    "2026-11-29T12:10:00Z",
+    "2026-11-29",
+    "2026-13-01T00:00:00Z",
+    "2026-11-29T24:00:00Z",
+    "2026-11-29T12:00:60Z",
+    "2026-11-29T12:00:00+99:00",
+    "2026-11-29t12:00:00z",
+    "2026-11-29T12:00:00.1234567890123Z",
+    "1e400",
+    "12",
+    "-1",
+    "1795953600",
+    "true",
+    "null",
+    "~",
+    "[]",
+    "{}",
+    "[2026-11-29T12:00:00Z]",
+    "{at: 2026-11-29T12:00:00Z}",
+    "!!timestamp 2026-02-30",
+    "!!timestamp 2026-11-29",
+    "!!binary AAAA",
+    "!!str 2026-11-29T12:00:00Z",
+    "!!float 2026",
+    "!!int now",
+    "&a 2026-11-29T12:00:00Z",
+    "*undefined",
+    '"2026-11-29T12:00:00Z"',
+    "'2026-02-30T00:00:00Z'",
+    "'\uff12\uff10\uff12\uff16-11-29T12:00:00Z'",
+    "'2026-11-29T12:00:00+24:00'",
+    '"\\ud800"',
+    "'" + "9" * 5000 + "'",
+    "9" * 5000,
+    "2026-11-29T12:00:00Z " + "x" * 3000,
+)
+NOW_SHAPES = (
+    "now: {value}\n",
+    "now: {value}\n",
+    "now: {value}\n",
+    "# The instant this snapshot shows.\nnow: {value}\n",
+    "now: {value}\nnow: 2026-11-29T12:00:00Z\n",
+    "now: 2026-11-29T12:00:00Z\nnow: {value}\n",
+    "- now: {value}\n",
+    "then: {value}\n",
+    "now:\n  nested: {value}\n",
+    "now: {value}\n---\nnow: {value}\n",
+    "now: {value}\n...\ngarbage: [\n",
+    "{{now: {value}}}\n",
+    "now: {value} # a comment\n",
+    "\ufeffnow: {value}\n",
+    "now: {value}\nextra: {value}\n",
+    "{value}\n",
+    "",
+    "# only a comment\n",
+    "---\n",
+    "now:\n",
+    "now: &t {value}\nagain: *t\n",
+)
+
+
+@st.composite
+def mutate_snapshot_yaml(draw: st.DrawFn, case: Case) -> Case:
+    """`snapshot.yaml`: wrong types, invalid or far dates, no timezone, odd document shapes."""
+    name = f"{SNAPSHOT_DIR}/snapshot.yaml"
+    value = draw(st.sampled_from(NOW_VALUES) | st.text(max_size=30).map(json.dumps), label="now")
+    shape = draw(st.sampled_from(NOW_SHAPES), label="shape")
+    text = shape.format(value=value)
+    note = f"snapshot.yaml {text[:70]!r}"
+    return case.with_file(name, text.encode("utf-8", "surrogatepass"), note)
+
+
+BILLION_LAUGHS = 'lol: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n' + "".join(
+    f"l{i}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)
+)
+POLICY_TEXT_OPS = (
+    "edit-line",
+    "edit-line",
+    "edit-line",
+    "duplicate-key",
+    "duplicate-key",
+    "alias",
+    "bomb",
+    "deep",
+    "recursive-alias",
+    "whole-file",
+    "tabs",
+    "merge-key",
+    "insert-line",
+)
+WHOLE_POLICIES = (
+    "",
+    "# just a comment\n",
+    "[]\n",
+    "null\n",
+    "- a\n",
+    "42\n",
+    "---\n---\n",
+    "dry_run: true\n---\ndry_run: false\n",
+    "strategies:\n",
+    "strategies: [{name: idle-gpu, enabled: maybe}]\n",
+    "strategies: [{name: idle-gpu}, {name: idle-gpu}]\n",
+    "strategies: [{name: gpu-consolidation, args: {window: 99999999999w, min_node_age: 99999999999w}}]\n",
+    (
+        "strategies: [{name: idle-gpu, args: {window: 99999999999w, min_pod_age: 99999999999w, "
+        "max_telemetry_age: 99999999999w}}]\n"
+    ),
+    "guards: {min_pod_age: 99999999999w, cooldown: 99999999999w, disruption_window: 99999999999w}\n",
+    "interval: 99999999999w\n",
+    "telemetry: {max_age: 99999999999w}\n",
+    "eviction: {drain_timeout: 99999999999w, checkpoint_timeout: 99999999999w}\n",
+    "telemetry: null\n",
+    "telemetry: {utilization: {name: DCGM_FI_DEV_FB_USED}, fb_used: {name: DCGM_FI_DEV_GPU_UTIL}}\n",
+    "telemetry: {utilization: {name: DCGM_FI_DEV_GPU_UTIL, scale: 1e-300}}\n",
+    "telemetry: {utilization: {name: DCGM_FI_DEV_GPU_UTIL, scale: 1e300}}\n",
+    "telemetry: {labels: {node: [], pod: [], uuid: []}}\n",
+    "gpu_sharing: {resources: {nvidia.com/gpu: {milli_per_unit: 1}}}\n",
+    "gpu_sharing: {resources: {cpu: {milli_per_unit: 1000}, memory: {milli_per_unit: 1}}}\n",
+    "gangs: {keys: [app.kubernetes.io/name, '', pod-template-hash]}\n",
+    "limits: {max_per_node: 99999999999999999999, max_per_cycle: 1}\n",
+    "guards: {priority_threshold: -99999999999999999999}\n",
+    "prices: {per_gpu_hour: {NVIDIA-L4: 1e308}, default_per_gpu_hour: 1e308}\n",
+    "guards: {namespaces: {include: [a], exclude: [a]}}\n",
+    "guards: {label_selector: {match_expressions: [{key: a, operator: In}]}}\n",
+    "strategies: [{name: topology-spread, args: {max_evictions_per_constraint: 99999999999999999999}}]\n",
+    (
+        "strategies: [{name: gpu-consolidation, args: {max_nodes_per_cycle: 99999999999999999999, "
+        "peer_pods_to_make_room: 99999999999999999999, drain_onto_larger_nodes: true}}]\n"
+    ),
+    (
+        "strategies: [{name: gpu-consolidation, args: {max_allocated_percent: 100, "
+        "max_utilization_percent: 100, min_node_age: 0, packed_schedulers: [default-scheduler, "
+        "gpu-packed-scheduler, scheduler-plugins-scheduler], move_to_smaller_nodes: true, "
+        "drain_onto_larger_nodes: true, peer_pods_to_make_room: 5}}]\n"
+    ),
+    (
+        "strategies: [{name: idle-gpu, args: {namespaces: [notebooks, inference, research, training, "
+        "ml-platform], min_pod_age: 0, max_utilization_percent: 100, min_samples: 1}}]\n"
+    ),
+    (
+        "strategies: [{name: topology-spread, args: {include_soft: true, compact_gangs: true, "
+        "min_pod_age: 0}}]\n"
+    ),
+    "strategies: [{name: gpu-affinity, args: {preferred: true, min_pod_age: 0}}]\n",
+    "\t- tab\n",
+    "a: &a [*a]\n",
+    "\ufeffdry_run: true\n",
+    "%YAML 1.1\n---\ndry_run: true\n",
+    "%YAML 9.9\n---\ndry_run: true\n",
+    "!!python/object/apply:os.system ['true']\n",
+    "dry_run: !!binary AAAA\n",
+    "? [a, b]\n: c\n",
+    "{[a]: 1}\n",
+    "dry_run: true\n" * 3,
+)
+
+
+@st.composite
+def mutate_policy(draw: st.DrawFn, case: Case) -> Case:
+    """Policies: structure-aware edits of the shipped ones, and text-level YAML tricks."""
+    seed_name = draw(st.sampled_from(sorted(POLICY_TEXTS)))
+    text = POLICY_TEXTS[seed_name].decode("utf-8")
+    notes = [f"from {seed_name}"]
+    if draw(st.booleans()):
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError:
+            doc = {}
+        raw = _Raw()
+        extra: list[Json] = [*POLICY_VALUES, *DURATIONS]
+        for _ in range(draw(st.integers(1, 3))):
+            doc, note = draw(edit_document(doc, raw, extra=extra))
+            notes.append(note)
+        data = dump_yaml([doc], raw, flow=draw(st.sampled_from((None, False, True))))
+    else:
+        lines = text.split("\n")
+        for _ in range(draw(st.integers(1, 2))):
+            op = draw(st.sampled_from(POLICY_TEXT_OPS), label="policy-op")
+            lines, note = _policy_text_op(draw, op, lines)
+            notes.append(note)
+        data = "\n".join(lines).encode("utf-8", "surrogatepass")
+    case = case.with_file(POLICY_FILE, data, ", ".join(notes))
+    if draw(st.integers(0, 4)) == 0:
+        second = draw(st.sampled_from(sorted(POLICY_TEXTS)))
+        case = case.with_file("policy-2.yaml", POLICY_TEXTS[second], f"and {second} as policy-2.yaml")
+    return case
+
+
+_KEY_LINE = re.compile(r"^(?P<indent>\s*(?:- )?)(?P<key>[A-Za-z_][\w.-]*):(?P<value>.*)$")
+
+
+def _policy_text_op(draw: st.DrawFn, op: str, lines: list[str]) -> tuple[list[str], str]:
+    keyed = [i for i, line in enumerate(lines) if _KEY_LINE.match(line) and not line.lstrip().startswith("#")]
+    if op in ("edit-line", "duplicate-key", "alias", "merge-key", "insert-line") and keyed:
+        index = keyed[draw(st.integers(0, len(keyed) - 1))]
+        match = _KEY_LINE.match(lines[index])
+        assert match is not None
+        indent, key, value = match["indent"], match["key"], match["value"]
+        if op == "edit-line":
+            new = draw(st.sampled_from(YAML_SCALARS + DURATIONS), label="yaml-value")
+            lines[index] = f"{indent}{key}: {new}"
+            return lines, f"line {index + 1} {key}: {new[:30]}"
+        if op == "duplicate-key":
+            plain = indent.replace("- ", "  ")
+            lines.insert(index + 1, f"{plain}{key}:{value}")
+            return lines, f"line {index + 1} {key} given twice"
+        if op == "alias":
+            lines[index] = f"{indent}{key}: &shared{value}"
+            target = keyed[draw(st.integers(0, len(keyed) - 1))]
+            tm = _KEY_LINE.match(lines[target])
+            assert tm is not None
+            if target != index:
+                lines[target] = f"{tm['indent']}{tm['key']}: *shared"
+            return lines, f"line {index + 1} anchored, line {target + 1} its alias"
+        if op == "merge-key":
+            lines.insert(index + 1, f"{indent.replace('- ', '  ')}<<: {{{key}: 1}}")
+            return lines, f"merge key after line {index + 1}"
+        # insert-line
+        new_key = draw(
+            st.sampled_from(("unknown", "dry_run", "strategies", "args", "name", "enabled", "x" * 300))
+        )
+        lines.insert(
+            index + 1, f"{indent.replace('- ', '  ')}{new_key}: {draw(st.sampled_from(YAML_SCALARS))}"
+        )
+        return lines, f"{new_key} inserted after line {index + 1}"
+    if op == "bomb":
+        where = draw(st.sampled_from(("top", "args", "namespaces")))
+        if where == "top":
+            return [*BILLION_LAUGHS.splitlines(), *lines], "billion laughs (top level)"
+        if where == "args":
+            bomb = [
+                *BILLION_LAUGHS.splitlines(),
+                "strategies:",
+                "  - name: idle-gpu",
+                "    args: {namespaces: *i}",
+            ]
+            return bomb, "billion laughs in strategy args"
+        bomb = [*BILLION_LAUGHS.splitlines(), "guards:", "  namespaces:", "    include: *i"]
+        return bomb, "billion laughs in guards.namespaces.include"
+    if op == "deep":
+        depth = draw(st.sampled_from(DEPTHS))
+        where = draw(st.sampled_from(("args", "top")))
+        deep = _deep_list(depth) if draw(st.booleans()) else _deep_yaml_map(depth)
+        if where == "top":
+            return [*lines, f"deep: {deep}"], f"nested {depth} deep (top level)"
+        return [
+            f"strategies: [{{name: idle-gpu, args: {{namespaces: {deep}}}}}]"
+        ], f"strategy args nested {depth} deep"
+    if op == "recursive-alias":
+        form = draw(
+            st.sampled_from(
+                (
+                    "a: &a [*a]",
+                    "strategies: &s [{name: idle-gpu, args: {x: *s}}]",
+                    "guards: &g {namespaces: *g}",
+                )
+            )
+        )
+        return [form], f"recursive alias {form!r}"
+    if op == "tabs":
+        return [line.replace("  ", "\t", 1) for line in lines], "tabs for indentation"
+    whole = draw(st.sampled_from(WHOLE_POLICIES), label="policy")
+    return whole.split("\n"), f"policy {whole[:60]!r}"
+
+
+def _apply(draw: st.DrawFn, kind: Kind, case: Case) -> Case:
+    if kind == "objects-json":
+        return draw(mutate_objects_json(case))
+    if kind == "objects-yaml":
+        return draw(mutate_objects_yaml(case))
+    if kind == "bytes":
+        return draw(mutate_bytes(case))
+    if kind == "files":
+        return draw(mutate_files(case))
+    if kind == "exposition":
+        return draw(mutate_exposition(case))
+    if kind == "snapshot-yaml":
+        return draw(mutate_snapshot_yaml(case))
+    if kind == "policy":
+        return draw(mutate_policy(case))
+    raise ValueError(f"not a single input kind: {kind}")
+
+
+POLICY_ARGV: tuple[ArgvKind, ...] = ("validate", "validate", "once", "once-json")
+SINGLE_KINDS: tuple[Kind, ...] = tuple(k for k in KINDS if k != "mixed")
+
+
+@st.composite
+def cases(draw: st.DrawFn, kind: Kind) -> Case:
+    """A case of `kind`: the base input with mutations of that kind (`mixed`: of two or three kinds)."""
+    if kind == "policy":
+        argv_kind = draw(st.sampled_from(POLICY_ARGV))
+        return draw(mutate_policy(base_case(argv_kind)))
+    case = draw(snapshot_base())
+    if kind == "mixed":
+        kinds = draw(st.lists(st.sampled_from(SINGLE_KINDS), min_size=2, max_size=3))
+        for one in kinds:
+            case = _apply(draw, one, case)
+        if "policy" in kinds:
+            case = case.with_argv(draw(st.sampled_from(ARGV_KINDS)))
+        return case
+    if kind == "bytes" and draw(st.integers(0, 3)) == 0:
+        return draw(mutate_bytes(case, POLICY_FILE if POLICY_FILE in case.files else None))
+    return _apply(draw, kind, case)
+
+
+# --------------------------------------------------------------------------- minimising
+
+
+def minimize(case: Case, keeps: Callable[[Case], bool], budget: int = 120) -> Case:
+    """A smaller case for which `keeps` still holds (usually: the same signature), within `budget`
+    runs: drop whole files, then List items and YAML documents, object fields, long repetitions, lines."""
+    runs = 0
+
+    def attempt(candidate: Case) -> bool:
+        nonlocal runs
+        if runs >= budget or candidate.files == case.files:
+            return False
+        runs += 1
+        return keeps(candidate)
+
+    for name in sorted(case.files, key=lambda n: -len(case.files[n])):
+        if name in case.files and len(case.files) > 1:
+            candidate = case.without([name], "")
+            if attempt(candidate):
+                case = dataclasses.replace(candidate, note=case.note)
+    for name in sorted(case.files, key=lambda n: -len(case.files[n])):
+        if name.endswith("/"):
+            continue
+        for reducer in (_reduce_items, _reduce_documents, _reduce_fields, _reduce_runs, _reduce_lines):
+            for smaller in reducer(case.files[name]):
+                if runs >= budget:
+                    return case
+                candidate = Case({**case.files, name: smaller}, case.argv_kind, case.note)
+                if attempt(candidate):
+                    case = candidate
+                    break
+            else:
+                continue
+            # A reduction held: try the same reducer again on the smaller content.
+            for _ in range(20):
+                progressed = False
+                for smaller in reducer(case.files[name]):
+                    if runs >= budget:
+                        return case
+                    candidate = Case({**case.files, name: smaller}, case.argv_kind, case.note)
+                    if attempt(candidate):
+                        case, progressed = candidate, True
+                        break
+                if not progressed:
+                    break
+    return case
+
+
+def _chunks(count: int) -> Iterator[tuple[int, int]]:
+    """(start, stop) ranges to drop: halves, quarters, ... single elements."""
+    size = max(count // 2, 1)
+    while size >= 1:
+        for start in range(0, count, size):
+            yield start, min(start + size, count)
+        if size == 1:
+            break
+        size //= 2
+
+
+def _reduce_items(data: bytes) -> Iterator[bytes]:
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        return
+    if not isinstance(doc, dict) or not isinstance(doc.get("items"), list) or len(doc["items"]) <= 1:
+        return
+    items = doc["items"]
+    for start, stop in _chunks(len(items)):
+        kept = items[:start] + items[stop:]
+        if kept:
+            yield json.dumps({**doc, "items": kept}, indent=1).encode("utf-8", "surrogatepass")
+
+
+def _reduce_documents(data: bytes) -> Iterator[bytes]:
+    text = data.decode("utf-8", "replace")
+    if "\n---" not in text:
+        return
+    parts = re.split(r"(?m)^---\s*$", text)
+    if len(parts) <= 1:
+        return
+    for start, stop in _chunks(len(parts)):
+        kept = parts[:start] + parts[stop:]
+        if kept:
+            yield "---".join(kept).encode("utf-8")
+
+
+def _reduce_fields(data: bytes) -> Iterator[bytes]:
+    """Drop mapping keys of JSON objects, shallowest first (to depth 4 below the List items)."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        return
+    paths = [p for p in all_paths(doc, limit=5000) if p and len(p) <= 5 and isinstance(p[-1], str)]
+    for path in sorted(paths, key=len):
+        if path in (("kind",), ("apiVersion",)) or path[-1] in ("kind", "apiVersion"):
+            continue
+        trial = copy.deepcopy(doc)
+        try:
+            del get_path(trial, path[:-1])[path[-1]]
+        except (KeyError, IndexError, TypeError):
+            continue
+        yield json.dumps(trial, indent=1).encode("utf-8", "surrogatepass")
+
+
+_RUN = re.compile(rb"(.{1,16}?)\1{31,}", re.DOTALL)
+
+
+def _reduce_runs(data: bytes) -> Iterator[bytes]:
+    """Long repetitions (a value 100,000 characters long, nesting thousands deep) cut to a half, a
+    quarter... all at once, so that opening and closing brackets stay matched."""
+    if _RUN.search(data) is None:
+        return
+    for divisor in (2, 4, 8, 16):
+
+        def cut(match: re.Match[bytes], divisor: int = divisor) -> bytes:
+            unit = match.group(1)
+            return unit * max(len(match.group(0)) // len(unit) // divisor, 32)
+
+        yield _RUN.sub(cut, data)
+
+
+def _reduce_lines(data: bytes) -> Iterator[bytes]:
+    lines = data.split(b"\n")
+    if len(lines) <= 1:
+        return
+    comments = [line for line in lines if not line.lstrip().startswith(b"#") or line.strip() == b"# EOF"]
+    if len(comments) < len(lines):
+        yield b"\n".join(comments)
+    for start, stop in _chunks(len(lines)):
+        kept = lines[:start] + lines[stop:]
+        yield b"\n".join(kept)
+
+
+# --------------------------------------------------------------------------- the corpus
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusEntry:
+    name: str  # the directory under tests/fuzz_corpus
+    case: Case
+    recorded: Mapping[str, Any]  # the case.json it was saved with
+
+
+def case_hash(case: Case) -> str:
+    digest = hashlib.sha256(case.argv_kind.encode())
+    for name in sorted(case.files):
+        digest.update(b"\0" + name.encode() + b"\0" + case.files[name])
+    return digest.hexdigest()[:12]
+
+
+def save_case(case: Case, found: Sequence[str], directory: Path = CORPUS_DIR) -> Path:
+    """Write `case` as `<directory>/<hash>/` (its files and a case.json) and return that directory."""
+    target = directory / case_hash(case)
+    files = {k: v for k, v in case.files.items() if not k.endswith("/")}
+    if CASE_FILE in files:
+        raise ValueError(f"a case may not hold a top-level {CASE_FILE}")
+    write_case(target, files)
+    record = {
+        "argv_kind": case.argv_kind,
+        "command": "rebalancer " + " ".join(argv_for(case.files, case.argv_kind)),
+        "note": case.note,
+        "signature": signature(found),
+        "violations": [_cut(v, 500) for v in found],
+        # Directories git would not keep: recreated on load.
+        "directories": sorted(k for k in case.files if k.endswith("/")),
+    }
+    (target / CASE_FILE).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return target
+
+
+def load_case(path: Path) -> CorpusEntry:
+    record = json.loads((path / CASE_FILE).read_text(encoding="utf-8"))
+    files: dict[str, bytes] = {}
+    for file in sorted(path.rglob("*")):
+        relative = file.relative_to(path).as_posix()
+        if relative == CASE_FILE:
+            continue
+        if file.is_file():
+            files[relative] = file.read_bytes()
+        elif file.is_dir() and not any(file.iterdir()):
+            files[relative + "/"] = b""
+    for directory in record.get("directories", ()):
+        if not any(k.startswith(directory) for k in files):
+            files[directory] = b""
+    argv_kind = record["argv_kind"]
+    if argv_kind not in ARGV_KINDS:
+        raise ValueError(f"{path}: unknown argv_kind {argv_kind!r}")
+    return CorpusEntry(path.name, Case(files, argv_kind, record.get("note", "")), record)
+
+
+def load_corpus(directory: Path = CORPUS_DIR) -> list[CorpusEntry]:
+    """Every case saved under `directory`, in name order."""
+    if not directory.is_dir():
+        return []
+    return [load_case(p) for p in sorted(directory.iterdir()) if (p / CASE_FILE).is_file()]

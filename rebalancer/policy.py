@@ -238,13 +238,16 @@ EXAMPLE_GPU_PRICES = {
 }
 
 
+# No GPU rents for more than this an hour; a larger price is a typo, and its savings would overflow.
+MAX_GPU_PRICE_PER_HOUR = 10_000
+GpuPrice = Annotated[float, Field(ge=0, le=MAX_GPU_PRICE_PER_HOUR, allow_inf_nan=False)]
+
+
 class PricesConfig(StrictModel):
     """Hourly price of one GPU, per `nvidia.com/gpu.product` value; used for estimated savings."""
 
-    per_gpu_hour: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]] = Field(
-        default_factory=lambda: dict(EXAMPLE_GPU_PRICES)
-    )
-    default_per_gpu_hour: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    per_gpu_hour: dict[str, GpuPrice] = Field(default_factory=lambda: dict(EXAMPLE_GPU_PRICES))
+    default_per_gpu_hour: GpuPrice | None = None
 
 
 DigestPeriod = Literal["hourly", "daily"]

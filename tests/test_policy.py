@@ -528,6 +528,20 @@ def test_an_overflowing_duration_in_a_policy_is_a_located_error() -> None:
     assert "longer than 3650d" in problem
 
 
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("prices:\n  per_gpu_hour: {NVIDIA-L4: 1e308}\n", "prices.per_gpu_hour.NVIDIA-L4"),
+        ("prices:\n  default_per_gpu_hour: 1e308\n", "prices.default_per_gpu_hour"),
+    ],
+)
+def test_a_gpu_price_no_gpu_has_is_a_located_error_not_infinite_savings(text: str, field: str) -> None:
+    # 1e308 an hour times a few GPU-hours is Infinity, which JSON cannot carry.
+    [problem] = problems_of(text)
+    assert problem.startswith(f"p.yaml:2: {field}: "), problem
+    assert "less than or equal to 10000" in problem
+
+
 @pytest.mark.parametrize(("seconds", "text"), [(5400, "90m"), (3600, "1h"), (86400, "1d"), (45, "45s")])
 def test_format_duration_round_trips(seconds: int, text: str) -> None:
     assert format_duration(seconds) == text

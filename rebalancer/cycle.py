@@ -4,7 +4,8 @@ Owns the order in which the pieces run and the assembly of the CycleReport. `run
 mode runs (`once` on a snapshot or live, the daemon, the trace replay, the benchmarks): the memory of
 earlier cycles gives the history to plan with, the evictor's frame opens, every approved decision is
 evicted (and recorded in the memory as it ends), the frame closes, the report goes to every sink.
-`evaluate` is its strategies-and-planner half, public so that a benchmark can time it alone.
+`evaluate` is its strategies-and-planner half and `propose` the strategies alone, public so that a
+benchmark times each phase by calling it, never by patching.
 
 It takes an already built Snapshot (the clock was read when the snapshot was made), so it never reads
 the clock itself, and it never talks to the cluster or Prometheus directly: the evictor, the memory and
@@ -93,18 +94,21 @@ def strategy_context(snapshot: Snapshot, loaded: LoadedPolicy) -> StrategyContex
     )
 
 
-def evaluate(
-    snapshot: Snapshot, loaded: LoadedPolicy, *, history: DisruptionHistory | None = None
-) -> Evaluation:
-    """Run every enabled strategy in policy order, then let the planner judge all proposals together."""
-    with collector_paused():
-        return _evaluate(snapshot, loaded, history)
+@dataclass(frozen=True)
+class Proposed:
+    """What the enabled strategies proposed and found about one snapshot, before the planner judged it."""
+
+    proposals: tuple[Proposal, ...]
+    findings: tuple[Finding, ...]
+    skipped: tuple[SkippedStrategy, ...]
+    hints: tuple[str, ...]
 
 
-def _evaluate(snapshot: Snapshot, loaded: LoadedPolicy, history: DisruptionHistory | None) -> Evaluation:
+def propose(snapshot: Snapshot, loaded: LoadedPolicy) -> Proposed:
+    """Run every enabled strategy in policy order: the strategies half of `evaluate`."""
     ctx = strategy_context(snapshot, loaded)
     proposals: list[Proposal] = []
-    findings: list[Finding] = list(snapshot.findings)
+    findings: list[Finding] = []
     skipped: list[SkippedStrategy] = []
     hints: list[str] = []
     for configured in loaded.strategies:
@@ -123,16 +127,25 @@ def _evaluate(snapshot: Snapshot, loaded: LoadedPolicy, history: DisruptionHisto
         proposals.extend(sorted(result.proposals, key=lambda p: -p.priority))
         findings.extend(result.findings)
         hints.extend(result.hints)
-    history = history or NO_HISTORY
-    decisions = plan(proposals, snapshot, loaded.policy, history=history)
-    findings.extend(_circuit_findings(snapshot, history, loaded.policy))
-    return Evaluation(
-        snapshot=snapshot,
-        decisions=decisions,
-        findings=tuple(findings),
-        skipped=tuple(skipped),
-        hints=tuple(hints),
-    )
+    return Proposed(tuple(proposals), tuple(findings), tuple(skipped), tuple(hints))
+
+
+def evaluate(
+    snapshot: Snapshot, loaded: LoadedPolicy, *, history: DisruptionHistory | None = None
+) -> Evaluation:
+    """Run every enabled strategy in policy order, then let the planner judge all proposals together."""
+    with collector_paused():
+        proposed = propose(snapshot, loaded)
+        history = history or NO_HISTORY
+        decisions = plan(proposed.proposals, snapshot, loaded.policy, history=history)
+        circuits = _circuit_findings(snapshot, history, loaded.policy)
+        return Evaluation(
+            snapshot=snapshot,
+            decisions=decisions,
+            findings=(*snapshot.findings, *proposed.findings, *circuits),
+            skipped=proposed.skipped,
+            hints=proposed.hints,
+        )
 
 
 def _circuit_findings(snapshot: Snapshot, history: DisruptionHistory, policy: Policy) -> list[Finding]:

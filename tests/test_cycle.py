@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from rebalancer.cycle import assemble_report, evaluate, execute, run_cycle
+from rebalancer.cycle import assemble_report, evaluate, execute, propose, run_cycle
 from rebalancer.evictor import DryRunEvictor
 from rebalancer.model import CycleReport, Decision, Outcome, Snapshot
 from rebalancer.policy import LoadedPolicy, parse_policy
@@ -91,13 +91,17 @@ def test_strategies_that_need_telemetry_are_skipped_when_it_is_unavailable() -> 
     assert report.decisions == ()
 
 
-def test_strategies_run_in_policy_order_and_share_one_ledger() -> None:
-    """An idle pod on a consolidation candidate is evicted once, by the first strategy in the policy."""
+def idle_pod_on_a_consolidation_candidate() -> tuple[Snapshot, LoadedPolicy]:
+    """a-1 holds one idle pod (every GPU of a-1 observed, all at 0 %); a-2 has room for it."""
     idle = pod("idle", "a-1", age=timedelta(days=2))
+    observed = [
+        gpu_sample("a-1", "GPU-a1-0", pod=idle, util=0.0),
+        *(gpu_sample("a-1", f"GPU-a1-{i}", util=0.0, fb_used_mib=0.0) for i in range(1, 8)),
+    ]
     cluster = snapshot(
         [node("a-1"), node("a-2")],
         [idle, *(pod(f"busy-{i}", "a-2") for i in range(4))],
-        telemetry=telemetry([gpu_sample("a-1", "GPU-1", pod=idle, util=0.0)], 1800, 3600),
+        telemetry=telemetry(observed, 1800, 3600),
     )
     loaded = policy(
         {
@@ -107,12 +111,29 @@ def test_strategies_run_in_policy_order_and_share_one_ledger() -> None:
             ]
         }
     )
+    return cluster, loaded
+
+
+def test_strategies_run_in_policy_order_and_share_one_ledger() -> None:
+    """An idle pod on a consolidation candidate is evicted once, by the first strategy in the policy."""
+    cluster, loaded = idle_pod_on_a_consolidation_candidate()
     report = run_cycle(cluster, loaded, DryRunEvictor())
 
     evicted = [r for r in report.decisions if r.action == "evict"]
     assert [(r.strategy, r.pod) for r in evicted] == [("idle-gpu", "idle")]
     duplicate = [r for r in report.decisions if r.strategy == "gpu-consolidation"]
-    assert all(r.blocked_by == "duplicate" for r in duplicate)
+    assert [(r.pod, r.blocked_by) for r in duplicate] == [("idle", "duplicate")]
+
+
+def test_propose_is_the_strategies_half_that_evaluate_plans_from() -> None:
+    """What `propose` returns, in its order, is exactly what the planner judges in `evaluate`."""
+    cluster, loaded = idle_pod_on_a_consolidation_candidate()
+    proposed = propose(cluster, loaded)
+    evaluation = evaluate(cluster, loaded)
+
+    assert [p.strategy for p in proposed.proposals] == ["idle-gpu", "gpu-consolidation"]
+    assert [d.proposal for d in evaluation.decisions] == list(proposed.proposals)
+    assert set(proposed.findings) <= set(evaluation.findings)
 
 
 class FailingSink:

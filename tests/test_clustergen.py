@@ -1,0 +1,121 @@
+"""tools/clustergen, the cluster generator behind the demo cluster and the scale benchmark.
+
+The demo's byte-for-byte regeneration is tests/test_policy.py's; here: the benchmark's population at a
+small size is deterministic and loads, the streaming writers write what the one-shot forms would, and
+the controllers' naming and the device plugin's hand-out behave as documented.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tools import clustergen
+from tools.clustergen import Ids, NodeSpec, Workload
+
+ROOT = Path(__file__).resolve().parent.parent
+NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def scale() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_scale", ROOT / "bench" / "scale.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.name != ".params.json"}
+
+
+def test_the_scale_population_is_deterministic_and_loads(scale: ModuleType, tmp_path: Path) -> None:
+    first = scale.generate(tmp_path / "one", 30, 7, 180, 1800)
+    second = scale.generate(tmp_path / "two", 30, 7, 180, 1800)
+    assert _files(first.path) == _files(second.path)
+    assert sorted(_files(first.path)) == ["dcgm.om", "nodes.json", "pdbs.json", "pods.json", "snapshot.yaml"]
+    assert (first.nodes, first.gpus, first.samples % 11) == (30, 240, 0)  # 11 samples a series
+    assert first.pods > 30 * 5 and first.pdbs > 0
+
+    done = subprocess.run(
+        [sys.executable, "-m", "rebalancer.cli", "once", "--snapshot", str(first.path), "--output", "json"],
+        capture_output=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    summary = json.loads(done.stdout)["summary"]
+    assert (summary["nodes"], summary["pods"]) == (first.nodes, first.pods)
+
+
+def test_another_seed_is_another_cluster(scale: ModuleType) -> None:
+    one, other = scale.population(30, 1), scale.population(30, 2)
+    assert [p.name for p in one.pods] != [p.name for p in other.pods]
+
+
+@pytest.mark.parametrize("count", [0, 1, 3])
+def test_write_list_writes_what_json_dumps_writes(tmp_path: Path, count: int) -> None:
+    items: list[dict[str, Any]] = [
+        {"kind": "Pod", "metadata": {"name": f"p{i}", "labels": {"b": "1", "a": [1, {"z": None}]}}, "n": i}
+        for i in range(count)
+    ]
+    path = tmp_path / "list.json"
+    assert clustergen.write_list(path, iter(items)) == count
+    document = {"apiVersion": "v1", "items": items, "kind": "List", "metadata": {"resourceVersion": ""}}
+    assert path.read_text(encoding="utf-8") == json.dumps(document, indent=4, sort_keys=True) + "\n"
+
+
+def _node(name: str, replicas: int = 1) -> NodeSpec:
+    return NodeSpec(name, clustergen.H100, "us-east-1a", timedelta(days=3), f"10.0.0.{len(name)}", replicas)
+
+
+class _Colliding(Ids):
+    """Ids whose first draw of every name suffix is the same: each name must come from a retry."""
+
+    def suffix(self, length: int, *parts: object) -> str:
+        return "x" * length if "retry" not in parts else super().suffix(length, *parts)
+
+
+def test_a_taken_generated_name_is_drawn_again_as_a_controller_would() -> None:
+    nodes = {n.name: n for n in (_node("n1"), _node("n2"), _node("n3"))}
+    ds = Workload("ops", "DaemonSet", "agent", tuple(nodes), image="agent:1", cpu="10m", memory="16Mi")
+    taken: set[tuple[str, str]] = set()
+    pods = clustergen.pods_of(ds, nodes, _Colliding("test"), taken)
+    names = [p.name for p in pods]
+    assert names[0] == "agent-xxxxx" and len(set(names)) == 3
+    assert taken == {("ops", name) for name in names}
+    clustergen.check(list(nodes.values()), pods)
+
+
+def test_time_sliced_pods_pack_onto_the_fullest_gpu_with_room() -> None:
+    node = _node("shared", replicas=4)
+    nodes = {node.name: node}
+
+    def replicas(name: str, count: int, units: int) -> Workload:
+        return Workload(
+            "ml", "Deployment", name, (node.name,) * count, image="i:1", cpu="1", memory="1Gi",
+            gpus=units, shared=True,
+        )  # fmt: skip
+
+    ids = Ids("test")
+    pods = [
+        p
+        for w in (replicas("half", 3, 2), replicas("quarter", 2, 1))
+        for p in clustergen.pods_of(w, nodes, ids)
+    ]
+    clustergen.check([node], pods)
+    devices = clustergen.gpus([node], pods, ids)
+    held = [[p.workload.name for p in gpu.holders] for gpu in devices]
+    assert held[:3] == [["half", "half"], ["half", "quarter", "quarter"], []]
+    assert len(devices[1].labels()) == 3  # one series per (GPU, pod)

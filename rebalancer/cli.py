@@ -21,7 +21,11 @@ from pydantic import ValidationError
 
 from rebalancer import __version__, rfc3339
 from rebalancer.cycle import run_cycle
-from rebalancer.daemon.args import add_live_once_arguments, add_run_arguments
+from rebalancer.daemon.args import (
+    add_live_once_arguments,
+    add_run_arguments,
+    add_service_account_token_argument,
+)
 from rebalancer.daemon.clock import utcnow
 from rebalancer.daemon.wiring import run_command, run_live_once
 from rebalancer.errors import InputError, Problems
@@ -35,6 +39,7 @@ from rebalancer.policy import (
     load_policy,
     parse_duration,
 )
+from rebalancer.redaction import redact, redact_url
 from rebalancer.registry import all_strategies
 from rebalancer.report import OutputFormat, render
 from rebalancer.simulate import render as render_simulation
@@ -199,11 +204,16 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     windows = loaded.telemetry_windows() or frozenset({window})
     # Enough history for every window of the policy and for instant values (the 5m lookback).
     span = max(window, LOOKBACK_SECONDS, *windows)
-    source = PrometheusTelemetrySource(cfg, windows, prometheus=conn)
+    source = PrometheusTelemetrySource(
+        cfg, windows, prometheus=conn, allow_service_account_token=args.allow_service_account_token
+    )
     try:
         series = source.history(now, span)
     except PrometheusError as exc:
-        print(f"rebalancer: error: snapshot: Prometheus at {conn.url}: {exc}", file=sys.stderr)
+        print(
+            f"rebalancer: error: snapshot: Prometheus at {redact_url(conn.url)}: {redact(str(exc))}",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     out = Path(args.out)
     try:
@@ -264,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy", metavar="FILE", help="policy file (metrics, labels, Prometheus settings)"
     )
     snapshot.add_argument("--prometheus-url", metavar="URL", help="overrides telemetry.prometheus.url")
+    add_service_account_token_argument(snapshot)
     snapshot.add_argument("--now", metavar="RFC3339", help="the instant to capture (default: the clock)")
     snapshot.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig for the cluster objects")
     snapshot.add_argument("--context", help="kubeconfig context")
@@ -282,8 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
     except Problems as exc:
-        for problem in exc.problems:
-            print(f"rebalancer: error: {problem}", file=sys.stderr)
+        for problem in exc.problems:  # a problem may quote a URL the operator gave, credentials and all
+            print(f"rebalancer: error: {redact(problem)}", file=sys.stderr)
         return EXIT_BAD_INPUT if isinstance(exc, InputError) else EXIT_FAILED
     except KeyboardInterrupt:
         return 130

@@ -10,9 +10,11 @@ or `redact_url()`. It must stay free of I/O and domain knowledge: it rewrites st
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-__all__ = ["MASK", "redact", "redact_url"]
+__all__ = ["MASK", "redact", "redact_tree", "redact_url"]
 
 MASK = "***"
 
@@ -21,11 +23,12 @@ _USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^
 # Query parameters and `key: value` / `key=value` pairs whose name says they hold a secret.
 _SECRET_PARAM = re.compile(
     r"(?P<key>\b(?:[a-z0-9_-]*(?:token|password|passwd|secret|api[_-]?key|access[_-]?key|signature|sig))"
-    r"[\"']?\s*[=:]\s*[\"']?)(?P<value>[^&\s\"',;}]+)",
+    r"[\"']?\s*[=:]\s*[\"']?)(?P<value>[^&#\s\"',;}]+)",
     re.IGNORECASE,
 )
 _AUTHORIZATION = re.compile(
-    r"(?P<key>\bauthorization\s*[=:]\s*)(?P<value>(?:bearer|basic)?\s*[^\s\"',;}]+)", re.IGNORECASE
+    r"(?P<key>\bauthorization[\"']?\s*[=:]\s*[\"']?)(?P<value>(?:(?:bearer|basic)\s+)?[^\s\"',;}]+)",
+    re.IGNORECASE,
 )
 
 
@@ -36,6 +39,20 @@ def redact(text: str) -> str:
     text = _USERINFO.sub(lambda m: f"{m['scheme']}{MASK}@", text)
     text = _AUTHORIZATION.sub(lambda m: f"{m['key']}{MASK}", text)
     return _SECRET_PARAM.sub(lambda m: f"{m['key']}{MASK}", text)
+
+
+def redact_tree(value: Any) -> Any:
+    """`value` with every string in it (nested mappings, lists and tuples too) passed through `redact()`;
+    an exception becomes its redacted `Type: message`."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return {key: redact_tree(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_tree(item) for item in value]
+    if isinstance(value, BaseException):
+        return redact(f"{type(value).__name__}: {value}")
+    return value
 
 
 def redact_url(url: str) -> str:

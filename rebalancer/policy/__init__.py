@@ -1,15 +1,16 @@
 """The policy file: pydantic models with `extra="forbid"`, validated in full at load.
 
 Owns the schema operators write (strategies in order with their args, guards, limits, gang keys,
-GPU-share resources, telemetry mapping, GPU prices, notification sinks) and `load_policy()`, which
-turns YAML into a `Policy` or a `PolicyError` listing every problem with file, line and field path.
+GPU-share resources, GPU prices, eviction settings; the `telemetry:` section in `policy.telemetry`,
+`notify:` in `policy.sinks`, the field types they share in `policy.fields`, all re-exported here) and
+`load_policy()`, which turns YAML into a `Policy` or a `PolicyError` listing every problem with file,
+line and field path.
 It must not touch the cluster, Prometheus or the clock; secrets never live here (only the names of
 the env vars or files that hold them).
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -18,7 +19,6 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -28,67 +28,77 @@ from pydantic import (
 
 from rebalancer import yaml_input
 from rebalancer.errors import InputError
+from rebalancer.policy.fields import (
+    MAX_DURATION_SECONDS,
+    Duration,
+    Percent,
+    StrictModel,
+    format_duration,
+    parse_duration,
+    plain_http_to_remote_host,
+)
+from rebalancer.policy.sinks import (
+    DigestPeriod,
+    NotifyConfig,
+    SinkFilters,
+    SlackSinkConfig,
+    WebhookSinkConfig,
+)
+from rebalancer.policy.telemetry import (
+    LabelMapping,
+    MetricConfig,
+    PrometheusConfig,
+    TelemetryConfig,
+    TelemetryPreset,
+)
+from rebalancer.redaction import redact
 from rebalancer.registry import StrategyArgs, all_strategies, get_strategy
 from rebalancer.wording import clip, quoted
 
-# --------------------------------------------------------------------------- durations
-
-# Past this no setting means anything, and datetime arithmetic overflows a little further on.
-MAX_DURATION_SECONDS = 3650 * 86400
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_duration(value: object) -> int:
-    """Seconds from `90`, `"90s"`, `"5m"`, `"1h30m"`, `"1d"` (Prometheus / Go style). Rejects the rest."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a duration such as 30s, 5m or 1h, got {quoted(value)}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str):
-        text = value.strip()
-        if not text:
-            raise ValueError("empty duration")
-        if text.startswith("-"):
-            raise ValueError(f"duration must be non-negative, got {quoted(value)}")
-        pos = 0
-        seconds = 0.0
-        for match in _DURATION_PART.finditer(text):
-            if match.start() != pos:
-                break
-            seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-            pos = match.end()
-        if pos != len(text):
-            raise ValueError(
-                f"invalid duration {quoted(value)}: use a number with a unit, e.g. 30s, 5m, 1h30m"
-            )
-    else:
-        raise ValueError(f"expected a duration such as 30s, 5m or 1h, got {type(value).__name__}")
-    if seconds > MAX_DURATION_SECONDS:  # infinity included
-        raise ValueError(
-            f"duration {quoted(value)} is longer than {format_duration(MAX_DURATION_SECONDS)} (ten years)"
-        )
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"duration must be a finite, non-negative time, got {quoted(value)}")
-    return round(seconds)
-
-
-def format_duration(seconds: int) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
-Duration = Annotated[int, BeforeValidator(parse_duration)]
-"""A duration in whole seconds, written as `30s`, `5m`, `1h30m` or a bare number of seconds."""
-
-Percent = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+__all__ = [
+    "BUILTIN_DEFAULT_ORDER",
+    "EXAMPLE_GPU_PRICES",
+    "MAX_DURATION_SECONDS",
+    "MAX_GPU_PRICE_PER_HOUR",
+    "MAX_POLICY_CHARS",
+    "ConfiguredStrategy",
+    "DigestPeriod",
+    "Duration",
+    "EvictionConfig",
+    "GangConfig",
+    "GpuPrice",
+    "GpuSharingConfig",
+    "GuardsConfig",
+    "LabelMapping",
+    "LabelSelectorConfig",
+    "LabelSelectorRequirementConfig",
+    "LimitsConfig",
+    "LoadedPolicy",
+    "MetricConfig",
+    "NamespaceFilter",
+    "NotifyConfig",
+    "Percent",
+    "Policy",
+    "PolicyError",
+    "PricesConfig",
+    "PrometheusConfig",
+    "SharedGpuResource",
+    "SinkFilters",
+    "SlackSinkConfig",
+    "StrategyConfig",
+    "StrictModel",
+    "TelemetryConfig",
+    "TelemetryPreset",
+    "WebhookSinkConfig",
+    "default_policy",
+    "format_duration",
+    "format_loc",
+    "load_policy",
+    "loads_policy",
+    "parse_duration",
+    "parse_policy",
+    "plain_http_to_remote_host",
+]
 
 # --------------------------------------------------------------------------- sections
 
@@ -184,50 +194,6 @@ class GpuSharingConfig(StrictModel):
     )
 
 
-class MetricConfig(StrictModel):
-    name: str = Field(min_length=1, pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-    # Multiply raw samples by this to reach the model's unit (percent for utilisation, MiB for memory).
-    scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
-
-
-class LabelMapping(StrictModel):
-    """Label names to try, in order, for each piece of identity; the first one present and non-empty wins."""
-
-    node: tuple[str, ...] = ("Hostname", "hostname", "kubernetes_node", "node")
-    pod: tuple[str, ...] = ("exported_pod", "pod")
-    namespace: tuple[str, ...] = ("exported_namespace", "namespace")
-    uuid: tuple[str, ...] = ("UUID", "uuid")
-    gpu_index: tuple[str, ...] = ("gpu",)
-    model_name: tuple[str, ...] = ("modelName",)
-    mig_profile: tuple[str, ...] = ("GPU_I_PROFILE",)
-    mig_instance: tuple[str, ...] = ("GPU_I_ID",)
-
-
-TelemetryPreset = Literal["dcgm-exporter", "dcgm-exporter-legacy", "dcgm-exporter-exported", "nv-gpu"]
-
-
-class PrometheusConfig(StrictModel):
-    url: str = Field(min_length=1, pattern=r"^https?://")
-    # Names of where secrets live; the secrets themselves never belong in the policy.
-    bearer_token_file: str | None = None
-    bearer_token_env: str | None = None
-    ca_file: str | None = None
-    verify_tls: bool = True
-    timeout: Duration = 5
-    retries: int = Field(default=2, ge=0, le=10)
-
-
-class TelemetryConfig(StrictModel):
-    preset: TelemetryPreset = "dcgm-exporter"
-    utilization: MetricConfig = MetricConfig(name="DCGM_FI_DEV_GPU_UTIL")
-    fb_used: MetricConfig = MetricConfig(name="DCGM_FI_DEV_FB_USED")
-    fb_free: MetricConfig = MetricConfig(name="DCGM_FI_DEV_FB_FREE")
-    labels: LabelMapping = LabelMapping()
-    # Newest sample older than this (relative to `now`) makes a series stale.
-    max_age: Duration = 300
-    prometheus: PrometheusConfig | None = None
-
-
 # Round on-demand cloud list prices in USD: examples to replace with what the GPUs really cost.
 EXAMPLE_GPU_PRICES = {
     "NVIDIA-H100-80GB-HBM3": 6.90,
@@ -248,43 +214,6 @@ class PricesConfig(StrictModel):
 
     per_gpu_hour: dict[str, GpuPrice] = Field(default_factory=lambda: dict(EXAMPLE_GPU_PRICES))
     default_per_gpu_hour: GpuPrice | None = None
-
-
-DigestPeriod = Literal["hourly", "daily"]
-
-
-class SinkFilters(StrictModel):
-    """What a notification sink sends, and how often: shared by every kind of sink."""
-
-    only_when_evicted: bool = False
-    include_dry_run: bool = True
-    finding_kinds: tuple[str, ...] | None = None
-    min_interval: Duration = 0
-    # Dry-run reports are not sent one by one but as one digest (the latest report) per period.
-    digest: DigestPeriod | None = None
-
-
-class SlackSinkConfig(SinkFilters):
-    webhook_url_env: str | None = None
-    webhook_url_file: str | None = None
-    dashboard_url: str | None = None
-
-    @model_validator(mode="after")
-    def _has_secret_source(self) -> SlackSinkConfig:
-        if not (self.webhook_url_env or self.webhook_url_file):
-            raise ValueError("set webhook_url_env or webhook_url_file (the URL itself is a secret)")
-        return self
-
-
-class WebhookSinkConfig(SinkFilters):
-    url: str = Field(min_length=1, pattern=r"^https?://")
-    secret_env: str | None = None
-    secret_file: str | None = None
-
-
-class NotifyConfig(StrictModel):
-    slack: tuple[SlackSinkConfig, ...] = ()
-    webhooks: tuple[WebhookSinkConfig, ...] = ()
 
 
 # A taint key: an optional DNS-subdomain prefix and `/`, then a name of at most 63 characters.
@@ -458,7 +387,7 @@ def _describe(error: Mapping[str, Any]) -> str:
         echoed = f"got {quoted(given)}" in message or (isinstance(given, str) and quoted(given) in message)
         if (isinstance(given, str | int | float | bool) or given is None) and not echoed:
             message += f" (got {quoted(given)})"
-    return clip(message, 300)
+    return clip(redact(message), 300)  # a malformed URL given may carry its credentials
 
 
 def _problems(

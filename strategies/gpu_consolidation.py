@@ -1,7 +1,8 @@
 """The `gpu-consolidation` strategy: drain whole, lightly used GPU nodes so the autoscaler can remove them.
 
 Owns the judgement "this GPU node can be emptied now": which nodes are candidates (allocated GPU
-fraction, and DCGM utilisation when configured, below thresholds; old enough; not opted out,
+fraction, and DCGM utilisation when configured, below thresholds, with fresh telemetry of at least
+`min_samples` utilisation samples on every GPU of the node; old enough; not opted out,
 cordoned or static-pod pinned), in which order they are worth draining (fewest evictions first, then
 the most expensive node), and a simulation, with `rebalancer.placement`, showing that *every* pod of
 the node (plus every member of a gang it touches, wherever that member runs) can be re-placed at once
@@ -93,6 +94,9 @@ class GpuConsolidationArgs(StrategyArgs):
     packed_schedulers: tuple[str, ...] = Field(default=("gpu-packed-scheduler",), min_length=1)
     # A GPU series whose newest sample is older than this (relative to the snapshot's now) is stale.
     max_telemetry_age: Annotated[Duration, Field(gt=0)] = 300
+    # Fewer utilisation samples than this in the window, on any GPU of the node, is not enough evidence
+    # to call the node under-used (as idle-gpu's min_samples).
+    min_samples: int = Field(default=10, ge=1)
     # false: a drained node's pods never go to nodes with fewer GPUs than it (small GPU shapes, often
     # a scarce model, stay free for the pods that can run nowhere else).
     move_to_smaller_nodes: bool = True
@@ -192,6 +196,12 @@ def _node_utilisation(
             old = format_duration(max(0, int(age.total_seconds())))
             return stale(
                 f"GPU {row.uuid}: newest sample is {old} old (max {format_duration(args.max_telemetry_age)})",
+                row.uuid,
+            )
+        if row.util_samples < args.min_samples:
+            return stale(
+                f"GPU {row.uuid}: {row.util_samples} utilisation samples in the {span} window "
+                f"(need {args.min_samples}); not consolidated",
                 row.uuid,
             )
     per_device = _device_util(rows)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -416,9 +417,17 @@ def test_nodes_at_or_above_the_allocation_threshold_are_not_candidates() -> None
 
 
 def node_rows(
-    node_name: str, util: float, *, gpus: int = 8, age: timedelta = timedelta(seconds=15)
+    node_name: str,
+    util: float,
+    *,
+    gpus: int = 8,
+    age: timedelta = timedelta(seconds=15),
+    samples: int = 30,
 ) -> list[GpuTelemetry]:
-    return [gpu_sample(node_name, f"GPU-{node_name}-{i}", util=util, age=age) for i in range(gpus)]
+    return [
+        gpu_sample(node_name, f"GPU-{node_name}-{i}", util=util, age=age, samples=samples)
+        for i in range(gpus)
+    ]
 
 
 UTIL = GpuConsolidationArgs()
@@ -453,6 +462,32 @@ def test_stale_or_missing_telemetry_is_never_read_as_idle() -> None:
     stale = kinds(result, "stale-telemetry")
     assert sorted(f.node or "" for f in stale) == ["gpu-a-2", "gpu-a-3", "gpu-a-4"]
     assert any("10m old" in f.detail for f in stale)
+
+
+def test_too_few_samples_on_any_gpu_is_never_read_as_under_used() -> None:
+    nodes = [node("gpu-a-1"), node("gpu-a-2"), node("gpu-a-3"), node("gpu-b-1")]
+    pods = [pod("job-1", "gpu-a-1"), pod("job-2", "gpu-a-2"), pod("job-3", "gpu-a-3"), *busy("gpu-b-1", 3)]
+    thin = node_rows("gpu-a-2", 1.0, samples=1)  # one sample per GPU: no evidence
+    one_thin = [*node_rows("gpu-a-3", 1.0, gpus=7), *node_rows("gpu-a-3", 1.0, gpus=1, samples=9)]
+    one_thin[-1] = replace(one_thin[-1], uuid="GPU-gpu-a-3-7")
+    rows = [*node_rows("gpu-a-1", 1.0, samples=10), *thin, *one_thin, *node_rows("gpu-b-1", 90.0)]
+    _, result = run(nodes, pods, UTIL, tel=telemetry(rows, UTIL.window))
+    assert drained(result) == ["gpu-a-1"]  # exactly min_samples is enough
+    stale = {f.node: f for f in kinds(result, "stale-telemetry")}
+    assert set(stale) == {"gpu-a-2", "gpu-a-3"}
+    assert "1 utilisation samples in the 1h window (need 10)" in stale["gpu-a-2"].detail
+    assert stale["gpu-a-3"].gpu == "GPU-gpu-a-3-7"
+    assert "9 utilisation samples" in stale["gpu-a-3"].detail
+    # The bar is the policy's to set.
+    lenient = GpuConsolidationArgs(min_samples=1)
+    _, result = run(nodes, pods, lenient, tel=telemetry(rows, lenient.window))
+    assert set(drained(result)) == {"gpu-a-1", "gpu-a-2", "gpu-a-3"}
+
+
+def test_min_samples_defaults_like_idle_gpu_and_is_at_least_one() -> None:
+    assert GpuConsolidationArgs().min_samples == 10
+    with pytest.raises(ValidationError):
+        GpuConsolidationArgs(min_samples=0)
 
 
 def test_telemetry_unavailable_skips_the_strategy() -> None:

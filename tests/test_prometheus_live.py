@@ -40,6 +40,7 @@ from rebalancer.registry import StrategyArgs, StrategyContext
 from rebalancer.sources.files import load_snapshot_dir
 from rebalancer.sources.kube import KubeSource
 from rebalancer.sources.prometheus import PrometheusTelemetrySource
+from rebalancer.sources.prometheus_http import PrometheusHttp
 from strategies.idle_gpu import IdleGpuArgs, idle_gpu
 from tests.builders import NOW
 from tests.fake_apiserver import FakeApiServer
@@ -395,11 +396,12 @@ def test_nan_samples_never_make_a_gpu_idle(dcgm_server: PrometheusServer) -> Non
     telemetry, findings = live_source(dcgm_server).telemetry(FAULT_NOW, {pod.key: pod})
     window = telemetry.window(1800)
     assert window is not None
-    (row,) = window.gpus
-    assert row.pod_name == "nan-0"
-    assert row.util_avg_percent is None and row.util_samples == 0
-    assert row.fb_used_mib is not None  # the framebuffer series are fine
-    assert {f.kind for f in findings} == {"bad-telemetry"}
+    # A NaN sample makes sum_over_time NaN: an impossible answer, so the GPU has no telemetry at all.
+    assert window.gpus == ()
+    (bad,) = findings
+    assert bad.kind == "bad-telemetry"
+    assert (bad.node, bad.pod) == ("gpu-f", "nan-0")
+    assert "sum nan is NaN" in bad.detail and "over 2m" in bad.detail  # the first window it showed in
     snapshot = Snapshot(now=FAULT_NOW, nodes={}, pods=(pod,), telemetry=telemetry)
     result = idle_gpu(snapshot, IDLE, StrategyContext())
     assert result.proposals == ()
@@ -429,7 +431,9 @@ def telemetry_rows(source: PrometheusTelemetrySource, now: datetime) -> int:
 # --------------------------------------------------------------------------- faults with a real server
 
 
-def test_prometheus_stopped_mid_run(prometheus_factory: ServerFactory) -> None:
+def test_prometheus_stopped_mid_run(
+    prometheus_factory: ServerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     server = prometheus_factory()
     server.backfill(openmetrics(history()[:2], NOW))
     server.start()
@@ -438,15 +442,15 @@ def test_prometheus_stopped_mid_run(prometheus_factory: ServerFactory) -> None:
     assert telemetry.available and findings == ()
 
     asked: list[str] = []
-    real_query = source._query
+    real_query = PrometheusHttp.query
 
-    def stop_after_three(client: Any, expr: str, now: datetime) -> object:
+    def stop_after_three(http: PrometheusHttp, expr: str, time_param: str) -> object:
         asked.append(expr)
         if len(asked) == 3:
             server.stop()
-        return real_query(client, expr, now)
+        return real_query(http, expr, time_param)
 
-    source._query = stop_after_three  # type: ignore[method-assign]
+    monkeypatch.setattr(PrometheusHttp, "query", stop_after_three)
     telemetry, findings = source.telemetry(NOW)
     assert not telemetry.available
     assert len(asked) == 3  # the third query finds the server gone; nothing after it is asked

@@ -10,24 +10,37 @@ import math
 import shutil
 import ssl
 import subprocess
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 
+from rebalancer.cli import main
 from rebalancer.model import Finding, Telemetry
-from rebalancer.policy import LabelMapping, MetricConfig, PrometheusConfig, TelemetryConfig, parse_policy
+from rebalancer.policy import (
+    LabelMapping,
+    MetricConfig,
+    PolicyError,
+    PrometheusConfig,
+    TelemetryConfig,
+    parse_policy,
+)
 from rebalancer.sources.prometheus import PrometheusTelemetrySource, query_plan
+from rebalancer.sources.prometheus_http import SERVICE_ACCOUNT_TOKEN
 from rebalancer.telemetry.exposition import Sample, Series, parse_exposition, render_openmetrics
 from rebalancer.telemetry.identity import PRESETS, resolve_preset
 from rebalancer.telemetry.windows import aggregate
 from tests.builders import NOW, pod
+from tests.fake_apiserver import FakeApiServer
 
 if TYPE_CHECKING:
-    from tests.prometheus_server import StubFactory
+    from tests.prometheus_server import StubFactory, StubPrometheus
 
 pytest_plugins = ["tests.prometheus_server"]
 
@@ -169,7 +182,7 @@ def test_policy_preset_reaches_both_sources() -> None:
 # --------------------------------------------------------------------------- answers
 
 
-def test_nan_aggregate_is_dropped_with_a_finding_never_read_as_idle(stub_prometheus: StubFactory) -> None:
+def test_a_nan_utilisation_sum_makes_the_gpu_unusable_never_idle(stub_prometheus: StubFactory) -> None:
     t0 = NOW.timestamp()
     stub = stub_prometheus(
         responder=by_query(
@@ -186,15 +199,12 @@ def test_nan_aggregate_is_dropped_with_a_finding_never_read_as_idle(stub_prometh
     telemetry, findings = source(stub.url).telemetry(NOW, PODS)
     window = telemetry.window(1800)
     assert window is not None
-    (row,) = window.gpus
-    assert row.pod_key == ("ml", "p")
-    assert (row.util_avg_percent, row.util_max_percent, row.util_samples) == (None, None, 0)
-    assert row.fb_used_mib == 100.0
-    assert row.newest_sample == NOW
+    assert window.gpus == ()  # no row at all: the GPU has no telemetry, so nothing reads it as idle
     (bad,) = findings
     assert bad.kind == "bad-telemetry"
     assert (bad.node, bad.gpu, bad.pod) == ("gpu-a-1", UUID, "p")
-    assert "DCGM_FI_DEV_GPU_UTIL" in bad.detail
+    assert "DCGM_FI_DEV_GPU_UTIL" in bad.detail and "over 30m" in bad.detail
+    assert "sum nan is NaN" in bad.detail
 
 
 def test_a_scalar_answer_is_unavailable(stub_prometheus: StubFactory) -> None:
@@ -237,7 +247,7 @@ def test_series_without_node_or_uuid_label_are_reported_and_ignored(stub_prometh
 def test_http_500_is_retried_a_bounded_number_of_times(stub_prometheus: StubFactory) -> None:
     stub = stub_prometheus(responder=lambda _p: (500, b'{"status":"error","error":"boom"}'))
     problem = unavailable(source(stub.url, retries=2).telemetry(NOW, PODS))
-    assert "HTTP Status Code 500" in problem
+    assert "HTTP 500: boom" in problem
     assert len(stub.requests) == 3  # one try and two retries, then the cycle stops asking
 
 
@@ -282,11 +292,11 @@ def test_no_prometheus_configured_is_unavailable() -> None:
 # --------------------------------------------------------------------------- connection settings
 
 
-def test_bearer_token_from_file_is_read_on_every_call(tmp_path: Path, stub_prometheus: StubFactory) -> None:
+def test_bearer_token_from_file_is_read_on_every_call(tmp_path: Path, secure_stub: SecureStub) -> None:
     token = tmp_path / "token"
     token.write_text("first\n")
-    stub = stub_prometheus()
-    src = source(stub.url, bearer_token_file=str(token))
+    stub, ca = secure_stub()
+    src = source(stub.url, bearer_token_file=str(token), ca_file=ca)
     src.telemetry(NOW, PODS)
     token.write_text("rotated")
     src.telemetry(NOW, PODS)
@@ -295,9 +305,9 @@ def test_bearer_token_from_file_is_read_on_every_call(tmp_path: Path, stub_prome
     assert auth[-1] == "Bearer rotated"
 
 
-def test_bearer_token_from_env_and_missing_secrets(tmp_path: Path, stub_prometheus: StubFactory) -> None:
-    stub = stub_prometheus()
-    conn = PrometheusConfig(url=stub.url, bearer_token_env="PROM_TOKEN")
+def test_bearer_token_from_env_and_missing_secrets(tmp_path: Path, secure_stub: SecureStub) -> None:
+    stub, ca = secure_stub()
+    conn = PrometheusConfig(url=stub.url, bearer_token_env="PROM_TOKEN", ca_file=ca)
     src = PrometheusTelemetrySource(TelemetryConfig(prometheus=conn), [1800], environ={"PROM_TOKEN": "s3"})
     src.telemetry(NOW, PODS)
     assert stub.headers[0]["authorization"] == "Bearer s3"
@@ -305,7 +315,7 @@ def test_bearer_token_from_env_and_missing_secrets(tmp_path: Path, stub_promethe
 
     missing = PrometheusTelemetrySource(TelemetryConfig(prometheus=conn), [1800], environ={})
     assert "PROM_TOKEN is not set" in unavailable(missing.telemetry(NOW, PODS))
-    gone = source(stub.url, bearer_token_file=str(tmp_path / "nope"))
+    gone = source(stub.url, bearer_token_file=str(tmp_path / "nope"), ca_file=ca)
     assert "cannot read bearer token file" in unavailable(gone.telemetry(NOW, PODS))
     assert len(stub.requests) == count  # never asks without the credentials it was told to use
 
@@ -325,6 +335,22 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         capture_output=True,
     )  # fmt: skip
     return cert, key
+
+
+SecureStub = Callable[..., "tuple[StubPrometheus, str]"]
+
+
+@pytest.fixture
+def secure_stub(certificate: tuple[Path, Path], stub_prometheus: StubFactory) -> SecureStub:
+    """`secure_stub(**stub_kwargs)` -> an HTTPS stub and the CA file that trusts it (credentials need it)."""
+    cert, key = certificate
+
+    def make(**kwargs: object) -> tuple[StubPrometheus, str]:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+        return stub_prometheus(tls=context, **kwargs), str(cert)
+
+    return make
 
 
 @pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
@@ -375,3 +401,356 @@ def test_now_must_carry_a_timezone_but_never_raises(stub_prometheus: StubFactory
     naive = datetime(2026, 11, 29, 12, 0)
     problem = unavailable(source(stub.url).telemetry(naive, PODS))
     assert "timezone" in problem
+
+
+# --------------------------------------------------------------------------- partial answers
+
+
+def envelope(**extra: object) -> Callable[[dict[str, str]], Answer]:
+    """Every query answers an empty success vector with these envelope fields added."""
+    body = {"status": "success", "data": {"resultType": "vector", "result": []}, **extra}
+    return lambda _params: (200, json.dumps(body).encode())
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ({"warnings": ["PromQL warning: partial response from store 10.0.0.7:10901"]}, "warnings: PromQL"),
+        ({"infos": ["the answer is a partial response (1 of 3 stores down)"]}, "infos: the answer"),
+        ({"isPartial": True}, "isPartial: true"),
+    ],
+)
+def test_a_partial_answer_makes_the_whole_cycle_unavailable(
+    stub_prometheus: StubFactory, extra: dict[str, object], said: str
+) -> None:
+    partial_once = {"n": 0}
+
+    def respond(params: dict[str, str]) -> Answer:
+        partial_once["n"] += 1
+        if partial_once["n"] == 3:  # one query of the cycle, not the first
+            return envelope(**extra)(params)
+        return by_query({"DCGM_FI_DEV_FB_USED": [(LABELS, 100.0)]})(params)
+
+    stub = stub_prometheus(responder=respond)
+    problem = unavailable(source(stub.url).telemetry(NOW, PODS))
+    assert "partial answer" in problem and said in problem
+    assert "whole cycle's telemetry is unusable" in problem
+    assert len(stub.requests) == 3  # nothing after the partial answer is asked
+
+
+def test_infos_that_do_not_say_partial_and_empty_warnings_are_fine(stub_prometheus: StubFactory) -> None:
+    info = "PromQL info: metric might not be a counter, name does not end in _total"
+    t0 = NOW.timestamp()
+    answers = by_query(
+        {
+            "count_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 30.0)],
+            "sum_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 60.0)],
+            "max_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 3.0)],
+            "(timestamp(DCGM_FI_DEV_GPU_UTIL)": [(LABELS, t0)],
+        }
+    )
+
+    def respond(params: dict[str, str]) -> Answer:
+        status, body = answers(params)
+        parsed = json.loads(body)
+        return status, json.dumps({**parsed, "infos": [info], "warnings": []}).encode()
+
+    stub = stub_prometheus(responder=respond)
+    telemetry, _ = source(stub.url).telemetry(NOW, PODS)
+    window = telemetry.window(1800)
+    assert window is not None
+    (row,) = window.gpus
+    assert (row.util_avg_percent, row.util_samples) == (2.0, 30)
+
+
+def test_an_error_status_in_a_200_answer_is_unavailable(stub_prometheus: StubFactory) -> None:
+    body = json.dumps(
+        {"status": "error", "errorType": "execution", "error": "query processing would load too many samples"}
+    )
+    stub = stub_prometheus(responder=lambda _p: (200, body.encode()))
+    problem = unavailable(source(stub.url).telemetry(NOW, PODS))
+    assert "too many samples" in problem
+
+
+# --------------------------------------------------------------------------- deadlines
+
+
+class TrickleServer:
+    """Answers every request with a valid empty vector, its body sent one byte every `every` seconds."""
+
+    def __init__(self, every: float = 1.0) -> None:
+        self.every = every
+        self.requests = 0
+        self._stop = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                server.requests += 1
+                _, body = vector([])
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.flush()
+                    for byte in body:
+                        if server._stop.wait(server.every):
+                            return
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                except OSError:
+                    return  # the client gave up
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._http.daemon_threads = True
+        threading.Thread(target=self._http.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._http.server_address[1]}"
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._http.shutdown()
+        self._http.server_close()
+
+
+@pytest.fixture
+def trickle() -> Iterator[TrickleServer]:
+    server = TrickleServer(every=1.0)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_trickling_answer_ends_at_the_request_timeout(trickle: TrickleServer) -> None:
+    src = source(trickle.url, timeout="2s", retries=0)
+    started = time.monotonic()
+    problem = unavailable(src.telemetry(NOW, PODS))
+    elapsed = time.monotonic() - started
+    assert "timed out" in problem
+    assert trickle.requests == 1
+    assert 1.9 <= elapsed < 2.8  # a byte every second kept each socket read alive, never the request
+
+
+def test_a_trickling_answer_ends_at_the_cycle_deadline(trickle: TrickleServer) -> None:
+    src = source(trickle.url, timeout="10s", retries=2, deadline="3s")
+    started = time.monotonic()
+    problem = unavailable(src.telemetry(NOW, PODS))
+    elapsed = time.monotonic() - started
+    assert "3s deadline" in problem and "telemetry.prometheus.deadline" in problem
+    assert 2.9 <= elapsed < 3.8
+
+
+def test_a_slow_but_valid_prometheus_is_cut_at_the_deadline_never_partial(
+    stub_prometheus: StubFactory,
+) -> None:
+    stub = stub_prometheus(responder=by_query({"DCGM_FI_DEV_FB_USED": [(LABELS, 100.0)]}), delay=0.4)
+    src = source(stub.url, timeout="5s", deadline="2s")
+    started = time.monotonic()
+    problem = unavailable(src.telemetry(NOW, PODS))
+    elapsed = time.monotonic() - started
+    assert "2s deadline" in problem
+    assert elapsed < 2.8
+    assert len(stub.requests) < len(src.plan)
+    # Each request was given only what was left of the budget, as its server-side timeout too.
+    given = [int(r["timeout"].removesuffix("ms")) for r in stub.requests]
+    assert 1900 <= given[0] <= 2000
+    assert given == sorted(given, reverse=True) and given[-1] < 1000
+
+
+def test_the_deadline_is_a_positive_duration_with_a_default_inside_the_cycle_interval() -> None:
+    conn = PrometheusConfig(url="https://p:9090")
+    assert conn.deadline == 30
+    assert parse_policy({}).policy.interval > conn.deadline
+    assert PrometheusConfig(url="https://p:9090", deadline="1m").deadline == 60
+    with pytest.raises(ValueError, match="greater than 0"):
+        PrometheusConfig(url="https://p:9090", deadline=0)
+
+
+# --------------------------------------------------------------------------- credentials
+
+
+def test_plain_http_with_credentials_is_a_policy_error_naming_the_field() -> None:
+    for settings in (
+        {"bearer_token_file": "/etc/prometheus/token"},
+        {"bearer_token_env": "PROM_TOKEN"},
+        {},
+    ):
+        url = "http://prometheus:9090" if settings else "http://bob:hunter2@prometheus:9090"
+        doc = {"telemetry": {"prometheus": {"url": url, **settings}}}
+        with pytest.raises(PolicyError) as caught:
+            parse_policy(doc, source="policy.yaml")
+        (problem,) = caught.value.problems
+        assert problem.startswith("policy.yaml: telemetry.prometheus: url is plain http://")
+        assert "use an https:// url" in problem
+        assert "hunter2" not in problem
+    # https, or plain http without credentials, stay valid.
+    parse_policy({"telemetry": {"prometheus": {"url": "https://p:9090", "bearer_token_env": "T"}}})
+    parse_policy({"telemetry": {"prometheus": {"url": "http://p:9090/path@x"}}})
+
+
+def test_the_policy_error_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("telemetry:\n  prometheus:\n    url: http://p:9090\n    bearer_token_env: T\n")
+    assert main(["validate", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert "telemetry.prometheus: url is plain http://" in err
+    assert "Traceback" not in err
+
+
+def service_account(tmp_path: Path, token: str = "sa-token-of-the-pod") -> Path:
+    path = tmp_path / "serviceaccount" / "token"
+    path.parent.mkdir()
+    path.write_text(token + "\n")
+    return path
+
+
+def test_default_service_account_token_path_is_the_kubelet_mount() -> None:
+    assert str(SERVICE_ACCOUNT_TOKEN) == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
+def test_the_pods_service_account_token_is_never_sent_by_default(
+    tmp_path: Path, secure_stub: SecureStub
+) -> None:
+    stub, ca = secure_stub()
+    account = service_account(tmp_path)
+    link = tmp_path / "innocent-looking"
+    link.symlink_to(account)
+    copy = tmp_path / "copy"
+    copy.write_text("sa-token-of-the-pod")
+    cases: list[tuple[dict[str, object], dict[str, str], str]] = [
+        ({"bearer_token_file": str(account)}, {}, "bearer_token_file"),
+        ({"bearer_token_file": str(link)}, {}, "bearer_token_file"),
+        ({"bearer_token_file": str(copy)}, {}, "bearer_token_file"),
+        ({"bearer_token_env": "PROM_TOKEN"}, {"PROM_TOKEN": "sa-token-of-the-pod"}, "bearer_token_env"),
+    ]
+    for settings, environ, setting in cases:
+        conn = PrometheusConfig.model_validate({"url": stub.url, "ca_file": ca, **settings})
+        src = PrometheusTelemetrySource(
+            TelemetryConfig(prometheus=conn), [1800], environ=environ, service_account_token=account
+        )
+        problem = unavailable(src.telemetry(NOW, PODS))
+        assert f"telemetry.prometheus.{setting}" in problem
+        assert "service-account token" in problem
+        assert "--allow-service-account-token" in problem
+        assert "sa-token-of-the-pod" not in problem
+    assert stub.requests == []  # refused before anything was sent
+
+    allowed = PrometheusTelemetrySource(
+        TelemetryConfig(prometheus=PrometheusConfig(url=stub.url, ca_file=ca, bearer_token_file=str(link))),
+        [1800],
+        service_account_token=account,
+        allow_service_account_token=True,
+    )
+    allowed.telemetry(NOW, PODS)
+    assert stub.headers[0]["authorization"] == "Bearer sa-token-of-the-pod"
+
+
+def test_another_token_is_sent_when_a_service_account_token_exists(
+    tmp_path: Path, secure_stub: SecureStub
+) -> None:
+    stub, ca = secure_stub()
+    account = service_account(tmp_path)
+    token = tmp_path / "prometheus-token"
+    token.write_text("a-token-for-prometheus")
+    conn = PrometheusConfig(url=stub.url, ca_file=ca, bearer_token_file=str(token))
+    src = PrometheusTelemetrySource(TelemetryConfig(prometheus=conn), [1800], service_account_token=account)
+    src.telemetry(NOW, PODS)
+    assert stub.headers[0]["authorization"] == "Bearer a-token-for-prometheus"
+
+
+# --------------------------------------------------------------------------- redaction
+
+
+def test_credentials_in_the_url_never_reach_problems_or_findings(secure_stub: SecureStub) -> None:
+    host = ""
+
+    def echo(_params: dict[str, str]) -> Answer:
+        # A proxy that quotes the upstream URL it was given, credentials and all.
+        error = f"upstream https://bob:hunter2@{host}/api/v1/query refused"
+        return 400, json.dumps({"status": "error", "errorType": "bad_data", "error": error}).encode()
+
+    stub, ca = secure_stub(responder=echo)
+    host = stub.url.removeprefix("https://")
+    src = source(f"https://bob:hunter2@{host}", ca_file=ca)
+    telemetry, findings = src.telemetry(NOW, PODS)
+    text = f"{telemetry.problem} {[f.detail for f in findings]}"
+    assert "refused" in text and f"https://***@{host}" in text
+    assert "hunter2" not in text
+    assert stub.headers[0]["authorization"].startswith("Basic ")  # it was used, only never shown
+
+
+def cluster_objects() -> list[dict[str, Any]]:
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": "gpu-a-1", "labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}},
+        "status": {
+            "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "4"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    started = "2026-11-28T12:00:00Z"
+    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "p-rs", "uid": "x", "controller": True}
+    pod_obj = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "p",
+            "namespace": "ml",
+            "uid": "uid-p",
+            "creationTimestamp": started,
+            "ownerReferences": [owner],
+        },
+        "spec": {
+            "nodeName": "gpu-a-1",
+            "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+        "status": {"phase": "Running", "startTime": started},
+    }
+    return [node, pod_obj]
+
+
+@pytest.mark.parametrize("output", ["json", "text"])
+def test_rebalancer_once_never_shows_url_credentials(
+    tmp_path: Path, secure_stub: SecureStub, capsys: pytest.CaptureFixture[str], output: str
+) -> None:
+    stub, _ca = secure_stub()  # a certificate the rebalancer is not told to trust: the query fails
+    url = stub.url.replace("https://", "https://bob:hunter2@")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        yaml.safe_dump(
+            {
+                "strategies": [{"name": "idle-gpu"}, {"name": "gpu-consolidation"}],
+                "telemetry": {"prometheus": {"url": url, "retries": 0}},
+            }
+        )
+    )
+    with FakeApiServer() as api:
+        for obj in cluster_objects():
+            api.add(obj)
+        config = tmp_path / "kubeconfig"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
+                    "users": [{"name": "tester", "user": {"token": "t"}}],
+                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tester"}}],
+                    "current-context": "fake",
+                }
+            )
+        )
+        code = main(["once", "--policy", str(policy), "--kubeconfig", str(config), "--output", output])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "telemetry-unavailable" in out or "telemetry unavailable" in out
+    assert "***@127.0.0.1" in out
+    assert "hunter2" not in out and "hunter2" not in err

@@ -1,6 +1,7 @@
 """Live DCGM telemetry from Prometheus: a fixed set of PromQL queries -> Telemetry, and raw history dumps.
 
-Owns talking to Prometheus through prometheus-api-client:
+Owns talking to Prometheus (its HTTP API through requests, `prometheus_http`: prometheus-api-client's
+`custom_query` drops the answer's `warnings` and cannot bound the time a whole answer takes):
 
 - `PrometheusTelemetrySource.telemetry(now, pods)`: the same `Telemetry` (one GpuTelemetry per node, GPU
   UUID, MIG instance and pod, per window) that `telemetry.windows.aggregate` computes from a snapshot
@@ -13,23 +14,29 @@ Owns talking to Prometheus through prometheus-api-client:
   per window, the last framebuffer used / free (instant) and the framebuffer used maximum per window.
   Results go through the same path from series to rows as a snapshot's (`telemetry.windows.Grouping`
   and `row`), so MIG instances and time-sliced GPUs land on the same rows as in a snapshot;
-- connection settings: bearer token from a file (read on every call, so rotated tokens work) or an env
-  var, CA bundle / TLS verification, a timeout on every request (the library has none by default) and
-  bounded urllib3 retries with short backoff;
+- connection settings, through `sources.prometheus_http`: bearer token from a file or an env var (never
+  the pod's own service-account token unless `allow_service_account_token`), CA bundle / TLS
+  verification, a total timeout per request and a deadline for the whole read, bounded retries;
+- plausibility of the utilisation answers (`telemetry.sanity`): a series whose count, sum and maximum
+  cannot be true (more samples than the scrape interval allows, a mean above 100 % or above the
+  maximum, a negative or non-finite value, one of the three missing) makes its GPU's telemetry
+  unusable: a `bad-telemetry` finding, and no row for that GPU in any window;
 - `PrometheusTelemetrySource.history(now, window)`: the raw samples of the policy's metrics over a window
   (range selectors, so timestamps are the scrapes' own) for `rebalancer snapshot`, which writes them
   with `telemetry.exposition.render_openmetrics`.
 
-Failure policy: a down, slow or erroring Prometheus, an unreadable token, or a malformed answer gives
-`Telemetry(available=False, problem=...)` and a `telemetry-unavailable` finding, never a partial answer.
-Each request gives up after `timeout`, each query after `retries` more tries, and the first failed query
-ends the call, so a dead or stalled server costs about `timeout * (retries + 1)`. A series whose
-aggregate is NaN, infinite, negative or a DCGM blank loses that aggregate (a `bad-telemetry` finding):
-missing data is never read as idle. Series without a node or UUID label give `unusable-telemetry`, and
-series of pods that no longer exist whose newest sample is older than `telemetry.max_age` give
-`stale-telemetry`.
+Failure policy: a down, slow or erroring Prometheus, an unreadable or refused token, a malformed or
+partial answer (`warnings`, `isPartial`), or the deadline passing gives `Telemetry(available=False,
+problem=...)` and a `telemetry-unavailable` finding, never a partial answer. Each request gives up after
+`timeout` (the whole answer, however slowly it trickles), each query after `retries` more tries, the
+whole read after `deadline`, and the first failed query ends the call. A framebuffer aggregate that
+is NaN, infinite, negative or a DCGM blank is dropped (a `bad-telemetry` finding): missing data is
+never read as idle. Series without a node or UUID label give `unusable-telemetry`, and series of pods
+that no longer exist whose newest sample is older than `telemetry.max_age` give `stale-telemetry`.
+URLs and error texts in findings and errors are redacted (`rebalancer.redaction`).
 
-It must not read the clock (`now` is given), judge pods (idle or not), or raise out of `telemetry()`.
+It must not read the wall clock (`now` is given; the deadline runs on a monotonic timer), judge pods
+(idle or not), or raise out of `telemetry()`.
 Assumes the server's default `--query.lookback-delta` of 5m (`telemetry.windows.LOOKBACK_SECONDS`), as
 the snapshot aggregation does.
 """
@@ -39,20 +46,26 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import requests
-from prometheus_api_client import PrometheusConnect
-from prometheus_api_client.exceptions import PrometheusApiClientException
-from urllib3.util.retry import Retry
 
 from rebalancer.model import Finding, Pod, Telemetry, TelemetryWindow
 from rebalancer.policy import PrometheusConfig, TelemetryConfig, format_duration
+from rebalancer.redaction import redact, redact_url
+from rebalancer.sources.prometheus_http import (
+    RETRY_STATUSES,
+    SERVICE_ACCOUNT_TOKEN,
+    Deadline,
+    PrometheusError,
+    PrometheusHttp,
+    bearer_headers,
+)
 from rebalancer.telemetry.exposition import Sample, Series
 from rebalancer.telemetry.identity import (
     GroupKey,
@@ -62,6 +75,7 @@ from rebalancer.telemetry.identity import (
     is_valid_value,
     resolve_preset,
 )
+from rebalancer.telemetry.sanity import unusable_gpu_finding, utilisation_problem
 from rebalancer.telemetry.windows import (
     LOOKBACK_SECONDS,
     Grouping,
@@ -73,20 +87,11 @@ from rebalancer.telemetry.windows import (
 
 __all__ = ["RETRY_STATUSES", "PrometheusError", "PrometheusTelemetrySource", "Query", "query_plan"]
 
-# Statuses worth another try: throttling, and the server / gateway / overload family.
-RETRY_STATUSES = (429, 500, 502, 503, 504)
-RETRY_BACKOFF_SECONDS = 0.25
-RETRY_BACKOFF_MAX_SECONDS = 2.0
-
 UNAVAILABLE = "telemetry-unavailable"
 
 Aggregate = Literal["count", "sum", "max", "last", "last_ts", "newest"]
 LabelKey = tuple[tuple[str, str], ...]
 Vector = dict[LabelKey, float]
-
-
-class PrometheusError(Exception):
-    """Prometheus could not answer a query (connection, timeout, HTTP error, malformed response)."""
 
 
 # --------------------------------------------------------------------------- queries
@@ -175,27 +180,6 @@ def _time_param(moment: datetime) -> str:
     return f"{ms // 1000}.{ms % 1000:03d}"
 
 
-def _describe(exc: BaseException) -> str:
-    """A failed request as an operator would say it."""
-    if isinstance(exc, requests.exceptions.Timeout):
-        return "timed out"
-    if isinstance(exc, requests.exceptions.ConnectionError):
-        cause = exc.args[0] if exc.args else exc
-        reason = getattr(cause, "reason", None)
-        if reason is not None:
-            cause = reason
-        if "timed out" in str(cause).lower():
-            return "timed out"
-        return f"cannot connect ({cause})"
-    if isinstance(exc, requests.exceptions.RetryError):
-        return f"gave up after retries ({exc})"
-    if isinstance(exc, PrometheusApiClientException):
-        return str(exc)[:300]
-    if isinstance(exc, ValueError):  # requests' JSONDecodeError and friends
-        return f"invalid response ({type(exc).__name__}: {exc})"[:300]
-    return f"{type(exc).__name__}: {exc}"[:300]
-
-
 # --------------------------------------------------------------------------- grouping
 
 
@@ -222,6 +206,15 @@ class _Group:
         return math.fsum(total for total, _ in self.util) / sum(count for _, count in self.util)
 
 
+@dataclass(frozen=True, slots=True)
+class _Unusable:
+    """The first impossible utilisation answer about a GPU: which series, over which window, and why."""
+
+    identity: SeriesIdentity
+    window: int
+    problem: str
+
+
 def _newer(current: tuple[int, float] | None, candidate: tuple[int, float]) -> tuple[int, float]:
     """The newest sample of a group; between series with the same timestamp, the largest value."""
     if current is None or candidate[0] > current[0]:
@@ -242,7 +235,10 @@ class PrometheusTelemetrySource:
     """GPU telemetry for the policy's windows from one Prometheus, evaluated at a given `now`.
 
     `prometheus` overrides `cfg.prometheus` (the CLI's `--prometheus-url`); `environ` is where
-    `bearer_token_env` is looked up (the process environment by default).
+    `bearer_token_env` is looked up (the process environment by default). The pod's own service-account
+    token (`service_account_token`, the kubelet's mount by default) is never sent unless
+    `allow_service_account_token` (the daemon's `--allow-service-account-token`). `clock` times the
+    deadline (a monotonic timer).
     """
 
     def __init__(
@@ -252,11 +248,17 @@ class PrometheusTelemetrySource:
         *,
         prometheus: PrometheusConfig | None = None,
         environ: Mapping[str, str] | None = None,
+        allow_service_account_token: bool = False,
+        service_account_token: Path = SERVICE_ACCOUNT_TOKEN,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self._cfg = resolve_preset(cfg)
         self._windows = tuple(sorted({int(w) for w in windows}))
         self._conn = prometheus if prometheus is not None else cfg.prometheus
         self._environ = environ if environ is not None else os.environ
+        self._allow_service_account_token = allow_service_account_token
+        self._service_account_token = service_account_token
+        self._clock = clock
         self._plan = query_plan(self._cfg, self._windows)
 
     @property
@@ -275,74 +277,28 @@ class PrometheusTelemetrySource:
 
     # ---- connection
 
-    def _headers(self, conn: PrometheusConfig) -> dict[str, str]:
-        token: str | None = None
-        if conn.bearer_token_file:
-            try:
-                token = Path(conn.bearer_token_file).read_text(encoding="utf-8").strip()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise PrometheusError(
-                    f"cannot read bearer token file {conn.bearer_token_file}: "
-                    f"{getattr(exc, 'strerror', None) or exc}"
-                ) from None
-            if not token:
-                raise PrometheusError(f"bearer token file {conn.bearer_token_file} is empty")
-        elif conn.bearer_token_env:
-            token = self._environ.get(conn.bearer_token_env, "").strip()
-            if not token:
-                raise PrometheusError(f"bearer token env var {conn.bearer_token_env} is not set or empty")
-        return {"Authorization": f"Bearer {token}"} if token else {}
-
     @contextmanager
-    def _connect(self) -> Iterator[PrometheusConnect]:
+    def _connect(self) -> Iterator[PrometheusHttp]:
+        """One read's connection; its deadline starts now."""
         conn = self._conn
         if conn is None:
             raise PrometheusError("no Prometheus configured (set telemetry.prometheus.url)")
-        retry = Retry(
-            total=conn.retries,
-            connect=conn.retries,
-            read=conn.retries,
-            status=conn.retries,
-            other=0,
-            redirect=0,
-            backoff_factor=RETRY_BACKOFF_SECONDS,
-            backoff_max=RETRY_BACKOFF_MAX_SECONDS,
-            status_forcelist=RETRY_STATUSES,
-            allowed_methods=frozenset({"GET", "POST"}),
-            raise_on_status=False,
-            respect_retry_after_header=False,
+        deadline = Deadline(conn.deadline) if self._clock is None else Deadline(conn.deadline, self._clock)
+        headers = bearer_headers(
+            conn,
+            self._environ,
+            allow_service_account_token=self._allow_service_account_token,
+            service_account_token=self._service_account_token,
         )
-        headers = self._headers(conn)
         session = requests.Session()
         session.verify = conn.ca_file if (conn.verify_tls and conn.ca_file) else conn.verify_tls
         try:
-            yield PrometheusConnect(
-                url=conn.url.rstrip("/"), headers=headers, retry=retry, session=session, timeout=self._timeout
-            )
+            yield PrometheusHttp(conn, headers, deadline, session)
         finally:
             session.close()
 
-    def _query(self, client: PrometheusConnect, expr: str, now: datetime) -> object:
-        assert self._conn is not None
-        params = {"time": _time_param(now), "timeout": f"{self._timeout}s"}
-        try:
-            return client.custom_query(query=expr, params=params)
-        except (
-            requests.exceptions.RequestException,
-            PrometheusApiClientException,
-            ValueError,
-            KeyError,
-            TypeError,
-        ) as exc:
-            raise PrometheusError(f"query {expr!r} failed: {_describe(exc)}") from None
-
-    @property
-    def _timeout(self) -> int:
-        """Seconds per request; a policy's `0` (or a duration that rounds to it) still waits one second."""
-        return max(self._conn.timeout, 1) if self._conn is not None else 1
-
     def _where(self) -> str:
-        return self._conn.url if self._conn is not None else "Prometheus"
+        return redact_url(self._conn.url) if self._conn is not None else "Prometheus"
 
     # ---- telemetry
 
@@ -363,6 +319,7 @@ class PrometheusTelemetrySource:
             return self._unavailable(f"Prometheus at {self._where()}: {type(exc).__name__}: {exc}")
 
     def _unavailable(self, problem: str) -> tuple[Telemetry, tuple[Finding, ...]]:
+        problem = redact(problem)
         finding = Finding(kind=UNAVAILABLE, detail=f"{problem}; telemetry-dependent strategies skip")
         return Telemetry(available=False, problem=problem), (finding,)
 
@@ -370,7 +327,7 @@ class PrometheusTelemetrySource:
         results: dict[str, Vector] = {}
         with self._connect() as client:
             for query in self._plan:
-                results[query.expr] = _vector(self._query(client, query.expr, now), query.expr)
+                results[query.expr] = _vector(client.query(query.expr, _time_param(now)), query.expr)
         return results
 
     def _build(
@@ -401,9 +358,10 @@ class PrometheusTelemetrySource:
             return telemetry, (*unavailable, *findings)
 
         bad: dict[tuple[str, LabelKey], str] = {}
+        unusable: dict[tuple[str, str], _Unusable] = {}
         windows: dict[int, TelemetryWindow] = {}
         for window in self._windows:
-            ordered = self._window_groups(results, identities, window, bad, pods)
+            ordered = self._window_groups(results, identities, window, pods, bad=bad, unusable=unusable)
             rows = tuple(
                 row(
                     group.identity,
@@ -420,6 +378,16 @@ class PrometheusTelemetrySource:
                 if group.newest is not None
             )
             windows[window] = TelemetryWindow(window_seconds=window, gpus=rows)
+        if unusable:
+            # An impossible answer about a GPU discredits all of its telemetry: no row of it anywhere.
+            windows = {
+                w: replace(tw, gpus=tuple(g for g in tw.gpus if (g.node, g.uuid) not in unusable))
+                for w, tw in windows.items()
+            }
+            findings.extend(
+                unusable_gpu_finding(u.identity, cfg.utilization.name, u.window, self._where(), u.problem)
+                for _, u in sorted(unusable.items())
+            )
 
         for (metric, key), what in sorted(bad.items()):
             identity = identities[(metric, key)]
@@ -439,8 +407,10 @@ class PrometheusTelemetrySource:
         results: Mapping[str, Vector],
         identities: Mapping[tuple[str, LabelKey], SeriesIdentity],
         window: int,
-        bad: dict[tuple[str, LabelKey], str],
         pods: Mapping[tuple[str, str], Pod] | None,
+        *,
+        bad: dict[tuple[str, LabelKey], str],
+        unusable: dict[tuple[str, str], _Unusable],
     ) -> list[_Group]:
         cfg = self._cfg
         plan = {(q.metric, q.aggregate, q.window): results[q.expr] for q in self._plan}
@@ -464,13 +434,21 @@ class PrometheusTelemetrySource:
         counts = plan.get((util, "count", window), {})
         sums = plan.get((util, "sum", window), {})
         maxes = plan.get((util, "max", window), {})
-        for key, count in counts.items():
-            total, peak = sums.get(key), maxes.get(key)
-            if count < 1 or total is None or peak is None:
+        for key in sorted({*counts, *sums, *maxes}):
+            count, total, peak = counts.get(key), sums.get(key), maxes.get(key)
+            problem = utilisation_problem(
+                count,
+                total,
+                peak,
+                window=window,
+                scrape_interval=cfg.scrape_interval,
+                scale=cfg.utilization.scale,
+            )
+            if problem is not None:
+                if (identity := identities.get((util, key))) is not None:
+                    unusable.setdefault((identity.node, identity.uuid), _Unusable(identity, window, problem))
                 continue
-            label = f"its {format_duration(window)} utilisation sum or maximum"
-            if not (valid(util, key, total, label) and valid(util, key, peak, label)):
-                continue
+            assert count is not None and total is not None and peak is not None
             if (target := group(util, key)) is None:
                 continue
             target.util.append((total, int(count)))
@@ -511,14 +489,15 @@ class PrometheusTelemetrySource:
     def history(self, now: datetime, window: int) -> list[Series]:
         """Raw samples of the policy's metrics in `[now - window, now]`, with the scrapes' own timestamps.
 
-        One range-selector query per metric (`M[window]` at `now`). Raises PrometheusError.
+        One range-selector query per metric (`M[window]` at `now`), all of them within
+        `telemetry.prometheus.deadline`. Raises PrometheusError.
         """
         metrics = dict.fromkeys((self._cfg.utilization.name, self._cfg.fb_used.name, self._cfg.fb_free.name))
         series: list[Series] = []
         with self._connect() as client:
             for metric in metrics:
                 expr = f"{metric}[{int(window)}s]"
-                result = self._query(client, expr, now)
+                result = client.query(expr, _time_param(now))
                 if not isinstance(result, list):
                     raise PrometheusError(f"{expr}: expected a range vector, got {type(result).__name__}")
                 for item in result:

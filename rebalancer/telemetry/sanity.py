@@ -1,0 +1,93 @@
+"""Whether a utilisation aggregate a Prometheus answered is possible at all, before anything reads it.
+
+Owns the plausibility rules of one series' (count, sum, max) over a window, as `count_over_time`,
+`sum_over_time` and `max_over_time` answer them: each finite and not negative (nor a DCGM blank), the
+count a whole number of at least 1 and at most what the scrape interval allows
+(`max_samples`: window / scrape_interval + `ALIGNMENT_SLACK`), the mean and the maximum within
+0-100 % once the metric's scale is applied, and the mean not above the maximum (so the sum is at most
+count * 100 % and count * max). A series with one of the three and not the others is a partial
+answer, not a reading. `utilisation_problem` says what is wrong (None: plausible);
+`unusable_gpu_finding` is the `bad-telemetry` finding that names the GPU, metric and window.
+
+The caller treats a GPU with an impossible aggregate as having no telemetry at all: no strategy may
+read it as idle or under-used. It must not do I/O, read the clock or know about strategies.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rebalancer.model import Finding
+from rebalancer.policy import format_duration
+from rebalancer.telemetry.identity import SeriesIdentity, bad_telemetry_finding, is_valid_value
+
+__all__ = ["ALIGNMENT_SLACK", "max_samples", "unusable_gpu_finding", "utilisation_problem"]
+
+# Samples a series may hold beyond window / scrape_interval: both ends of the window are inclusive,
+# and scrape times drift a little against the window's edges.
+ALIGNMENT_SLACK = 2
+# Float sums of integer percentages are compared with this relative slack.
+_EPSILON = 1e-9
+
+
+def max_samples(window: int, scrape_interval: int) -> int:
+    """The most samples one series can hold in `window` seconds when scraped every `scrape_interval`."""
+    return window // max(scrape_interval, 1) + ALIGNMENT_SLACK
+
+
+def _number(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def utilisation_problem(
+    count: float | None,
+    total: float | None,
+    peak: float | None,
+    *,
+    window: int,
+    scrape_interval: int,
+    scale: float,
+) -> str | None:
+    """What makes one series' utilisation (count, sum, max) over `window` impossible; None when plausible.
+
+    `total` and `peak` are in the exporter's unit; `scale` turns them into percent.
+    """
+    given = {"count": count, "sum": total, "max": peak}
+    missing = [name for name, value in given.items() if value is None]
+    if missing:
+        present = [name for name, value in given.items() if value is not None]
+        return f"the answer has its {', '.join(present)} but no {', '.join(missing)} (a partial answer)"
+    assert count is not None and total is not None and peak is not None
+    for name, value in given.items():
+        if value is None or not is_valid_value(value):
+            return f"its {name} {_number(value or math.nan)} is NaN, infinite, negative or a DCGM blank value"
+    if count != math.floor(count) or count < 1:
+        return f"its count {_number(count)} is not a whole number of samples"
+    bound = max_samples(window, scrape_interval)
+    if count > bound:
+        return (
+            f"its count {_number(count)} is more than the {bound} samples a series scraped every "
+            f"{format_duration(scrape_interval)} can hold (telemetry.scrape_interval)"
+        )
+    mean, top = total / count * scale, peak * scale
+    if top > 100 * (1 + _EPSILON):
+        return f"its maximum {_number(top)}% is above 100%"
+    if mean > 100 * (1 + _EPSILON):
+        return f"its mean (sum / count) {_number(mean)}% is above 100%"
+    if mean > top * (1 + _EPSILON) + _EPSILON:
+        return f"its mean (sum / count) {_number(mean)}% is above its maximum {_number(top)}%"
+    return None
+
+
+def unusable_gpu_finding(
+    identity: SeriesIdentity, metric: str, window: int, source: str, what: str
+) -> Finding:
+    """The `bad-telemetry` finding for a GPU whose telemetry is ignored because of an impossible answer."""
+    device = identity.uuid
+    if identity.mig_instance is not None:
+        device = f"{identity.uuid} MIG {identity.mig_instance}"
+    return bad_telemetry_finding(
+        identity,
+        f"{metric} of GPU {device} on node {identity.node} over {format_duration(window)} from "
+        f"{source}: {what}; this GPU's telemetry is ignored this cycle (treated as none)",
+    )

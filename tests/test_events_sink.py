@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -30,18 +30,6 @@ CONSOLIDATE = parse_policy(
         "telemetry": None,
     }
 )
-
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
-
-
-@pytest.fixture
-def api_client(api: FakeApiServer) -> Iterator[client.ApiClient]:
-    with api.api_client() as api_client:
-        yield api_client
 
 
 def _live_cycle(
@@ -211,3 +199,17 @@ def test_a_failing_sink_does_not_fail_the_cycle(api: FakeApiServer, api_client: 
     (error,) = errors
     assert isinstance(error, EventsSinkError)
     assert str(error).startswith("5 of 5 Events not created: Event on Pod x0: connection dropped")
+
+
+def test_credentials_quoted_by_a_reason_never_reach_an_event(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    leaky = "telemetry at http://bob:hunter2@prometheus.example:9090 says idle; " + "x" * 1010
+    evicted = _row("a", "evicted")
+    row = ReportedDecision(**{**{f: getattr(evicted, f) for f in evicted.__slots__}, "reason": leaky})
+    KubeEventsSink(api_client).publish(_report(row, freed=("a-1",)))
+    messages = [e["message"] for e in api.objects("Event")]
+    assert len(messages) == 2  # the pod's and the drained node's
+    for message in messages:
+        assert "hunter2" not in message and "bob" not in message
+        assert "http://***@prometheus.example:9090" in message and len(message) <= 1024

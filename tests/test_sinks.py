@@ -27,7 +27,14 @@ from rebalancer.sinks.notify import (
     skip_reason,
 )
 from rebalancer.sinks.slack import SlackSink, build_message
-from rebalancer.sinks.webhook import SIGNATURE_HEADER, WebhookSink, sign, webhook_body
+from rebalancer.sinks.webhook import (
+    DELIVERY_HEADER,
+    SIGNATURE_HEADER,
+    SIGNATURE_V1_HEADER,
+    WebhookSink,
+    sign,
+    webhook_body,
+)
 from tests.builders import A100, H100, NOW
 from tests.http_receiver import HttpReceiver, http_receiver
 
@@ -258,7 +265,9 @@ def test_webhook_posts_the_json_report_signed_with_hmac_sha256(
 
     [request] = http_receiver.wait_for(1)
     assert request.method == "POST" and request.path == "/hook"
-    assert request.json() == to_dict(EVICTING)
+    body = request.json()
+    assert body.pop("delivery_id") == request.header(DELIVERY_HEADER)
+    assert body == to_dict(EVICTING)
     expected = "sha256=" + hmac.new(SECRET.encode(), request.body, hashlib.sha256).hexdigest()
     signature = request.header(SIGNATURE_HEADER)
     assert signature is not None and hmac.compare_digest(expected, signature)
@@ -269,7 +278,7 @@ def test_webhook_secret_from_a_file_and_a_tampered_body_fails_verification(tmp_p
     secret_file = tmp_path / "secret"
     secret_file.write_text(SECRET + "\n")
     assert read_secret("x", env=None, file=str(secret_file)) == SECRET
-    body = webhook_body(Delivery(EVICTING))
+    body = webhook_body(Delivery(EVICTING), "delivery-1")
     assert hmac.compare_digest(sign(SECRET, body), sign(SECRET, body))
     assert not hmac.compare_digest(sign(SECRET, body), sign(SECRET, body + b" "))
     assert not hmac.compare_digest(sign(SECRET, body), sign("other", body))
@@ -281,7 +290,7 @@ def test_webhook_without_a_secret_is_sent_unsigned(http_receiver: HttpReceiver) 
     assert not sink.signed
     sink.send(Delivery(EVICTING))
     [request] = http_receiver.wait_for(1)
-    assert request.header(SIGNATURE_HEADER) is None
+    assert request.header(SIGNATURE_HEADER) is None and request.header(SIGNATURE_V1_HEADER) is None
 
 
 def test_retries_on_500_then_delivers(

@@ -3,7 +3,8 @@
 Owns turning a live CycleReport into core/v1 Events: one `Normal` Event per row whose outcome is
 `evicted`, on the pod (involvedObject kind Pod, namespace, name and the uid the report row carries, which
 `kubectl describe` matches on), with reason `GpuRebalancer<Strategy>` (the strategy's name
-in CamelCase: `GpuRebalancerGpuConsolidation`) and the decision's reason as message; and one per node the
+in CamelCase: `GpuRebalancerGpuConsolidation`) and the decision's reason as message (redacted:
+`redaction.redact`, before it is clipped to 1024 characters); and one per node the
 report says was freed (`freed_nodes`), in namespace `default` with the node's name as uid, as the
 kubelet's node Events are.
 
@@ -33,6 +34,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rebalancer.kubeapi import describe_transport_error
 from rebalancer.model import CycleReport, ReportedDecision
+from rebalancer.redaction import redact
 
 __all__ = ["EVENT_PREFIX", "EventsSinkError", "KubeEventsSink", "event_reason"]
 
@@ -152,7 +154,7 @@ class KubeEventsSink:
                 uid=row.uid or None,
             ),
             reason=event_reason(row.strategy),
-            message=row.reason,
+            message=redact(row.reason),
             action="Evict",
             component=self.component,
             instance=self._instance,
@@ -163,7 +165,7 @@ class KubeEventsSink:
             namespace=NODE_EVENT_NAMESPACE,
             involved=client.V1ObjectReference(api_version="v1", kind="Node", name=node, uid=node),
             reason=event_reason(row.strategy),
-            message=f"node drained by {self.component}: {row.reason}",
+            message=f"node drained by {self.component}: {redact(row.reason)}",
             action="Drain",
             component=self.component,
             instance=self._instance,

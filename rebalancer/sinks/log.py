@@ -5,8 +5,12 @@ target, reason) and one summary line per cycle, plus `configure_logging()`, whic
 line, structlog's and the standard library's (the evictor logs through `logging`), as JSON (in a
 cluster) or as readable console lines (on a TTY), with the context bound by the daemon (`cycle_id`).
 
-It must not decide or filter anything, and it never raises into the cycle. Secrets never reach it: it
-only sees reports.
+Credentials never reach a log line: `redact_event` (a structlog processor, last before the renderer,
+for structlog's lines and the standard library's alike) passes every string of every event through
+`redaction.redact`, exceptions included; console lines are redacted once more as rendered text.
+`redact_tree()` is the same for a JSON document (the report a sink or `/report` sends).
+
+It must not decide or filter anything, and it never raises into the cycle.
 """
 
 from __future__ import annotations
@@ -14,16 +18,41 @@ from __future__ import annotations
 import logging
 import sys
 from collections import Counter
+from collections.abc import MutableMapping
 from typing import IO, Any, Literal
 
 import structlog
 
 from rebalancer.model import CycleReport
+from rebalancer.redaction import redact, redact_tree
 from rebalancer.report import to_dict
 
-__all__ = ["LogFormat", "LogSink", "configure_logging"]
+__all__ = ["LogFormat", "LogSink", "configure_logging", "redact_event", "redact_tree"]
 
 LogFormat = Literal["auto", "json", "console"]
+
+# What structlog's stdlib bridge keeps in an event for the renderer: objects, not text to show.
+_META_KEYS = frozenset({"exc_info", "_record", "_from_structlog"})
+
+
+def redact_event(
+    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """structlog processor: every string value of the event redacted (`event` and `exception` too)."""
+    for key, value in list(event_dict.items()):
+        if key not in _META_KEYS:
+            event_dict[key] = redact_tree(value)
+    return event_dict
+
+
+class _RedactedConsole:
+    """The console renderer, its output redacted once more (it formats tracebacks itself)."""
+
+    def __init__(self, renderer: structlog.dev.ConsoleRenderer) -> None:
+        self._renderer = renderer
+
+    def __call__(self, logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> str:
+        return redact(str(self._renderer(logger, method, event_dict)))
 
 
 class LogSink:
@@ -70,7 +99,7 @@ def configure_logging(
         renderer = structlog.processors.JSONRenderer()
         shared.append(structlog.processors.format_exc_info)
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=out.isatty())
+        renderer = _RedactedConsole(structlog.dev.ConsoleRenderer(colors=out.isatty()))
     structlog.configure(
         processors=[
             *shared,
@@ -82,7 +111,7 @@ def configure_logging(
     )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, redact_event, renderer],
     )
     handler = logging.StreamHandler(out)
     handler.setFormatter(formatter)

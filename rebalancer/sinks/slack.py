@@ -4,10 +4,12 @@ Owns the message layout (`build_message`): a header (evictions, nodes freed, mod
 (mode, evictions, blocked, nodes freed, GPUs freed, estimated savings), the evictions (pod, node,
 target, strategy, outcome), the nodes freed, the top findings (of the kinds the sink selects) and a
 button to `dashboard_url`, within Block Kit's limits (header 150 characters, section text 3000, ten
-fields), plus a plain-text `text` fallback for notifications.
+fields), plus a plain-text `text` fallback for notifications. Every string of the message is redacted
+(`redaction.redact`): a finding that quotes a URL with credentials shows `***` in their place.
 
 The webhook URL is a secret: it is read from the env var or file the policy names at every delivery
-(`notify.read_secret`) and it never appears in a log line or an error. Delivery, retries, rate limit
+(`notify.read_secret`), must be `https://` (plain HTTP only to a loopback host, e.g. a local relay),
+and it never appears in a log line or an error. Delivery, retries, rate limit
 and the worker thread are `notify`'s; this module must not block a cycle or decide anything.
 """
 
@@ -19,7 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rebalancer.model import CycleReport, Finding, ReportedDecision
-from rebalancer.policy import SlackSinkConfig
+from rebalancer.policy import SlackSinkConfig, plain_http_to_remote_host
+from rebalancer.redaction import redact, redact_tree
 from rebalancer.sinks.notify import Delivery, HttpSink, SinkError, read_secret, selected_findings
 from rebalancer.wording import plural
 
@@ -83,7 +86,8 @@ def _finding_line(finding: Finding) -> str:
         for x in (finding.node, finding.gpu, f"{finding.namespace}/{finding.pod}" if finding.pod else None)
         if x
     )
-    return _clip(f"• *{_escape(finding.kind)}* {where}: {_escape(finding.detail)}", 400)
+    # Redacted before it is clipped: a clip must not cut a credential out of reach of the pattern.
+    return _clip(f"• *{_escape(finding.kind)}* {where}: {_escape(redact(finding.detail))}", 400)
 
 
 def build_message(
@@ -147,7 +151,8 @@ def build_message(
             }
         )
     fallback = f"{headline}; blocked {s.blocked}; estimated savings {_money(s.estimated_savings_per_hour)}"
-    return {"text": fallback, "blocks": blocks}
+    message: dict[str, Any] = redact_tree({"text": fallback, "blocks": blocks})
+    return message
 
 
 class SlackSink(HttpSink[SlackSinkConfig]):
@@ -165,6 +170,11 @@ class SlackSink(HttpSink[SlackSinkConfig]):
         )
         if url is None:  # the policy requires one of the two sources; never post without it
             raise SinkError(f"{self.name}: no webhook URL configured")
+        if not url.startswith(("https://", "http://")) or plain_http_to_remote_host(url):
+            raise SinkError(
+                f"{self.name}: the webhook URL (webhook_url_env / webhook_url_file) is not https://: it is "
+                "a secret, never sent in clear (plain http:// only to a loopback host)"
+            )
         message = build_message(
             delivery.report,
             dashboard_url=cfg.dashboard_url,

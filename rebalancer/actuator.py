@@ -18,8 +18,12 @@ still checkpointing) is a guard of the planner, which plans with the history thi
 - Checkpoint requests (docs/checkpoint-protocol.md). The planner holds a plan whose pod asked to
   checkpoint first (`checkpoint-pending`); at the end of the cycle the actuator asks each such pod not
   asked yet (`rebalancer.gpu/eviction-requested-at: <now>`, a merge patch carrying the pod's uid,
-  clearing an old `checkpoint-done`). A request no plan wanted this cycle is withdrawn (both annotations
-  removed) at the end of the first complete cycle `checkpoint_timeout` or more after it was made.
+  clearing an old `checkpoint-done`), once per pod and cycle. A request refused by the authorizer (403:
+  the namespace has not applied deploy/checkpoint-rbac.example.yaml) makes one `checkpoint-request`
+  finding per namespace, and the namespaces refused go into the history (`checkpoint_refused`, replaced
+  every cycle) for the planner to say so; no request was made, so none times out. A request no plan
+  wanted this cycle is withdrawn (both annotations removed) at the end of the first complete cycle
+  `checkpoint_timeout` or more after it was made.
 - The memory. `memory` is the `cycle.CycleMemory` a live run plans with: the `history.DisruptionHistory`
   (cooldowns, the disruption budget, the evictions the circuit breaker watches) and the drains this
   process owns, kept by a `state.StateStore`, saved as each decision ends, so a crash loses no eviction.
@@ -38,7 +42,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import cast
+from typing import Literal, cast
 
 import urllib3
 from kubernetes import client
@@ -46,11 +50,13 @@ from kubernetes.client.exceptions import ApiException
 
 from rebalancer import rfc3339
 from rebalancer.evictor import REQUESTER, KubeEvictor, KubeTainter, NodeTainter, TaintChange
+from rebalancer.fence import UNFENCED, Fence
 from rebalancer.guards import (
     CHECKPOINT_ANNOTATION,
     CHECKPOINT_DONE_ANNOTATION,
     CHECKPOINT_PENDING,
     EVICTION_REQUESTED_AT_ANNOTATION,
+    checkpoint_grant,
 )
 from rebalancer.history import DisruptionHistory, Workload, open_circuits
 from rebalancer.kubeapi import (
@@ -58,16 +64,29 @@ from rebalancer.kubeapi import (
     describe_answer,
     is_transient,
     release_unread,
+    status_body,
     status_message,
     with_retries,
 )
-from rebalancer.model import Decision, Finding, Mode, Node, Outcome, OutcomeResult, Pod, Snapshot
+from rebalancer.model import (
+    NOT_ATTEMPTED,
+    Decision,
+    Finding,
+    Mode,
+    Node,
+    Outcome,
+    OutcomeResult,
+    Pod,
+    Snapshot,
+)
 from rebalancer.policy import EvictionConfig, Policy
 from rebalancer.state import ActuatorState, DrainRecord, StateStore
+from rebalancer.wording import plural
 
 __all__ = [
     "CHECKPOINT_REQUEST",
     "DRAINING_SINCE_ANNOTATION",
+    "DRAIN_INTERRUPTED",
     "DRAIN_TIMEOUT",
     "ClusterActuator",
 ]
@@ -75,6 +94,7 @@ __all__ = [
 DRAINING_SINCE_ANNOTATION = "rebalancer.gpu/draining-since"
 # Finding kinds.
 DRAIN_TIMEOUT = "drain-timeout"
+DRAIN_INTERRUPTED = "drain-interrupted"
 CHECKPOINT_REQUEST = "checkpoint-request"
 
 _DRAINED: frozenset[OutcomeResult] = frozenset({"evicted", "gone"})
@@ -84,6 +104,8 @@ _MERGE_PATCH = "application/merge-patch+json"
 log = logging.getLogger(__name__)
 
 RequestTimeout = float | tuple[float, float]
+# Why a pod's annotations could not be patched.
+_PatchProblem = Literal["gone", "forbidden", "error"]
 
 
 def _time(text: str | None) -> datetime | None:
@@ -145,6 +167,7 @@ class ClusterActuator:
         if evictor.mode != "live":
             raise ValueError("the actuator writes: a server-side dry run is a KubeEvictor on its own")
         self._evictor = evictor
+        evictor.on_evicted = self._evicted_one
         self._tainter = tainter
         self._core = client.CoreV1Api(api_client)
         self._cfg = cfg
@@ -177,8 +200,10 @@ class ClusterActuator:
         backoff: Backoff | None = None,
         sleep: Callable[[float], None] = time.sleep,
         request_timeout: RequestTimeout = (5.0, 30.0),
+        fence: Fence = UNFENCED,
     ) -> ClusterActuator:
-        """The actuator the policy's `eviction:` section describes: a KubeEvictor and a KubeTainter."""
+        """The actuator the policy's `eviction:` section describes: a KubeEvictor and a KubeTainter,
+        every write of either asking `fence` first."""
         evictor = KubeEvictor(
             api_client,
             grace_period_seconds=cfg.grace_period_seconds,
@@ -187,6 +212,7 @@ class ClusterActuator:
             sleep=sleep,
             request_timeout=request_timeout,
             requested_by=requested_by,
+            fence=fence,
         )
         tainter = KubeTainter(
             api_client,
@@ -196,6 +222,7 @@ class ClusterActuator:
             backoff=backoff,
             sleep=sleep,
             request_timeout=request_timeout,
+            fence=fence,
         )
         return cls(
             evictor,
@@ -282,17 +309,22 @@ class ClusterActuator:
         """Start a cycle on `snapshot`: a new term's memory and orphans, PDB memory, expired drain marks."""
         if not _LABEL_VALUE.match(cycle_id):
             raise ValueError(f"cycle id {cycle_id!r} is not a valid taint value (letters, digits, -_., 63)")
+        self._drain_notes.clear()
+        # Marks lifted before the drain-mark review: the snapshot still shows them, read before.
+        lifted: set[str] = set()
         if self._new_term:
             self.load_state()
             for change in self.cleanup_orphans():
                 log.info("orphan drain mark removed from %s: %s", change.node, change.detail or "ok")
+                if change.ok:
+                    lifted.add(change.node)
+            lifted |= self._lift_interrupted(snapshot, lifted)
             self._new_term = False
         self._snapshot = snapshot
         self._cycle_id = cycle_id
-        self._drain_notes.clear()
         self._evictor.begin_cycle(snapshot, cycle_id)
         self._marked = {}
-        self._expire_drains(snapshot)
+        self._expire_drains(snapshot, lifted)
         self._save()
 
     def evict(self, decision: Decision) -> tuple[Outcome, ...]:
@@ -307,12 +339,29 @@ class ClusterActuator:
         if node is not None:
             change = self._mark(node)
             if not change.ok:
-                detail = f"not attempted: cannot mark node {node} draining ({change.detail})"
+                detail = (  # a closed fence says why itself; anything else is this node's failure
+                    change.detail
+                    if change.detail.startswith(NOT_ATTEMPTED)
+                    else f"{NOT_ATTEMPTED}cannot mark node {node} draining ({change.detail})"
+                )
                 return tuple(Outcome(p.namespace, p.name, "error", detail) for p in pods)
         outcomes = self._evictor.evict(decision)
         if node is not None and any(o.result not in _DRAINED for o in outcomes):
             outcomes = self._abandon(node, outcomes)
         return outcomes
+
+    def _evicted_one(self, decision: Decision, outcome: Outcome) -> None:
+        """Each pod as it is evicted goes into the memory, saved at once, so a crash in the middle of a
+        drain loses none of its evictions (the circuit breaker watches them, the cooldown and disruption
+        budget count them). The whole decision is recorded again as it ends (a node drained, a failed
+        drain), which adds nothing twice."""
+        if self._snapshot is None:
+            return
+        pod = next(p for p in decision.proposal.pods if p.key == (outcome.namespace, outcome.pod))
+        alone = replace(decision.proposal, kind="pod", pods=(pod,), node=None, nodes_freed=())
+        history = self._history.recorded(replace(decision, proposal=alone), (outcome,), self._snapshot.now)
+        if history is not self._history:
+            self.remember(history)
 
     def end_cycle(self, decisions: Sequence[Decision], *, completed: bool) -> tuple[Finding, ...]:
         """Finish the cycle: retry failed unmarks, ask the checkpoints the planner waits for, withdraw
@@ -333,12 +382,47 @@ class ClusterActuator:
 
     # ---- drain marks
 
-    def _expire_drains(self, snapshot: Snapshot) -> None:
+    def _busy(self, snapshot: Snapshot, node: str) -> list[Pod]:
+        """The pods that keep a drained node from being done: not DaemonSet, mirror or leaving."""
+        return [p for p in snapshot.pods_on(node) if not (p.is_daemonset or p.is_mirror or p.terminating)]
+
+    def _lift_interrupted(self, snapshot: Snapshot, lifted: set[str]) -> set[str]:
+        """At a new term: unmark every node whose drain this process did not finish (a restart or another
+        leader interrupted it) and that still runs pods. Its plan is gone with the process that made it;
+        if the node is still worth draining, this term plans it again and marks it anew. A marked node
+        already empty keeps its mark: that drain is done, the autoscaler's to take."""
+        key = self._cfg.drain_taint_key
+        done: set[str] = set()
+        for node in snapshot.nodes.values():
+            if node.name in lifted or not any(t.key == key for t in node.taints):
+                continue
+            busy = self._busy(snapshot, node.name)
+            if not busy:
+                continue
+            pods = plural(len(busy), "pod")
+            why = f"drain interrupted (restart or leader change) with {pods} still on the node"
+            change = self._untaint(node.name, why)
+            self._drain_notes.append(
+                Finding(
+                    kind=DRAIN_INTERRUPTED,
+                    node=node.name,
+                    detail=f"drain mark removed: {why}"
+                    + ("" if change.ok else f"; removing it failed ({change.detail})"),
+                )
+            )
+            if change.ok:
+                done.add(node.name)
+        return done
+
+    def _expire_drains(self, snapshot: Snapshot, lifted: set[str]) -> None:
         key = self._cfg.drain_taint_key
         for name in [n for n in self._drains if n not in snapshot.nodes]:
             log.info("node %s is gone: its drain is complete", name)
             del self._drains[name]
+        stuck = self._pending_from(snapshot)
         for node in snapshot.nodes.values():
+            if node.name in lifted:
+                continue
             mark = next((t for t in node.taints if t.key == key), None)
             if node.name in self._release:
                 self._untaint(node.name, "drain abandoned")
@@ -352,7 +436,8 @@ class ClusterActuator:
             owned = self._drains.get(node.name)
             if since is None and owned is not None and owned.cycle_id == mark.value:
                 since = owned.since
-            why = self._expired(node, since, snapshot)
+            expired = self._expired(node, since, snapshot)
+            why = expired or stuck.get(node.name)
             if why is None:
                 assert since is not None
                 self._marked[node.name] = since
@@ -360,19 +445,30 @@ class ClusterActuator:
             change = self._untaint(node.name, why)
             self._drain_notes.append(
                 Finding(
-                    kind=DRAIN_TIMEOUT,
+                    kind=DRAIN_TIMEOUT if expired else DRAIN_INTERRUPTED,
                     node=node.name,
                     detail=f"drain mark removed: {why}"
                     + ("" if change.ok else f"; removing it failed ({change.detail})"),
                 )
             )
 
+    def _pending_from(self, snapshot: Snapshot) -> dict[str, str]:
+        """The nodes pods were evicted from whose workload keeps the circuit open (its new pods Pending),
+        with why: their marks go, so the pods can come back to them."""
+        trips = {t.workload: t for t in open_circuits(snapshot, self._history, self._cfg.reschedule_timeout)}
+        stuck: dict[str, str] = {}
+        for record in self._history.evictions:
+            trip = trips.get(record.workload)
+            if trip is not None and record.node is not None and record.node not in stuck:
+                stuck[record.node] = f"{trip.detail}: lifted so its pods can come back"
+        return stuck
+
     def _expired(self, node: Node, since: datetime | None, snapshot: Snapshot) -> str | None:
         if since is None:
             return "no readable draining-since annotation"
         age = snapshot.now - since
         limit = timedelta(seconds=self._cfg.drain_timeout)
-        busy = [p for p in snapshot.pods_on(node.name) if not (p.is_daemonset or p.is_mirror)]
+        busy = self._busy(snapshot, node.name)
         if busy and age >= limit:
             return f"{len(busy)} pod(s) still on the node {_minutes(age)}m after the drain began"
         if age >= 2 * limit:
@@ -425,6 +521,7 @@ class ClusterActuator:
 
     def _request_checkpoints(self, waiting: Sequence[Decision], now: datetime) -> None:
         asked: set[tuple[str, str]] = set()
+        refused: dict[str, list[tuple[Pod, str]]] = {}
         for decision in waiting:
             for pod in decision.proposal.pods:
                 annotations = pod.annotations
@@ -448,10 +545,33 @@ class ClusterActuator:
                 if problem[0] == "gone":  # deleted or re-created since the snapshot: nothing to ask
                     log.info("no checkpoint request for %s: %s", pod.ref, problem[1])
                     continue
+                if problem[0] == "forbidden":  # the namespace has not granted the Role: noted per namespace
+                    refused.setdefault(pod.namespace, []).append((pod, problem[1]))
+                    continue
                 detail = (
                     f"cannot ask {pod.ref} to checkpoint ({problem[0]}: {problem[1]}); asked again next cycle"
                 )
                 self._drain_notes.append(Finding.about(CHECKPOINT_REQUEST, pod, detail))
+        for namespace, pods in sorted(refused.items()):
+            log.warning("cannot ask pods of namespace %s to checkpoint: %s", namespace, pods[0][1])
+            refs = [p.ref for p, _ in pods]
+            shown = ", ".join(refs[:3]) + (f" and {len(refs) - 3} more" if len(refs) > 3 else "")
+            self._drain_notes.append(
+                Finding(
+                    kind=CHECKPOINT_REQUEST,
+                    namespace=namespace,
+                    detail=(
+                        f"namespace {namespace} has not granted checkpoint requests ({pods[0][1]}); its pods "
+                        f"that ask to checkpoint before eviction are held, never evicted unasked "
+                        f"({plural(len(refs), 'pod')}: {shown}); grant it with {checkpoint_grant(namespace)}"
+                    ),
+                )
+            )
+        # What the planner says next cycle of the pods it holds: replaced, each cycle asks again. Not
+        # saved (the state store keeps no refusals), so no write of its own.
+        noted = dict.fromkeys(refused, now)
+        if noted != self._history.checkpoint_refused:
+            self._history = replace(self._history, checkpoint_refused=noted)
 
     def _withdraw_checkpoints(self, snapshot: Snapshot, wanted: set[tuple[str, str]]) -> None:
         timeout = timedelta(seconds=self._cfg.checkpoint_timeout)
@@ -471,10 +591,11 @@ class ClusterActuator:
 
     def _patch_annotations(
         self, pod: Pod, annotations: Mapping[str, str | None]
-    ) -> tuple[OutcomeResult, str] | None:
+    ) -> tuple[_PatchProblem, str] | None:
         """Merge-patch the pod's annotations (None removes one). The patch carries the pod's uid: the API
         server refuses to change it (409 / 422 naming the uid), so a re-created pod of the same name is never
-        annotated. None when done, else (`gone` | `error`, why)."""
+        annotated. None when done, else (`gone` | `forbidden` (403: no Role in the pod's namespace grants
+        it) | `error`, why)."""
         if not pod.uid:
             return ("error", "pod has no uid: refusing to patch without a uid precondition")
         body = {"metadata": {"uid": pod.uid, "annotations": dict(annotations)}}
@@ -501,6 +622,10 @@ class ClusterActuator:
                 return ("gone", "pod no longer exists (404)")
             if status == 409 or (status == 422 and "uid" in status_message(exc)):
                 return ("gone", f"pod was replaced or changed ({status})")
+            if status == 403 and not (status_body(exc).get("details") or {}).get("causes"):
+                # The authorizer's refusal: no role grants it. An admission policy's denial (also 403
+                # when its reason is Forbidden) carries its message as a cause, and is an error.
+                return ("forbidden", describe_answer(exc))
             if not is_transient(exc):
                 return ("error", describe_answer(exc))
             return ("error", f"{describe_answer(exc)} (after {self._cfg.retries + 1} attempts)")
@@ -513,7 +638,12 @@ class ClusterActuator:
     def _save(self) -> None:
         if self._store is None:
             return
+        state = self.state
         try:
-            self._store.save(self.state)
+            stored = self._store.save(state)
         except (OSError, ValueError) as exc:
             log.error("cannot save the actuator state: %s", exc)
+            return
+        if stored is not None and stored != state:  # another writer's memory merged in: ours now
+            self._history = stored.history
+            self._drains = dict(stored.drains)

@@ -14,7 +14,14 @@ so later pods it covers are not attempted ("PDB exhausted earlier this cycle"); 
 pod, or that incarnation of it, no longer exists); 5xx, 429 throttling, status 0, timeouts and dropped
 connections are retried a bounded number of times with backoff, then `error`; other answers (400, 403,
 422...) are an immediate `error`. A retry after a timeout is safe: the uid precondition turns an
-eviction that did land into `gone`.
+eviction that did land into a 404 / 409, which after a request without an answer means that request
+went through, so it is `evicted` (and the circuit breaker watches it); when every attempt went
+unanswered the pod is read back (a list by name: gone, re-created or terminating is `evicted`).
+
+Fencing: before every write (each eviction attempt, each node patch) the evictor and tainter ask their
+`fence` (rebalancer.fence) how long the write may take and clip the request timeout to it. A closed
+fence (the leader lease lost, a deadline passed) stops the plan at once: that pod and the rest get
+`error` "not attempted: <why>"; a mark that cannot be written is not ok.
 
 A multi-pod decision (gang or node) stops at the first pod that ends `blocked-by-pdb` or `error`: the
 pods after it are not attempted and get `error` with "not attempted: plan stopped after <ns/pod>
@@ -47,6 +54,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rebalancer.fence import UNFENCED, Fence, FenceLost, clip_timeout
 from rebalancer.kubeapi import (
     Backoff,
     describe_answer,
@@ -90,6 +98,8 @@ MAX_REASON_CHARS = 1024
 
 _BUDGET_NAME = re.compile(r"^The disruption budget (?P<name>\S+) ")
 _STOPPING: frozenset[OutcomeResult] = frozenset({"blocked-by-pdb", "error"})
+# An eviction whose request got no answer, found done when the pod was read back.
+_WENT_THROUGH = "the eviction request got no answer but went through"
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +169,7 @@ class KubeEvictor(UnframedEvictor):
         sleep: Callable[[float], None] = time.sleep,
         request_timeout: RequestTimeout = (5.0, 30.0),
         requested_by: str = REQUESTER,
+        fence: Fence = UNFENCED,
     ) -> None:
         if grace_period_seconds is not None and grace_period_seconds < 0:
             raise ValueError("grace_period_seconds must not be negative")
@@ -173,6 +184,9 @@ class KubeEvictor(UnframedEvictor):
         self._sleep = sleep
         self._timeout = request_timeout
         self._requested_by = requested_by
+        self.fence = fence
+        # Told of each pod as it is evicted, before the next is tried (the actuator saves its memory).
+        self.on_evicted: Callable[[Decision, Outcome], None] | None = None
         self._known: dict[tuple[str, str], Pdb] = {}
         self._exhausted: dict[tuple[str, str], Pdb] = {}
         self.mode: Mode = "dry-run" if server_dry_run else "live"
@@ -201,9 +215,17 @@ class KubeEvictor(UnframedEvictor):
         reason = f"{decision.proposal.strategy}: {decision.proposal.reason}"[:MAX_REASON_CHARS]
         outcomes: list[Outcome] = []
         for index, pod in enumerate(pods):
-            outcome = self._evict_pod(pod, reason)
+            try:
+                outcome = self._evict_pod(pod, reason)
+            except FenceLost as lost:  # no write may start: neither this one nor the rest of the plan
+                log.warning("evictions stopped before %s: %s", pod.ref, lost.reason)
+                detail = f"not attempted: {lost.reason}"
+                outcomes.extend(Outcome(p.namespace, p.name, "error", detail) for p in pods[index:])
+                break
             log.info("eviction %s %s %s", pod.ref, outcome.result, outcome.detail)
             outcomes.append(outcome)
+            if outcome.result == "evicted" and self.on_evicted is not None:
+                self.on_evicted(decision, outcome)
             if outcome.result in _STOPPING:
                 stop = not_attempted(pod, outcome.result)
                 outcomes.extend(Outcome(p.namespace, p.name, "error", stop) for p in pods[index + 1 :])
@@ -234,8 +256,11 @@ class KubeEvictor(UnframedEvictor):
         if not pod.uid:
             return outcome("error", "pod has no uid: refusing to evict without a uid precondition")
         body = self._body(pod, reason)
+        # Set once a request got no answer: the API server may have evicted the pod all the same.
+        unanswered: list[BaseException] = []
 
         def attempt() -> Outcome:
+            timeout = clip_timeout(self._timeout, self.fence.check())
             try:
                 response = cast(
                     "urllib3.BaseHTTPResponse",
@@ -245,13 +270,15 @@ class KubeEvictor(UnframedEvictor):
                         body,
                         dry_run="All" if self._server_dry_run else None,
                         _preload_content=False,
-                        _request_timeout=self._timeout,
+                        _request_timeout=timeout,
                     ),
                 )
             except ApiException as exc:
                 final = self._final_answer(pod, exc)
                 if final is None:
                     raise
+                if unanswered and final.result == "gone" and not self._server_dry_run:
+                    return outcome("evicted", f"{_WENT_THROUGH}: {final.detail}")
                 return final
             release_unread(response)  # the answer was 2xx: it is in
             if self._server_dry_run:
@@ -259,17 +286,60 @@ class KubeEvictor(UnframedEvictor):
             return outcome("evicted")
 
         def retrying(exc: BaseException) -> None:
+            if not isinstance(exc, ApiException):
+                unanswered.append(exc)
             log.warning("eviction of %s failed (%s); retrying", pod.ref, describe_answer(exc))
 
         try:
             return with_retries(
                 attempt, retries=self._retries, backoff=self._backoff, sleep=self._sleep, on_retry=retrying
             )
+        except FenceLost as lost:
+            if not unanswered:
+                raise  # nothing was sent: not attempted
+            if not self._server_dry_run and (gone := self._went_away(pod)) is not None:
+                return outcome("evicted", f"{_WENT_THROUGH}: {gone}")
+            return outcome(
+                "error",
+                f"{describe_answer(unanswered[-1])}; not tried again ({lost.reason}); "
+                "the eviction may still have happened",
+            )
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
             problem = describe_answer(exc)
-            if isinstance(exc, urllib3.exceptions.TimeoutError | TimeoutError):
+            if not isinstance(exc, ApiException) and not self._server_dry_run:
+                gone = self._went_away(pod)
+                if gone is not None:
+                    return outcome("evicted", f"{_WENT_THROUGH}: {gone}")
                 problem += "; the eviction may still have happened"
             return outcome("error", f"{problem} (after {self._retries + 1} attempts)")
+
+    def _went_away(self, pod: Pod) -> str | None:
+        """Why `pod` counts as evicted after requests that got no answer (gone, re-created, terminating),
+        or None when it is still there as it was, or cannot be read. A read, so it is not fenced."""
+        try:
+            page = read_json(
+                cast(
+                    "urllib3.BaseHTTPResponse",
+                    self._core.list_namespaced_pod(
+                        pod.namespace,
+                        field_selector=f"metadata.name={pod.name}",
+                        _preload_content=False,
+                        _request_timeout=self._timeout,
+                    ),
+                )
+            )
+        except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            log.warning("cannot read %s back after its eviction got no answer: %s", pod.ref, exc)
+            return None
+        items = [i for i in page.get("items") or () if isinstance(i, dict)]
+        meta = (items[0].get("metadata") or {}) if items else {}
+        if not items:
+            return "the pod no longer exists"
+        if meta.get("uid") != pod.uid:
+            return "the pod was replaced"
+        if meta.get("deletionTimestamp"):
+            return "the pod is terminating"
+        return None
 
     def _final_answer(self, pod: Pod, exc: ApiException) -> Outcome | None:
         """The outcome an API answer settles, or None when it is worth another try (429 throttling, 5xx,
@@ -388,6 +458,7 @@ class KubeTainter:
         backoff: Backoff | None = None,
         sleep: Callable[[float], None] = time.sleep,
         request_timeout: RequestTimeout = (5.0, 30.0),
+        fence: Fence = UNFENCED,
     ) -> None:
         if effect not in ("NoSchedule", "PreferNoSchedule"):
             raise ValueError(f"draining taint effect must be NoSchedule or PreferNoSchedule, got {effect!r}")
@@ -398,6 +469,7 @@ class KubeTainter:
         self._backoff = backoff or exponential_backoff()
         self._sleep = sleep
         self._timeout = request_timeout
+        self.fence = fence
 
     def taint(self, node: str, value: str, *, annotations: Mapping[str, str] | None = None) -> TaintChange:
         """Add (or take over) the mark; `annotations` are set on the node in the same write."""
@@ -479,9 +551,10 @@ class KubeTainter:
                 ops.append(write)
             if notes != old_notes:
                 ops.append({"op": "add", "path": "/metadata/annotations", "value": notes})
+            timeout = clip_timeout(self._timeout, self.fence.check())
             response = cast(
                 "urllib3.BaseHTTPResponse",
-                self._core.patch_node(node, ops, _preload_content=False, _request_timeout=self._timeout),
+                self._core.patch_node(node, ops, _preload_content=False, _request_timeout=timeout),
             )
             read_json(response)
             return TaintChange(node, ok=True, changed=True)
@@ -490,6 +563,8 @@ class KubeTainter:
             return with_retries(
                 attempt, retries=self._retries, backoff=self._backoff, sleep=self._sleep, retry_if=_retry_mark
             )
+        except FenceLost as lost:
+            return TaintChange(node, ok=False, detail=f"not attempted: {lost.reason}")
         except ApiException as exc:
             if exc.status == 404:
                 return TaintChange(node, ok=missing_ok, detail="node no longer exists")

@@ -3,7 +3,9 @@
 Owns the static guards (the ones that depend only on a pod or node, the snapshot's `now` and the
 policy's `GuardsConfig`) and `GUARD_NAMES`, the stable list of every guard name of the system,
 the planner's included (they appear in reports and metrics as `blocked_by`, so names are only ever
-added, never changed). Label-selector semantics come from `rebalancer.selectors`.
+added, never changed), and the well-known annotation keys they read (the checkpoint protocol's among them,
+with `checkpoint_grant`, how a namespace grants checkpoint requests). Label-selector semantics come
+from `rebalancer.selectors`.
 
 Each guard returns `Refusal(guard, reason) | None`; the reason is a sentence naming the specific
 cause. This module must not do I/O, read the clock (it takes `snapshot.now`), or know about budgets
@@ -44,6 +46,7 @@ DISRUPTION_BUDGET = "disruption-budget"
 DUPLICATE = "duplicate"
 CIRCUIT_OPEN = "circuit-open"
 CHECKPOINT_PENDING = "checkpoint-pending"
+DRAIN_BACKOFF = "drain-backoff"
 
 POD_GUARD_NAMES: tuple[str, ...] = (
     TERMINATING,
@@ -72,6 +75,7 @@ GUARD_NAMES: tuple[str, ...] = (
     DISRUPTION_BUDGET,
     CIRCUIT_OPEN,
     CHECKPOINT_PENDING,
+    DRAIN_BACKOFF,
 )
 """Every guard name that can appear as `blocked_by` (contract: only ever extended)."""
 
@@ -91,6 +95,14 @@ POD_OPT_OUT_ANNOTATIONS: tuple[tuple[str, str], ...] = (
 CHECKPOINT_ANNOTATION = "rebalancer.gpu/checkpoint"
 EVICTION_REQUESTED_AT_ANNOTATION = "rebalancer.gpu/eviction-requested-at"
 CHECKPOINT_DONE_ANNOTATION = "rebalancer.gpu/checkpoint-done"
+# The Role (and its RoleBinding) a namespace applies so the rebalancer may ask its pods.
+CHECKPOINT_RBAC_TEMPLATE = "deploy/checkpoint-rbac.example.yaml"
+
+
+def checkpoint_grant(namespace: str) -> str:
+    """How a namespace grants checkpoint requests: the command that applies the template there."""
+    return f"kubectl -n {namespace} apply -f {CHECKPOINT_RBAC_TEMPLATE}"
+
 
 # Node annotations that opt a node out of being drained.
 NODE_OPT_OUT_ANNOTATIONS: tuple[tuple[str, str], ...] = (

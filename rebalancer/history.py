@@ -8,7 +8,14 @@ across restarts by the state store) and the trace replay:
   `cooldown` guard), and `disruptions`: the time of every cycle that did (`disruption-budget`);
 - `evictions`: every pod evicted, with its workload (a bare pod is its own) and when, watched by the
   circuit breaker (`circuit-open`): when `reschedule_timeout` after an eviction pods of that workload
-  created since are still unscheduled, every eviction stops until they are placed.
+  created since are still unscheduled, every eviction stops until they are placed;
+- `failed_drains`: per node, when its last drain failed and how many failed in a row (the
+  `drain-backoff` guard waits 1, 2, 4... intervals, at most an hour, before the next; a drain that
+  completes clears it);
+- `checkpoint_refused`: the namespaces where the last cycle's checkpoint requests were refused (403:
+  the namespace has not granted them), with when (the `checkpoint-pending` guard says so instead of
+  "asked now"). The actuator replaces it as each cycle ends; it is not saved, since every cycle that
+  wants such a pod asks again and learns it anew.
 
 `recorded` adds one decision's outcomes (only pods that were really `evicted` count: a dry run changes
 nothing), `pruned` drops what no guard can refuse with any more, `settled` drops the evictions whose
@@ -20,12 +27,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from rebalancer import rfc3339
-from rebalancer.model import Decision, Outcome, Pod, Snapshot
+from rebalancer.model import NOT_ATTEMPTED, Decision, Outcome, Pod, Snapshot
 from rebalancer.policy import Policy
 
 __all__ = [
@@ -77,11 +84,42 @@ def workload_key(pod: Pod) -> Workload | None:
 
 @dataclass(frozen=True, slots=True)
 class EvictionRecord:
-    """A pod evicted, and when (the cycle's `now`)."""
+    """A pod evicted, and when (the cycle's `now`), and from which node (None: not recorded)."""
 
     workload: Workload
     pod: str
     evicted_at: datetime
+    node: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FailedDrain:
+    """A node whose drain failed `count` times in a row, the last at `last` (the `drain-backoff` guard)."""
+
+    last: datetime
+    count: int
+
+
+# How long a failed drain is remembered, and the longest the `drain-backoff` guard waits.
+FAILED_DRAIN_MEMORY = timedelta(hours=24)
+MAX_DRAIN_BACKOFF = timedelta(hours=1)
+
+
+def drain_backoff(failed: FailedDrain, interval: int) -> timedelta:
+    """How long after its last failure a node's drain waits: the interval, doubled with every failure in
+    a row after the first (1, 2, 4... intervals), at most MAX_DRAIN_BACKOFF."""
+    doublings = min(failed.count - 1, 16)
+    return min(timedelta(seconds=interval * 2**doublings), MAX_DRAIN_BACKOFF)
+
+
+def _drain_failed(outcomes: Sequence[Outcome]) -> bool:
+    """A node plan failed on its own account: an API answer refused or failed a pod or the node's mark
+    (not a plan cut short by this replica, whose pods are only `not attempted`)."""
+    return any(
+        o.result in ("error", "blocked-by-pdb")
+        and (not o.detail.startswith(NOT_ATTEMPTED) or o.detail.startswith(f"{NOT_ATTEMPTED}cannot mark"))
+        for o in outcomes
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,21 +130,47 @@ class DisruptionHistory:
     workloads: Mapping[WorkloadKey, datetime] = field(default_factory=dict)
     disruptions: Mapping[WorkloadKey, tuple[datetime, ...]] = field(default_factory=dict)
     evictions: tuple[EvictionRecord, ...] = ()
+    checkpoint_refused: Mapping[str, datetime] = field(default_factory=dict)
+    failed_drains: Mapping[str, FailedDrain] = field(default_factory=dict)
 
     def recorded(self, decision: Decision, outcomes: Sequence[Outcome], now: datetime) -> DisruptionHistory:
         """The history after `decision` ended in `outcomes` at `now`: each evicted pod disrupts its
         workload (once per cycle) and is watched; a node plan whose pods were all evicted drained its
-        node (and the nodes it frees)."""
+        node (and the nodes it frees); one that failed counts a failed drain of its node."""
+        history = self._with_drain_result(decision, outcomes, now)
         evicted = {(o.namespace, o.pod) for o in outcomes if o.result == "evicted"}
         if not evicted:
+            return history
+        return history._with_evictions(decision, evicted, now)
+
+    def _with_drain_result(
+        self, decision: Decision, outcomes: Sequence[Outcome], now: datetime
+    ) -> DisruptionHistory:
+        node = decision.proposal.node if decision.proposal.kind == "node" else None
+        if node is None or not outcomes:
             return self
+        failed = dict(self.failed_drains)
+        if _drain_failed(outcomes):
+            before = failed.get(node)
+            failed[node] = FailedDrain(now, before.count + 1 if before is not None else 1)
+        elif all(o.result in ("evicted", "gone") for o in outcomes):
+            failed.pop(node, None)
+        else:
+            return self
+        return replace(self, failed_drains=failed) if failed != self.failed_drains else self
+
+    def _with_evictions(
+        self, decision: Decision, evicted: set[tuple[str, str]], now: datetime
+    ) -> DisruptionHistory:
         workloads = dict(self.workloads)
         disruptions = dict(self.disruptions)
         records = list(self.evictions)
         for pod in decision.proposal.pods:
             if pod.key not in evicted:
                 continue
-            records.append(EvictionRecord(Workload.of(pod), pod.name, now))
+            record = EvictionRecord(Workload.of(pod), pod.name, now, pod.node_name)
+            if record not in records:  # recorded as it happened, then with its whole decision
+                records.append(record)
             key = workload_key(pod)
             if key is None:
                 continue
@@ -118,7 +182,9 @@ class DisruptionHistory:
         if proposal.kind == "node" and all(p.key in evicted for p in proposal.pods):
             for name in dict.fromkeys((*((proposal.node,) if proposal.node else ()), *proposal.nodes_freed)):
                 nodes[name] = now
-        return DisruptionHistory(nodes, workloads, disruptions, tuple(records))
+        return replace(
+            self, nodes=nodes, workloads=workloads, disruptions=disruptions, evictions=tuple(records)
+        )
 
     def pruned(self, now: datetime, policy: Policy) -> DisruptionHistory:
         """Without what no guard can refuse with any more: drains and disruptions older than the
@@ -133,7 +199,8 @@ class DisruptionHistory:
             for k, times in self.disruptions.items()
             if (kept := tuple(t for t in times if now - t < window))
         }
-        return DisruptionHistory(nodes, workloads, disruptions, self.evictions)
+        failed = {n: f for n, f in self.failed_drains.items() if now - f.last < FAILED_DRAIN_MEMORY}
+        return replace(self, nodes=nodes, workloads=workloads, disruptions=disruptions, failed_drains=failed)
 
     def settled(self, snapshot: Snapshot, reschedule_timeout: int) -> DisruptionHistory:
         """Without the evictions the circuit breaker no longer needs: those of a workload whose pods are
@@ -149,7 +216,36 @@ class DisruptionHistory:
                 kept.extend(r for r in records if snapshot.now - r.evicted_at < timeout)
         if len(kept) == len(self.evictions):
             return self
-        return DisruptionHistory(self.nodes, self.workloads, self.disruptions, tuple(kept))
+        return replace(self, evictions=tuple(kept))
+
+    def merged_with(self, other: DisruptionHistory) -> DisruptionHistory:
+        """Both memories in one (a stored state another writer changed since this one was read): every
+        eviction and disruption of either, the later cooldown start of each node and workload. Merging
+        only ever adds what some replica did, so it can only make the guards more careful."""
+        if other == self:
+            return self
+        nodes = {**other.nodes, **{n: max(t, other.nodes.get(n, t)) for n, t in self.nodes.items()}}
+        workloads = {
+            **other.workloads,
+            **{k: max(t, other.workloads.get(k, t)) for k, t in self.workloads.items()},
+        }
+        disruptions = {
+            key: tuple(sorted({*self.disruptions.get(key, ()), *other.disruptions.get(key, ())}))
+            for key in {*self.disruptions, *other.disruptions}
+        }
+        evictions = tuple(dict.fromkeys((*self.evictions, *other.evictions)))
+        failed = {**other.failed_drains}
+        for node, mine in self.failed_drains.items():
+            theirs = failed.get(node)
+            failed[node] = mine if theirs is None or mine.last >= theirs.last else theirs
+        return replace(
+            self,
+            nodes=nodes,
+            workloads=workloads,
+            disruptions=disruptions,
+            evictions=evictions,
+            failed_drains=failed,
+        )
 
     # ---- JSON, for the state store
 
@@ -162,9 +258,14 @@ class DisruptionHistory:
                     "name": r.workload.name,
                     "pod": r.pod,
                     "evictedAt": rfc3339.format_utc(r.evicted_at),
+                    **({"node": r.node} if r.node is not None else {}),
                 }
                 for r in self.evictions
             ],
+            "failedDrains": {
+                node: {"last": rfc3339.format_utc(f.last), "count": f.count}
+                for node, f in sorted(self.failed_drains.items())
+            },
             "drained": {node: rfc3339.format_utc(t) for node, t in sorted(self.nodes.items())},
             "disrupted": [
                 {
@@ -187,9 +288,14 @@ class DisruptionHistory:
                     Workload(str(item["namespace"]), str(item["kind"]), str(item["name"])),
                     str(item["pod"]),
                     rfc3339.parse(str(item["evictedAt"])),
+                    str(item["node"]) if item.get("node") is not None else None,
                 )
                 for item in doc.get("evictions") or ()
             )
+            failed = {
+                str(node): FailedDrain(rfc3339.parse(str(item["last"])), int(item["count"]))
+                for node, item in (doc.get("failedDrains") or {}).items()
+            }
             nodes = {str(node): rfc3339.parse(str(at)) for node, at in (doc.get("drained") or {}).items()}
             workloads: dict[WorkloadKey, datetime] = {}
             disruptions: dict[WorkloadKey, tuple[datetime, ...]] = {}
@@ -202,7 +308,7 @@ class DisruptionHistory:
                     disruptions[key] = times
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"unreadable disruption history: {exc!r}") from None
-        return cls(nodes, workloads, disruptions, evictions)
+        return cls(nodes, workloads, disruptions, evictions, failed_drains=failed)
 
 
 NO_HISTORY = DisruptionHistory()

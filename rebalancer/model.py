@@ -421,6 +421,10 @@ class Decision:
     targets: Mapping[tuple[str, str], str] = field(default_factory=dict)
 
 
+# How the detail of an Outcome that was never tried begins ("not attempted: <why>").
+NOT_ATTEMPTED = "not attempted: "
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What the evictor did to one pod."""

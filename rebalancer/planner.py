@@ -10,11 +10,13 @@ refusal of the system is one of these guards.
 Guards, in the order they run: `duplicate` (pods approved earlier this cycle are dropped; nothing
 left refuses), `circuit-open` (pods evicted earlier are still unscheduled `reschedule_timeout` later:
 nothing is evicted), the static per-pod guards of `rebalancer.guards`, the node opt-out for node
-proposals, `gang`, `cooldown`, `disruption-budget`, `limit-cycle`, `limit-namespace`, `limit-node`,
+proposals, `gang`, `cooldown`, `drain-backoff` (a node whose drain failed waits 1, 2, 4... intervals
+before the next try), `disruption-budget`, `limit-cycle`, `limit-namespace`, `limit-node`,
 `pdb`, `no-fit` (simulated on a copy of the ledger's cluster: the proposal's pods removed, a drained
 node cordoned, each pod placed on its predicted target or else on the packed scheduler's best node; a
 node already chosen as a destination this cycle cannot be drained), and last `checkpoint-pending` (a
-pod that asked to checkpoint first has not answered yet; the live evictor asks it). `plan()` judges a
+pod that asked to checkpoint first has not answered yet; the live evictor asks it, and the history says
+in which namespaces it could not: those pods are held, never evicted unasked). `plan()` judges a
 whole cycle; `decide()` one proposal against a caller's `Ledger`.
 
 This module must stay pure: no I/O, no clock (`snapshot.now` is the time), no evictions, and it never
@@ -29,7 +31,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from rebalancer import guards, rfc3339
-from rebalancer.history import NO_HISTORY, DisruptionHistory, Trip, Workload, open_circuits, workload_key
+from rebalancer.history import (
+    NO_HISTORY,
+    DisruptionHistory,
+    Trip,
+    Workload,
+    drain_backoff,
+    open_circuits,
+    workload_key,
+)
 from rebalancer.model import GPU_RESOURCE, MILLI_PER_GPU, Decision, Pdb, Pod, Proposal, Snapshot
 from rebalancer.placement import ClusterState
 from rebalancer.policy import Policy, format_duration
@@ -240,6 +250,22 @@ def _ago(delta: timedelta) -> str:
     return f"{format_duration(seconds)} ago"
 
 
+def _drain_backoff(ctx: _Context) -> _Block | None:
+    drained = ctx.drained
+    failed = ctx.history.failed_drains.get(drained) if drained is not None else None
+    if failed is None:
+        return None
+    wait = drain_backoff(failed, ctx.policy.interval)
+    since = ctx.snapshot.now - failed.last
+    if since >= wait:
+        return None
+    return _Block(
+        guards.DRAIN_BACKOFF,
+        f"the drain of node {drained} failed {plural(failed.count, 'time')} in a row, the last "
+        f"{_ago(since)}: tried again {format_duration(int(wait.total_seconds()))} after it",
+    )
+
+
 def _limit_cycle(ctx: _Context) -> _Block | None:
     limit = ctx.policy.limits.max_per_cycle
     spent = ctx.ledger.cycle
@@ -394,6 +420,7 @@ _CHECKS = (
     _node,
     _gang,
     _cooldown,
+    _drain_backoff,
     _disruption_budget,
     _limit_cycle,
     _limit_namespace,
@@ -412,6 +439,15 @@ def _checkpoint(ctx: _Context) -> _Block | None:
         if annotations.get(guards.CHECKPOINT_ANNOTATION) != "true":
             continue
         asked = _time(annotations.get(guards.EVICTION_REQUESTED_AT_ANNOTATION))
+        refused = ctx.history.checkpoint_refused.get(pod.namespace)
+        if asked is None and refused is not None:  # no request was made, so none can time out
+            return _Block(
+                guards.CHECKPOINT_PENDING,
+                f"cannot ask: namespace {pod.namespace} has not granted checkpoint requests (refused at "
+                f"{rfc3339.format_utc(refused)}); held until it does, asked again every cycle "
+                f"({guards.checkpoint_grant(pod.namespace)})",
+                pod,
+            )
         if asked is None:
             return _Block(
                 guards.CHECKPOINT_PENDING,

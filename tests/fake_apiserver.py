@@ -14,7 +14,12 @@ the code under test runs its real request building, serialisation and error hand
   namespace that select the pod: none -> delete; more than one -> 500; `disruptionsAllowed` 0 -> 429 with
   the real message and a `DisruptionBudget` cause; otherwise decrement and delete; a uid precondition
   that does not hold -> 409; terminal or Pending pods skip the PDB check, and not-ready pods do not spend
-  the budget (as the API server does).
+  the budget (as the API server does);
+- authorization: `forbid(verb, resource, namespace)` refuses what no role grants, as the API server's
+  authorizer does (403 Forbidden, its message naming the user and what it cannot do, before the
+  object is looked up), until `permit` lifts it; `deny_updates(resource, namespace, policy=...)`
+  refuses every update and patch there as a ValidatingAdmissionPolicy's denial reads (its reason, the
+  policy's message, one cause), after the object is found and the patch applied.
 
 Every response is JSON with `Content-Type: application/json` (the client turns anything else into
 `ApiException(status=0)`); errors are `Status` objects shaped like the API server's. Every request is
@@ -62,6 +67,9 @@ CONTINUE_EXPIRED = (
     "that were created, modified, or deleted between the time the first chunk was returned and now may "
     "show up in the list."
 )
+
+# Who `forbid` names as refused by default: gpu-rebalancer's service account, as the API server names it.
+SERVICE_ACCOUNT_USER = "system:serviceaccount:gpu-rebalancer:gpu-rebalancer"
 
 _REASONS = {
     400: "BadRequest",
@@ -538,6 +546,7 @@ class Fault:
     drop: bool = False
     times: int | None = 1
     skip: int = 0
+    lose_answer: bool = False
 
     def matches(self, method: str, path: str) -> bool:
         if self.times is not None and self.times <= 0:
@@ -561,6 +570,8 @@ class Fault:
             parts.append(f"delay={self.delay}")
         if self.drop:
             parts.append("drop")
+        if self.lose_answer:
+            parts.append("lose-answer")
         return " ".join(parts) or "none"
 
 
@@ -584,6 +595,10 @@ class FakeApiServer:
         self._last_rv = 999
         self._requests: list[RecordedRequest] = []
         self._faults: list[Fault] = []
+        # (verb, group, resource[/subresource], namespace) the authorizer refuses, with the user it names.
+        self._forbidden: dict[tuple[str, str, str, str], str] = {}
+        # (group, resource, namespace) whose updates an admission policy denies: (policy, message, reason).
+        self._denials: dict[tuple[str, str, str], tuple[str, str, str]] = {}
         self._snapshots: dict[int, _ListSnapshot] = {}
         self._snapshot_ids = itertools.count(1)
         self._clock = clock or (lambda: datetime.now(UTC))
@@ -718,14 +733,17 @@ class FakeApiServer:
         skip: int = 0,
         method: str | None = None,
         message: str = "injected fault",
+        lose_answer: bool = False,
     ) -> Fault:
         """Fault the next `times` requests (None: every one) whose path matches the fnmatch `pattern`,
         after letting `skip` of them through.
 
         `status`: answer with this code and a Status body; `delay`: wait this long first (then fault or
-        serve normally); `drop`: close the connection without an answer.
+        serve normally); `drop`: close the connection without an answer; `lose_answer`: carry the
+        request out, then close the connection without its answer (a committed change whose answer the
+        network lost).
         """
-        fault = Fault(pattern, method, status, message, delay, drop, times, skip)
+        fault = Fault(pattern, method, status, message, delay, drop, times, skip, lose_answer)
         with self._lock:
             self._faults.append(fault)
         return fault
@@ -733,6 +751,37 @@ class FakeApiServer:
     def clear_faults(self) -> None:
         with self._lock:
             self._faults.clear()
+
+    # ---- authorization
+
+    def forbid(
+        self, verb: str, resource: str, namespace: str, *, group: str = "", user: str = SERVICE_ACCOUNT_USER
+    ) -> None:
+        """Refuse `verb` (`get`, `list`, `patch`...) on `resource` (`pods`, `pods/eviction`) of `group` in
+        `namespace` ("" for cluster-scoped objects) from now on, as the authorizer does when no role of
+        `user` grants it: 403 Forbidden, before the object is looked up."""
+        with self._lock:
+            self._forbidden[(verb, group, resource, namespace)] = user
+
+    def permit(self, verb: str, resource: str, namespace: str, *, group: str = "") -> None:
+        """Lift a `forbid` (a role now grants it)."""
+        with self._lock:
+            self._forbidden.pop((verb, group, resource, namespace), None)
+
+    def deny_updates(
+        self,
+        resource: str,
+        namespace: str,
+        *,
+        policy: str,
+        message: str,
+        reason: str = "Forbidden",
+        group: str = "",
+    ) -> None:
+        """Refuse every update and patch of `resource` in `namespace` as the ValidatingAdmissionPolicy
+        `policy` (bound by a binding of the same name) refusing with `message` and `reason`."""
+        with self._lock:
+            self._denials[(group, resource, namespace)] = (policy, message, reason)
 
     # ---- internals
 
@@ -802,6 +851,7 @@ class FakeApiServer:
             raise ApiError(404, "the server could not find the requested resource")
         dry_run = _dry_run(query)
         with self._lock:
+            self._authorize(_verb(method, name, query), kind, ns, name, sub)
             if sub == "eviction":
                 if kind.resource != "pods" or kind.group or method != "POST" or name is None or ns is None:
                     raise ApiError(405, "the server does not allow this method on the requested resource")
@@ -825,6 +875,19 @@ class FakeApiServer:
             if method == "DELETE" and sub is None:
                 return self._delete(kind, ns, name, body=body, dry_run=dry_run)
             raise ApiError(405, "the server does not allow this method on the requested resource")
+
+    def _authorize(self, verb: str, kind: _Kind, ns: str | None, name: str | None, sub: str | None) -> None:
+        """The authorizer's refusal, worded as the API server words it (k8s.io/apiserver
+        responsewriters.Forbidden, apimachinery errors.NewForbidden): the Status names the resource and
+        object in `details`, the message the user, verb, resource, API group and namespace."""
+        resource = f"{kind.resource}/{sub}" if sub else kind.resource
+        user = self._forbidden.get((verb, kind.group, resource, ns or ""))
+        if user is None:
+            return
+        where = f'in the namespace "{ns}"' if ns else "at the cluster scope"
+        why = f'User "{user}" cannot {verb} resource "{resource}" in API group "{kind.group}" {where}'
+        what = f'{kind.qualified} "{name}"' if name else kind.qualified
+        raise ApiError(403, f"{what} is forbidden: {why}", kind=kind, name=name)
 
     @staticmethod
     def _with_type(kind: _Kind, obj: JsonObj) -> JsonObj:
@@ -937,6 +1000,7 @@ class FakeApiServer:
         wanted = meta.get("resourceVersion")
         if wanted and wanted != current["metadata"]["resourceVersion"]:
             raise _conflict(kind, name, _MODIFIED)
+        self._admit(kind, ns, name)
         return self._commit(kind, ns, name, current=current, obj=obj, dry_run=dry_run)
 
     def _patch(
@@ -967,7 +1031,26 @@ class FakeApiServer:
             raise ApiError(
                 422, f'{kind.kind} "{name}" is invalid: metadata.name: Invalid value: field is immutable'
             )
+        self._admit(kind, ns, name)
         return self._commit(kind, ns, name, current=current, obj=patched, dry_run=dry_run)
+
+    def _admit(self, kind: _Kind, ns: str | None, name: str) -> None:
+        """A `deny_updates` denial, as k8s.io/apiserver's validating admission policy plugin builds it
+        (admission.NewForbidden, then the policy's reason and its code, the message as one cause)."""
+        denial = self._denials.get((kind.group, kind.resource, ns or ""))
+        if denial is None:
+            return
+        policy, message, reason = denial
+        why = f"ValidatingAdmissionPolicy '{policy}' with binding '{policy}' denied request: {message}"
+        code = next(c for c, r in _REASONS.items() if r == reason)
+        raise ApiError(
+            code,
+            f'{kind.qualified} "{name}" is forbidden: {why}',
+            reason=reason,
+            kind=kind,
+            name=name,
+            causes=[{"message": why}],
+        )
 
     def _commit(
         self, kind: _Kind, ns: str | None, name: str, *, current: JsonObj, obj: JsonObj, dry_run: bool
@@ -1105,6 +1188,15 @@ class FakeApiServer:
         return pdb
 
 
+def _verb(method: str, name: str | None, query: Mapping[str, tuple[str, ...]]) -> str:
+    """The verb the authorizer checks for an HTTP request (the API server's RequestInfo)."""
+    if method == "GET":
+        return "get" if name else ("watch" if _last(query, "watch") in ("true", "1") else "list")
+    if method == "DELETE":
+        return "delete" if name else "deletecollection"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
+
+
 def _last(query: Mapping[str, tuple[str, ...]], name: str) -> str | None:
     values = query.get(name)
     return values[-1] if values else None
@@ -1175,6 +1267,9 @@ class _Handler(BaseHTTPRequestHandler):
         except ApiError as error:
             headers = {"Retry-After": str(error.retry_after)} if error.retry_after else {}
             self._send(error.code, error.status(), headers)
+            return
+        if fault is not None and fault.lose_answer:  # done, but the client never hears of it
+            self._drop()
             return
         self._send(code, payload)
 

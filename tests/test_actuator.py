@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -64,18 +64,6 @@ CONSOLIDATE = parse_policy(
 )
 OTHER_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 MINUTE = timedelta(minutes=1)
-
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
-
-
-@pytest.fixture
-def api_client(api: FakeApiServer) -> Iterator[client.ApiClient]:
-    with api.api_client() as api_client:
-        yield api_client
 
 
 class Sleeps(list[float]):
@@ -588,7 +576,10 @@ def test_a_checkpoint_request_for_a_vanished_or_replaced_pod_is_dropped_and_a_fa
         status=422,
         message='Pod "replaced" is invalid: metadata.uid: Invalid value: "uid-x": field is immutable',
     )
-    api.inject("/api/v1/namespaces/ml/pods/refused", method="PATCH", status=403, message="forbidden")
+    # An admission policy's denial, even with reason Forbidden (403), is no missing grant: noted per
+    # pod and asked again next cycle.
+    rule = "gpu-rebalancer may ask for a checkpoint only on a pod annotated rebalancer.gpu/checkpoint"
+    api.deny_updates("pods", "ml", policy="gpu-rebalancer-pod-changes", message=rule)
     api.clear_requests()
     [decision], outcomes = _run(
         actuator, snap, _plan(snap, "deleted", "replaced", "refused", "other", kind="gang")
@@ -603,9 +594,85 @@ def test_a_checkpoint_request_for_a_vanished_or_replaced_pod_is_dropped_and_a_fa
         (
             "checkpoint-request",
             "refused",
-            "cannot ask ml/refused to checkpoint (error: HTTP 403: forbidden); asked again next cycle",
+            'cannot ask ml/refused to checkpoint (error: HTTP 403: pods "refused" is forbidden: '
+            "ValidatingAdmissionPolicy 'gpu-rebalancer-pod-changes' with binding "
+            f"'gpu-rebalancer-pod-changes' denied request: {rule}); asked again next cycle",
         )
     ]
+    assert _evicted(api) == []
+
+
+def test_a_namespace_that_has_not_granted_checkpoint_requests_holds_its_pods_and_says_how_to_grant(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    api.add(node_json("a-1"))
+    for name in ("train", "tune"):
+        api.add(pod_json(name, "a-1", annotations={CHECKPOINT_ANNOTATION: "true"}))
+    api.add(pod_json("eval", "a-1", namespace="research", annotations={CHECKPOINT_ANNOTATION: "true"}))
+    api.forbid("patch", "pods", "ml")  # no Role in ml lets the rebalancer patch its pods
+    actuator = _actuator(api_client)
+
+    def cycle(at: datetime, name: str) -> tuple[Decision, ...]:
+        snap = _snapshot(api_client, at)
+        plans = [
+            _plan(snap, "train", "tune", kind="gang"),
+            _plan(snap, "train"),  # the same pod in a second plan: still asked once
+        ]
+        research = snap.pods_by_key.get(("research", "eval"))
+        if research is not None:
+            proposal = Proposal("idle-gpu", "pod", (research,), "GPU idle for 2h", node="a-1")
+            plans.append(Decision(proposal, approved=True))
+        api.clear_requests()
+        return _run(actuator, snap, *plans, cycle=name)[0]
+
+    first = cycle(NOW, "c1")
+    assert [d.blocked_by for d in first] == ["checkpoint-pending"] * 3
+    assert _describe(api.writes()) == [  # one attempt per pod and cycle
+        "PATCH /api/v1/namespaces/ml/pods/train",
+        "PATCH /api/v1/namespaces/ml/pods/tune",
+        "PATCH /api/v1/namespaces/research/pods/eval",
+    ]
+    assert EVICTION_REQUESTED_AT_ANNOTATION in (api.pod("research", "eval") or {})["metadata"]["annotations"]
+    denied = (
+        'pods "train" is forbidden: User "system:serviceaccount:gpu-rebalancer:gpu-rebalancer" cannot patch '
+        'resource "pods" in API group "" in the namespace "ml"'
+    )
+    assert [(f.kind, f.namespace, f.pod, f.detail) for f in actuator.findings()] == [
+        (
+            "checkpoint-request",
+            "ml",
+            None,
+            f"namespace ml has not granted checkpoint requests (HTTP 403: {denied}); its pods that ask to "
+            "checkpoint before eviction are held, never evicted unasked (2 pods: ml/train, ml/tune); grant "
+            "it with kubectl -n ml apply -f deploy/checkpoint-rbac.example.yaml",
+        )
+    ]
+    assert actuator.history.checkpoint_refused == {"ml": NOW}
+
+    # Past checkpoint_timeout: no request was made, so nothing times out; the reason now says why.
+    later = cycle(NOW + 11 * MINUTE, "c2")
+    assert [d.blocked_by for d in later[:2]] == ["checkpoint-pending"] * 2
+    assert later[0].reason == (
+        "ml/train: cannot ask: namespace ml has not granted checkpoint requests (refused at "
+        "2026-11-29T12:00:00Z); held until it does, asked again every cycle "
+        "(kubectl -n ml apply -f deploy/checkpoint-rbac.example.yaml)"
+    )
+    assert later[2].approved  # research/eval was asked and timed out as usual
+    assert _evicted(api) == ["eval"]
+    assert [p for p in _describe(api.writes()) if "PATCH" in p] == [
+        "PATCH /api/v1/namespaces/ml/pods/train",
+        "PATCH /api/v1/namespaces/ml/pods/tune",
+    ]
+    assert actuator.history.checkpoint_refused == {"ml": NOW + 11 * MINUTE}
+
+    # The team applied the template: the next cycle asks, the refusal is forgotten, the timeout starts.
+    api.permit("patch", "pods", "ml")
+    granted = cycle(NOW + 12 * MINUTE, "c3")
+    assert granted[0].blocked_by == "checkpoint-pending"
+    assert _pod_annotations(api, "train")[EVICTION_REQUESTED_AT_ANNOTATION] == "2026-11-29T12:12:00Z"
+    assert actuator.findings() == () and actuator.history.checkpoint_refused == {}
+    waiting = cycle(NOW + 13 * MINUTE, "c4")
+    assert waiting[0].reason.startswith("ml/train: checkpoint requested at 2026-11-29T12:12:00Z")
     assert _evicted(api) == []
 
 
@@ -679,7 +746,7 @@ def test_the_circuit_opens_when_evicted_pods_stay_pending_and_closes_when_they_a
     _, outcomes = _run(actuator, snap, _plan(snap, "serve-0"), cycle="c5")
     assert outcomes["serve-0"].result == "evicted"
     assert actuator.state.history.evictions == (
-        EvictionRecord(Workload("ml", "ReplicaSet", "server-xyz"), "serve-0", NOW + 35 * MINUTE),
+        EvictionRecord(Workload("ml", "ReplicaSet", "server-xyz"), "serve-0", NOW + 35 * MINUTE, "a-2"),
     )
 
 
@@ -709,6 +776,7 @@ def test_the_circuit_survives_a_restart_through_the_state_store(
             "kind": "ReplicaSet",
             "name": "trainer-abc",
             "pod": "train-0",
+            "node": "a-1",
             "evictedAt": "2026-11-29T12:00:00Z",
         }
     ]
@@ -771,7 +839,8 @@ def test_the_configmap_store_creates_its_configmap_then_patches_its_key(
     )
     api.clear_requests()
     store.save(first)
-    assert [r.method for r in api.writes()] == ["PATCH", "POST"]  # not there: created
+    # Not there when it was read: created (never a patch without the resourceVersion it guards).
+    assert [r.method for r in api.writes()] == ["POST"]
     created = _stored(api)
     assert created is not None
     assert set(created["data"]) == {STATE_KEY}
@@ -781,7 +850,8 @@ def test_the_configmap_store_creates_its_configmap_then_patches_its_key(
     # Someone labels it and adds a note: the next save replaces the state and keeps the rest.
     created["metadata"].setdefault("labels", {})["team"] = "ml-platform"
     created["data"]["README"] = "gpu-rebalancer memory"
-    api.add(created)
+    written = created["metadata"]["resourceVersion"]
+    edited = api.add(created)["metadata"]["resourceVersion"]
     second = ActuatorState(
         history=DisruptionHistory(
             evictions=(
@@ -794,7 +864,9 @@ def test_the_configmap_store_creates_its_configmap_then_patches_its_key(
     )
     api.clear_requests()
     store.save(second)
-    assert [r.method for r in api.writes()] == ["PATCH"]
+    # The first patch carries the resourceVersion read before the edit: refused (409), read again,
+    # patched on the new one.
+    assert [r.body["metadata"]["resourceVersion"] for r in api.writes()] == [written, edited]
     updated = _stored(api)
     assert updated is not None
     assert updated["metadata"]["uid"] == created["metadata"]["uid"]

@@ -22,7 +22,7 @@ import pytest
 import structlog
 
 from rebalancer.cli import build_parser, main
-from rebalancer.daemon.loop import Clock, Daemon, DaemonSinks
+from rebalancer.daemon.loop import Clock, Daemon, DaemonError, DaemonSinks
 from rebalancer.daemon.wiring import build_state_store, kube_snapshot_source, live_edge
 from rebalancer.policy import parse_policy
 from rebalancer.state import STATE_CONFIGMAP, STATE_KEY, ActuatorState, ConfigMapStateStore, FileStateStore
@@ -116,6 +116,8 @@ def serving(api: FakeApiServer, tmp_path: Path, *options: str) -> Iterator[Serve
         str(policy(tmp_path / "policy.yaml")),
         "--listen",
         f"127.0.0.1:{served.port}",
+        "--report-listen",  # /report on the same server, so the tests read it where they read the rest
+        f"127.0.0.1:{served.port}",
         "--log-format",
         "json",
         "--lease-namespace",
@@ -141,18 +143,21 @@ def serving(api: FakeApiServer, tmp_path: Path, *options: str) -> Iterator[Serve
             process.communicate()
 
 
+# Leader election in seconds, not the default 15s Lease: a process test takes over or stops quickly.
+FAST_ELECTION = (
+    "--lease-duration",
+    "3s",
+    "--renew-deadline",
+    "2s",
+    "--retry-period",
+    "1s",
+    "--leader-margin",
+    "0s",
+)
+
+
 def test_run_serves_then_exits_0_on_sigterm_releasing_the_lease(api: FakeApiServer, tmp_path: Path) -> None:
-    timing = (
-        "--lease-duration",
-        "3s",
-        "--renew-deadline",
-        "2s",
-        "--retry-period",
-        "1s",
-        "--leader-margin",
-        "0s",
-    )
-    with serving(api, tmp_path, "--identity", "replica-a", *timing) as served:
+    with serving(api, tmp_path, "--identity", "replica-a", *FAST_ELECTION) as served:
         status, body = get(f"{served.url}/report")
         assert status == 200 and json.loads(body)["mode"] == "dry-run"
         assert "gpu_rebalancer_leader 1.0" in get(f"{served.url}/metrics")[1]
@@ -346,3 +351,64 @@ def test_a_new_leader_keeps_the_circuit_its_predecessor_opened(api: FakeApiServe
     assert stored is not None
     memory = ActuatorState.from_json(json.loads(stored["data"][STATE_KEY]))
     assert [r.pod for r in memory.history.evictions] == ["lonely"]
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_allow_service_account_token_reaches_the_prometheus_source(
+    monkeypatch: pytest.MonkeyPatch, allowed: bool
+) -> None:
+    built: list[dict[str, Any]] = []
+
+    class Recorded:
+        def __init__(self, *_args: object, **kwargs: Any) -> None:
+            built.append(kwargs)
+
+    class NoCluster:
+        def __init__(self, *_args: object, **_kwargs: object) -> None:
+            pass
+
+        def snapshot(self, now: object) -> str:
+            return "snapshot"
+
+    monkeypatch.setattr("rebalancer.daemon.wiring.PrometheusTelemetrySource", Recorded)
+    monkeypatch.setattr("rebalancer.daemon.wiring.KubeSource", NoCluster)
+    flags = ["run", "--prometheus-url", "http://127.0.0.1:9090"]
+    args = build_parser().parse_args([*flags, "--allow-service-account-token"] if allowed else flags)
+    source = kube_snapshot_source(
+        object(),  # type: ignore[arg-type]
+        prometheus_url=args.prometheus_url,
+        allow_service_account_token=args.allow_service_account_token,
+    )
+    assert source(NOW, parse_policy({})) == "snapshot"
+    [kwargs] = built
+    assert kwargs["allow_service_account_token"] is allowed
+    assert kwargs["prometheus"].url == "http://127.0.0.1:9090"
+
+
+@pytest.mark.usefixtures("quiet_logging")
+def test_once_hands_allow_service_account_token_to_its_source(
+    api: FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[object] = []
+
+    def recording(*_args: object, **kwargs: object) -> object:
+        seen.append(kwargs.get("allow_service_account_token"))
+
+        def source(*_a: object) -> object:
+            raise DaemonError(["no cluster in this test"])
+
+        return source
+
+    monkeypatch.setattr("rebalancer.daemon.wiring.kube_snapshot_source", recording)
+    config = str(kubeconfig(tmp_path / "kubeconfig", api.url))
+    assert main(["once", "--kubeconfig", config]) == 1
+    assert main(["once", "--kubeconfig", config, "--allow-service-account-token"]) == 1
+    assert seen == [False, True]
+
+
+def test_every_command_that_reads_prometheus_takes_allow_service_account_token() -> None:
+    for command in (["run"], ["once"], ["snapshot", "--out", "dir"]):
+        assert build_parser().parse_args(command).allow_service_account_token is False
+        assert (
+            build_parser().parse_args([*command, "--allow-service-account-token"]).allow_service_account_token
+        )

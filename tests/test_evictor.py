@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -38,18 +38,6 @@ from tests.fake_apiserver import (
 )
 
 EVICTIONS = "/api/v1/namespaces/*/pods/*/eviction"
-
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
-
-
-@pytest.fixture
-def api_client(api: FakeApiServer) -> Iterator[client.ApiClient]:
-    with api.api_client() as api_client:
-        yield api_client
 
 
 class Sleeps(list[float]):

@@ -341,3 +341,20 @@ def test_node_opt_out_annotations(key: str) -> None:
 def test_node_without_opt_out_is_allowed() -> None:
     assert node_refusal(node("gpu-a-1")) is None
     assert node_refusal(node("gpu-a-1", annotations={"karpenter.sh/do-not-disrupt": "false"})) is None
+
+
+# --------------------------------------------------------------------------- checkpoint requests
+
+
+def test_the_checkpoint_grant_applies_the_template_in_the_namespace_it_names() -> None:
+    from tests.test_deploy import ROOT, TEMPLATE_SUFFIX, kustomization, load_documents
+
+    assert (
+        guards.checkpoint_grant("team-a") == "kubectl -n team-a apply -f deploy/checkpoint-rbac.example.yaml"
+    )
+    template = ROOT / guards.CHECKPOINT_RBAC_TEMPLATE
+    assert template.name.endswith(TEMPLATE_SUFFIX) and template.name not in kustomization()["resources"]
+    # `-n` decides where it lands: the template names no namespace of its own.
+    docs = load_documents(template)
+    assert {d["kind"] for d in docs} == {"Role", "RoleBinding"}
+    assert all("namespace" not in d["metadata"] for d in docs)

@@ -55,7 +55,7 @@ def test_only_evicted_pods_are_recorded_once_per_cycle() -> None:
 def test_a_bare_pod_is_watched_but_has_no_cooldown() -> None:
     bare = pod("solo", "n1", owner=None)
     history = NO_HISTORY.recorded(_decision(bare), [Outcome("ml", "solo", "evicted")], NOW)
-    assert history.evictions == (EvictionRecord(Workload("ml", "Pod", "solo"), "solo", NOW),)
+    assert history.evictions == (EvictionRecord(Workload("ml", "Pod", "solo"), "solo", NOW, "n1"),)
     assert history.workloads == {} and history.disruptions == {}
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -19,18 +19,6 @@ from tests.builders import NOW, gpu_sample, telemetry
 from tests.fake_apiserver import FakeApiServer, node_json, pdb_json, pod_json
 
 LOADED: LoadedPolicy = parse_policy({})
-
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
-
-
-@pytest.fixture
-def api_client(api: FakeApiServer) -> Iterator[client.ApiClient]:
-    with api.api_client() as api_client:
-        yield api_client
 
 
 def _source(api_client: client.ApiClient, **kwargs: Any) -> KubeSource:

@@ -519,3 +519,47 @@ def test_node_already_chosen_as_destination_cannot_be_drained() -> None:
     assert second.reason == (
         "node gpu-b-1 is the predicted destination of 1 pod moved earlier this cycle, so it cannot be drained"
     )
+
+
+# --------------------------------------------------------------------------- checkpoint-pending
+
+
+CHECKPOINT = {"rebalancer.gpu/checkpoint": "true"}
+
+
+def test_a_pod_whose_namespace_refused_the_request_is_held_and_the_reason_says_how_to_grant() -> None:
+    refused_at = NOW - timedelta(minutes=30)
+    history = DisruptionHistory(checkpoint_refused={"ml": refused_at})
+    train = pod("train", "gpu-a-1", annotations=CHECKPOINT)
+    other = pod("train", "gpu-a-1", namespace="research", annotations=CHECKPOINT)
+    snap = roomy_cluster(train, other)
+    held, asked = plan([proposal(train), proposal(other)], snap, NO_LIMITS, history=history)
+    # Long after checkpoint_timeout from the refusal: no request was made, so nothing times out.
+    assert (held.blocked_by, held.blocked_pod) == ("checkpoint-pending", ("ml", "train"))
+    assert held.reason == (
+        "ml/train: cannot ask: namespace ml has not granted checkpoint requests (refused at "
+        "2026-11-29T11:30:00Z); held until it does, asked again every cycle "
+        "(kubectl -n ml apply -f deploy/checkpoint-rbac.example.yaml)"
+    )
+    # Another namespace is asked as usual.
+    assert asked.blocked_by == "checkpoint-pending"
+    assert "asked now" in asked.reason
+
+
+def test_a_request_made_before_its_namespace_refused_runs_out_as_usual() -> None:
+    """The timeout runs from a request that was made: a refusal since changes nothing about it."""
+    history = DisruptionHistory(checkpoint_refused={"ml": NOW})
+
+    def asked(minutes_ago: int) -> Pod:
+        at = (NOW - timedelta(minutes=minutes_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return pod("train", "gpu-a-1", annotations={**CHECKPOINT, "rebalancer.gpu/eviction-requested-at": at})
+
+    waiting = asked(3)
+    [held] = plan([proposal(waiting)], roomy_cluster(waiting), NO_LIMITS, history=history)
+    assert held.reason == (
+        "ml/train: checkpoint requested at 2026-11-29T11:57:00Z; waiting for rebalancer.gpu/checkpoint-done "
+        "until 2026-11-29T12:07:00Z"
+    )
+    timed_out = asked(10)
+    [approved] = plan([proposal(timed_out)], roomy_cluster(timed_out), NO_LIMITS, history=history)
+    assert approved.approved

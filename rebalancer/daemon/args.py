@@ -1,7 +1,7 @@
 """The command-line options of `rebalancer run` and of a live `rebalancer once`.
 
-Owns the flags, their defaults and help texts, and the parsing of their values (durations, HOST:PORT).
-It must not act on them: `daemon.wiring` does.
+Owns the flags, their defaults and help texts, and the parsing of their values (durations, HOST:PORT,
+`off`). It must not act on them: `daemon.wiring` does.
 """
 
 from __future__ import annotations
@@ -12,7 +12,17 @@ from rebalancer.daemon.lease import DEFAULT_LEASE_NAME
 from rebalancer.policy import parse_duration
 from rebalancer.state import STATE_CONFIGMAP
 
-__all__ = ["add_live_once_arguments", "add_run_arguments"]
+__all__ = [
+    "DEFAULT_LISTEN",
+    "DEFAULT_REPORT_LISTEN",
+    "add_live_once_arguments",
+    "add_run_arguments",
+    "add_service_account_token_argument",
+]
+
+DEFAULT_LISTEN = ("0.0.0.0", 8080)
+# The last report names pods, nodes and workloads: loopback only, reached with `kubectl port-forward`.
+DEFAULT_REPORT_LISTEN = ("127.0.0.1", 8081)
 
 
 def _seconds(text: str) -> float:
@@ -27,6 +37,10 @@ def _listen(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or int(port) > 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT or :PORT, got {text!r}")
     return (host.strip("[]") or "0.0.0.0"), int(port)
+
+
+def _report_listen(text: str) -> tuple[str, int] | None:
+    return None if text == "off" else _listen(text)
 
 
 def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +63,17 @@ def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         help="only list pods of this namespace (repeatable; free capacity may then be overstated)",
     )
     parser.add_argument("--log-format", choices=("auto", "json", "console"), default="auto")
+    add_service_account_token_argument(parser)
+
+
+def add_service_account_token_argument(parser: argparse.ArgumentParser) -> None:
+    """`--allow-service-account-token`, for every command that reads Prometheus."""
+    parser.add_argument(
+        "--allow-service-account-token",
+        action="store_true",
+        help="let the policy's Prometheus bearer token be this pod's Kubernetes service-account token "
+        "(default: refused, that token is a credential for the cluster, not for Prometheus)",
+    )
 
 
 def add_live_once_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,9 +88,29 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_cluster_arguments(parser)
     parser.add_argument(
-        "--listen", type=_listen, default=("0.0.0.0", 8080), metavar="HOST:PORT", help="HTTP (default :8080)"
+        "--listen",
+        type=_listen,
+        default=DEFAULT_LISTEN,
+        metavar="HOST:PORT",
+        help="/metrics, /healthz, /readyz (default :8080)",
+    )
+    parser.add_argument(
+        "--report-listen",
+        type=_report_listen,
+        default=DEFAULT_REPORT_LISTEN,
+        metavar="HOST:PORT|off",
+        help="/report, the last report as JSON (default 127.0.0.1:8081: loopback, for kubectl "
+        "port-forward; the --listen address: served there too; off: not served)",
     )
     parser.add_argument("--jitter", type=_seconds, default=None, help="random delay per cycle (default 10%%)")
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=_seconds,
+        default=30.0,
+        metavar="DURATION",
+        help="after SIGTERM, how long the decision in flight may go on writing (default 30s: keep it 15s "
+        "or more under the pod's terminationGracePeriodSeconds, for the state save and the lease release)",
+    )
     election = parser.add_argument_group("leader election (coordination.k8s.io/v1 Lease)")
     election.add_argument("--no-leader-election", dest="leader_election", action="store_false")
     election.add_argument("--lease-name", default=DEFAULT_LEASE_NAME)

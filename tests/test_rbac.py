@@ -1,14 +1,17 @@
-"""deploy/rbac.yaml grants exactly the API calls gpu-rebalancer makes.
+"""deploy/rbac.yaml grants exactly the API calls gpu-rebalancer makes; checkpoint requests need
+deploy/checkpoint-rbac.example.yaml in the pod's namespace.
 
 Every component that talks to the API server runs against the recording fake API server of
 tests/fake_apiserver.py the way the daemon runs it: leader election on the Lease, a live daemon cycle
 (cluster snapshot, gpu-consolidation draining a node: drain mark, evictions, Events), the start-up
-cleanup of stale drain marks, checkpoint-before-evict (pod annotation), a PodDisruptionBudget read
-after its 429, the actuator's memory in the state ConfigMap the Deployment names (read, created,
-patched), and giving the Lease up. Each request the fake saw is turned into the (verb, resource,
-subresource) the API server authorizes (GET: get / list / watch, POST: create, PUT: update, PATCH:
-patch, DELETE: delete / deletecollection) and checked against the ClusterRole and Role bound to the
-service account; then every verb granted on every resource must have been used.
+cleanup of stale drain marks, checkpoint-before-evict (a pod annotation, in a namespace that applied the
+template, and refused with 403 in one that did not), a PodDisruptionBudget read after its 429, the
+actuator's memory in the state ConfigMap the Deployment names (read, created, patched), and giving the
+Lease up. Each request the fake saw is turned into the (verb, resource, subresource) the API server
+authorizes (GET: get / list / watch, POST: create, PUT: update, PATCH: patch, DELETE: delete /
+deletecollection) and checked against the ClusterRole and Roles bound to the service account, the
+template's Role bound in the namespace that applied it; then every verb granted on every resource must
+have been used.
 
 The end-to-end tests of the other modules (every test module that uses the fake API server) are also
 run once more with a recorder on the client: each call made from project code (not from a test's own
@@ -39,6 +42,7 @@ from rebalancer.daemon.lease import DEFAULT_LEASE_NAME, LeaseElector
 from rebalancer.daemon.loop import Clock, Daemon, DaemonSinks, Leadership, LiveEdge
 from rebalancer.daemon.wiring import build_state_store, kube_snapshot_source
 from rebalancer.evictor import DRAINING_TAINT_KEY
+from rebalancer.guards import CHECKPOINT_RBAC_TEMPLATE
 from rebalancer.guards import EVICTION_REQUESTED_AT_ANNOTATION as EVICTION_REQUESTED_AT
 from rebalancer.model import Decision, Proposal, Snapshot
 from rebalancer.policy import EvictionConfig, parse_policy
@@ -49,6 +53,10 @@ from tests.fake_apiserver import FakeApiServer, RecordedRequest, node_json, pdb_
 from tests.test_deploy import NAMESPACE, ROOT, _run_parser, container, find, load_documents
 
 SERVICE_ACCOUNT = "gpu-rebalancer"
+# Where the exercise's pods run: the team applied the checkpoint template there.
+TEAM = "ml"
+# A namespace whose pod asks to checkpoint but that has not applied the template.
+UNGRANTED = "research"
 CONSOLIDATE = parse_policy(
     {
         "strategies": [
@@ -143,11 +151,23 @@ class Grant:
                     yield verb, resource, name
 
 
-def grants(service_account: str = SERVICE_ACCOUNT) -> list[Grant]:
-    """Every rule bound to the service account, from deploy/rbac.yaml."""
+def checkpoint_template(namespace: str) -> list[dict[str, Any]]:
+    """The checkpoint template as `kubectl -n <namespace> apply -f` creates it."""
+    docs = load_documents(ROOT / CHECKPOINT_RBAC_TEMPLATE)
+    for doc in docs:
+        assert "namespace" not in doc["metadata"], "the template is applied with -n: it names no namespace"
+        doc["metadata"]["namespace"] = namespace
+    return docs
+
+
+def grants(service_account: str = SERVICE_ACCOUNT, *, checkpoints: Iterable[str] = (TEAM,)) -> list[Grant]:
+    """Every rule bound to the service account: deploy/rbac.yaml, and the checkpoint template applied in
+    each namespace of `checkpoints`."""
     from tests.test_deploy import DEPLOY
 
     docs = load_documents(DEPLOY / "rbac.yaml")
+    for namespace in checkpoints:
+        docs += checkpoint_template(namespace)
     subject = {"kind": "ServiceAccount", "name": service_account, "namespace": NAMESPACE}
     roles = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")): d for d in docs}
     found: list[Grant] = []
@@ -179,12 +199,18 @@ def _cluster(api: FakeApiServer) -> None:
     api.add(pod_json("busy-2", "a-2", gpus=5))
     api.add(pod_json("busy-3", "a-3", gpus=5, labels={"app": "guarded"}))
     api.add(pod_json("ckpt", "a-3", annotations={"rebalancer.gpu/checkpoint": "true"}))
+    api.add(
+        pod_json(
+            "eval", "a-2", gpus=0, namespace=UNGRANTED, annotations={"rebalancer.gpu/checkpoint": "true"}
+        )
+    )
+    api.forbid("patch", "pods", UNGRANTED)  # as the API server does: no Role there grants it
     # A node still marked by an earlier run that is gone: cleaned at start-up.
     api.add(node_json("old", taints=[{"key": DRAINING_TAINT_KEY, "value": "c0", "effect": "NoSchedule"}]))
 
 
-def _pod_plan(snapshot: Snapshot, name: str) -> Decision:
-    pod = snapshot.pods_by_key[("ml", name)]
+def _pod_plan(snapshot: Snapshot, name: str, namespace: str = TEAM) -> Decision:
+    pod = snapshot.pods_by_key[(namespace, name)]
     proposal = Proposal(
         strategy="idle-gpu", kind="pod", pods=(pod,), reason="GPU idle for 2h", node=pod.node_name
     )
@@ -228,15 +254,19 @@ def exercise(api: FakeApiServer, api_client: client.ApiClient) -> list[RecordedR
     assert {row.outcome for row in report.decisions if row.strategy == "gpu-consolidation"} == {"evicted"}
     assert report.freed_nodes == ("a-1",)
 
-    # Checkpoint-before-evict asks first (a pod annotation); a PDB created after the snapshot refuses
-    # an eviction and is read by name.
+    # Checkpoint-before-evict asks first (a pod annotation; refused where the template is not applied);
+    # a PDB created after the snapshot refuses an eviction and is read by name.
     snapshot = KubeSource(api_client, CONSOLIDATE).snapshot(NOW)
     api.add(pdb_json("late", {"app": "guarded"}, 0))
     actuator.begin_cycle(snapshot, "c2")
     assert [o.result for o in actuator.evict(_pod_plan(snapshot, "busy-3"))] == ["blocked-by-pdb"]
-    waiting = replace(_pod_plan(snapshot, "ckpt"), approved=False, blocked_by="checkpoint-pending")
-    assert actuator.end_cycle([waiting], completed=True) == ()
-    assert EVICTION_REQUESTED_AT in (api.pod("ml", "ckpt") or {})["metadata"]["annotations"]
+    waiting = [
+        replace(_pod_plan(snapshot, name, namespace), approved=False, blocked_by="checkpoint-pending")
+        for namespace, name in ((TEAM, "ckpt"), (UNGRANTED, "eval"))
+    ]
+    assert [f.namespace for f in actuator.end_cycle(waiting, completed=True)] == [UNGRANTED]
+    assert EVICTION_REQUESTED_AT in (api.pod(TEAM, "ckpt") or {})["metadata"]["annotations"]
+    assert EVICTION_REQUESTED_AT not in (api.pod(UNGRANTED, "eval") or {})["metadata"]["annotations"]
     daemon.shutdown()  # gives the Lease up
     return api.requests
 
@@ -258,7 +288,8 @@ def seen() -> list[Access]:
 def test_every_request_the_code_makes_is_granted(seen: list[Access]) -> None:
     rules = grants()
     denied = sorted({access.what for access in seen if not any(rule.allows(access) for rule in rules)})
-    assert not denied, f"forbidden in a cluster: {denied}"
+    # Only the checkpoint request in the namespace without the template, which the API server refuses.
+    assert denied == [f"patch pods in {UNGRANTED}"], f"forbidden in a cluster: {denied}"
 
 
 def test_nothing_granted_goes_unused(seen: list[Access]) -> None:
@@ -341,7 +372,8 @@ def test_the_roles_are_least_privilege() -> None:
         ("patch", live_args().state_configmap),
     }
     assert not {verb for _, resource, verb in flat if resource == "pods"} & {"delete", "deletecollection"}
-    # Cluster-wide writes: node taints, pod checkpoint annotations, evictions, Events. Nothing else.
+    # Cluster-wide writes: node taints, evictions, Events. Nothing else: no pod patch (it could change
+    # any workload's image), which only the checkpoint template grants, in the namespace applying it.
     cluster_writes = {
         (resource, verb)
         for rule in grants()
@@ -351,10 +383,51 @@ def test_the_roles_are_least_privilege() -> None:
     }
     assert cluster_writes == {
         ("nodes", "patch"),
-        ("pods", "patch"),
         ("pods/eviction", "create"),
         ("events", "create"),
     }
+
+
+def test_checkpoint_requests_are_granted_only_where_the_template_is_applied() -> None:
+    def patch_pod(namespace: str) -> Access:
+        return Access("patch", "", "pods", namespace=namespace, name="train")
+
+    assert not any(g.allows(patch_pod(TEAM)) for g in grants(checkpoints=()))
+    assert [g.role for g in grants() if g.allows(patch_pod(TEAM))] == ["gpu-rebalancer-checkpoint"]
+    assert not any(g.allows(patch_pod(UNGRANTED)) for g in grants())
+    # The template grants that one verb on pods, nothing else, in its namespace only.
+    template = [g for g in grants(checkpoints=("team-a",)) if g.namespace == "team-a"]
+    assert [(g.rule["apiGroups"], g.rule["resources"], g.rule["verbs"]) for g in template] == [
+        ([""], ["pods"], ["patch"])
+    ]
+
+
+def test_the_fake_refuses_as_the_api_server_does() -> None:
+    """What the 403 the actuator meets looks like: a Status with reason Forbidden and its details, the
+    authorizer's message naming the user, verb, resource, API group and namespace."""
+    with FakeApiServer() as api, api.api_client() as api_client:
+        api.add(pod_json("eval", "a-1", namespace=UNGRANTED))
+        api.forbid("patch", "pods", UNGRANTED)
+        core = client.CoreV1Api(api_client)
+        with pytest.raises(client.ApiException) as refused:
+            core.patch_namespaced_pod("eval", UNGRANTED, {"metadata": {"annotations": {"a": "b"}}})
+        assert refused.value.status == 403
+        assert json.loads(refused.value.body or "") == {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": 'pods "eval" is forbidden: User "system:serviceaccount:gpu-rebalancer:gpu-rebalancer" '
+            f'cannot patch resource "pods" in API group "" in the namespace "{UNGRANTED}"',
+            "reason": "Forbidden",
+            "details": {"name": "eval", "kind": "pods"},
+            "code": 403,
+        }
+        core.read_namespaced_pod("eval", UNGRANTED)  # only that verb is refused
+        api.permit("patch", "pods", UNGRANTED)
+        core.patch_namespaced_pod("eval", UNGRANTED, {"metadata": {"annotations": {"a": "b"}}})
+        assert (api.pod(UNGRANTED, "eval") or {})["metadata"]["annotations"] == {"a": "b"}
+    gc.collect()
 
 
 def test_the_http_mapping_is_the_api_servers() -> None:

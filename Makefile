@@ -1,15 +1,37 @@
-# The two entry points the README promises: `make demo` and `make test`. Both bootstrap .venv.
+# The two entry points the README promises: `make demo` and `make test`. Both bootstrap .venv from the
+# lock file (requirements/dev.txt: every package pinned, every file checked against its hash), then
+# install the project itself without resolving anything.
+#
+# `make lock` regenerates requirements/ after a change to the dependencies in pyproject.toml:
+#   runtime.txt  the daemon's dependencies (the container image installs exactly these)
+#   build.txt    the build backend (setuptools, wheel) for the image and for the editable install
+#   dev.txt      runtime + test + dev tools, constrained to the versions of runtime.txt
+# The files are for CPython 3.11 on Linux, the interpreter of the image and of CI.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LOCK_DIR := requirements
+PIP_COMPILE = CUSTOM_COMPILE_COMMAND="make lock" $(BIN)/pip-compile --quiet --generate-hashes --allow-unsafe \
+	--strip-extras --no-emit-index-url --no-emit-find-links
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit bench clean lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK_DIR)/dev.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --require-hashes -r $(LOCK_DIR)/dev.txt
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+# The dev extra names the project's own test extra; pip-compile writes that self-reference as an
+# unhashed `gpu-rebalancer @ file://...` line, which the sed drops (the project is installed on its own).
+lock: $(STAMP)
+	$(PIP_COMPILE) --output-file $(LOCK_DIR)/runtime.txt pyproject.toml
+	$(PIP_COMPILE) --all-build-deps --only-build-deps --output-file $(LOCK_DIR)/build.txt pyproject.toml
+	$(PIP_COMPILE) --extra dev --constraint $(LOCK_DIR)/runtime.txt --output-file $(LOCK_DIR)/dev.txt \
+		pyproject.toml
+	sed -i -e '/^# WARNING: pip install will require the following package to be hashed\.$$/{N;d;}' \
+		-e '/^gpu-rebalancer @ /{N;d;}' $(LOCK_DIR)/dev.txt
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -13,20 +13,22 @@ still checkpointing) is a guard of the planner, which plans with the history thi
   mirror pods `drain_timeout` after draining-since, still there (even empty: the autoscaler did not take
   it) after twice that, or with no readable draining-since, is unmarked; a node gone from the snapshot
   needs nothing. At the first cycle of a leadership term (after `new_term()`: the daemon calls it at
-  start and whenever it loses the lease) the stored memory is taken and every node whose mark no owned
-  drain explains is unmarked.
-- Checkpoint requests (docs/checkpoint-protocol.md). The planner holds a plan whose pod asked to
-  checkpoint first (`checkpoint-pending`); at the end of the cycle the actuator asks each such pod not
-  asked yet (`rebalancer.gpu/eviction-requested-at: <now>`, a merge patch carrying the pod's uid,
-  clearing an old `checkpoint-done`), once per pod and cycle. A request refused by the authorizer (403:
-  the namespace has not applied deploy/checkpoint-rbac.example.yaml) makes one `checkpoint-request`
-  finding per namespace, and the namespaces refused go into the history (`checkpoint_refused`, replaced
-  every cycle) for the planner to say so; no request was made, so none times out. A request no plan
-  wanted this cycle is withdrawn (both annotations removed) at the end of the first complete cycle
-  `checkpoint_timeout` or more after it was made.
+  start and whenever it loses the lease) the stored memory is taken, every node whose mark no owned
+  drain explains is unmarked, and so is every marked node still running pods (its drain was
+  interrupted: `drain-interrupted`; an empty one keeps its mark for the autoscaler). A marked node some
+  of whose evicted pods keep the circuit open (their replacements Pending) is unmarked, so they can
+  come back to it. Removing a mark asks only the lease, never a deadline.
+- Checkpoint requests (docs/checkpoint-protocol.md), by its `checkpoints.CheckpointRequester`: at the
+  end of a cycle it asks the pods the planner holds (`checkpoint-pending`) and withdraws the requests no
+  plan wanted; the namespaces that refused go into the history (`checkpoint_refused`, replaced every
+  cycle) for the planner to say so.
 - The memory. `memory` is the `cycle.CycleMemory` a live run plans with: the `history.DisruptionHistory`
-  (cooldowns, the disruption budget, the evictions the circuit breaker watches) and the drains this
-  process owns, kept by a `state.StateStore`, saved as each decision ends, so a crash loses no eviction.
+  (cooldowns, the disruption budget, the evictions the circuit breaker watches, failed drains) and the
+  drains this process owns, kept by a `state.StateStore`, saved as each pod is evicted and as each
+  decision ends, so a crash loses no eviction. When the store says a later leader wrote it, the
+  actuator writes nothing more this term (`state-superseded` finding; the next term reloads).
+- Fencing. Every write (marks, evictions, checkpoint requests) asks the write fence first
+  (rebalancer.fence), and clips its timeout to it.
 
 It must not plan or re-judge decisions (the planner did), read the clock (every time is the snapshot's
 `now`), write Events (sinks/events.py does), touch taints and annotations other than its own keys, or
@@ -39,34 +41,24 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Literal, cast
 
 import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rebalancer import rfc3339
-from rebalancer.evictor import REQUESTER, KubeEvictor, KubeTainter, NodeTainter, TaintChange
-from rebalancer.fence import UNFENCED, Fence
+from rebalancer.checkpoints import CheckpointRequester
+from rebalancer.evictor import REQUESTER, KubeEvictor
+from rebalancer.fence import UNFENCED, Fence, WriteFence
 from rebalancer.guards import (
-    CHECKPOINT_ANNOTATION,
-    CHECKPOINT_DONE_ANNOTATION,
     CHECKPOINT_PENDING,
-    EVICTION_REQUESTED_AT_ANNOTATION,
-    checkpoint_grant,
 )
 from rebalancer.history import DisruptionHistory, Workload, open_circuits
 from rebalancer.kubeapi import (
     Backoff,
-    describe_answer,
-    is_transient,
-    release_unread,
-    status_body,
-    status_message,
-    with_retries,
 )
 from rebalancer.model import (
     NOT_ATTEMPTED,
@@ -79,15 +71,16 @@ from rebalancer.model import (
     Pod,
     Snapshot,
 )
+from rebalancer.node_marks import KubeTainter, NodeTainter, TaintChange
 from rebalancer.policy import EvictionConfig, Policy
 from rebalancer.state import ActuatorState, DrainRecord, StateStore
 from rebalancer.wording import plural
 
 __all__ = [
-    "CHECKPOINT_REQUEST",
     "DRAINING_SINCE_ANNOTATION",
     "DRAIN_INTERRUPTED",
     "DRAIN_TIMEOUT",
+    "STATE_SUPERSEDED",
     "ClusterActuator",
 ]
 
@@ -95,24 +88,15 @@ DRAINING_SINCE_ANNOTATION = "rebalancer.gpu/draining-since"
 # Finding kinds.
 DRAIN_TIMEOUT = "drain-timeout"
 DRAIN_INTERRUPTED = "drain-interrupted"
-CHECKPOINT_REQUEST = "checkpoint-request"
+STATE_SUPERSEDED = "state-superseded"
 
 _DRAINED: frozenset[OutcomeResult] = frozenset({"evicted", "gone"})
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-_MERGE_PATCH = "application/merge-patch+json"
 
 log = logging.getLogger(__name__)
 
 RequestTimeout = float | tuple[float, float]
 # Why a pod's annotations could not be patched.
-_PatchProblem = Literal["gone", "forbidden", "error"]
-
-
-def _time(text: str | None) -> datetime | None:
-    try:
-        return rfc3339.parse(text.strip()) if text else None
-    except ValueError:
-        return None
 
 
 def _minutes(span: timedelta) -> int:
@@ -160,6 +144,7 @@ class ClusterActuator:
         backoff: Backoff | None = None,
         sleep: Callable[[float], None] = time.sleep,
         request_timeout: RequestTimeout = (5.0, 30.0),
+        fence: Fence = UNFENCED,
     ) -> None:
         key = getattr(tainter, "key", cfg.drain_taint_key)
         if key != cfg.drain_taint_key:
@@ -175,6 +160,12 @@ class ClusterActuator:
         self._backoff = backoff
         self._sleep = sleep
         self._timeout = request_timeout
+        self._checkpoints = CheckpointRequester(
+            api_client, cfg, fence=fence, backoff=backoff, sleep=sleep, request_timeout=request_timeout
+        )
+        # Why this actuator stopped writing for the rest of its term (its memory belongs to a later
+        # leader); cleared when a new term reloads the memory.
+        self._halted: str | None = None
 
         state = (state_store.load() if state_store is not None else None) or ActuatorState()
         self._history = state.history
@@ -223,6 +214,7 @@ class ClusterActuator:
             sleep=sleep,
             request_timeout=request_timeout,
             fence=fence,
+            unmark_fence=fence.lease_only() if isinstance(fence, WriteFence) else fence,
         )
         return cls(
             evictor,
@@ -233,6 +225,7 @@ class ClusterActuator:
             backoff=backoff,
             sleep=sleep,
             request_timeout=request_timeout,
+            fence=fence,
         )
 
     # ---- the memory
@@ -313,13 +306,14 @@ class ClusterActuator:
         # Marks lifted before the drain-mark review: the snapshot still shows them, read before.
         lifted: set[str] = set()
         if self._new_term:
+            self._new_term = False  # first: a term change signalled meanwhile must not be lost
+            self._halted = None
             self.load_state()
             for change in self.cleanup_orphans():
                 log.info("orphan drain mark removed from %s: %s", change.node, change.detail or "ok")
                 if change.ok:
                     lifted.add(change.node)
             lifted |= self._lift_interrupted(snapshot, lifted)
-            self._new_term = False
         self._snapshot = snapshot
         self._cycle_id = cycle_id
         self._evictor.begin_cycle(snapshot, cycle_id)
@@ -335,6 +329,10 @@ class ClusterActuator:
         if self._snapshot is None:
             raise RuntimeError("ClusterActuator.evict() called outside begin_cycle() / end_cycle()")
         pods = decision.proposal.pods
+        if self._halted is not None:
+            return tuple(
+                Outcome(p.namespace, p.name, "error", f"{NOT_ATTEMPTED}{self._halted}") for p in pods
+            )
         node = decision.proposal.node if decision.proposal.kind == "node" else None
         if node is not None:
             change = self._mark(node)
@@ -372,10 +370,15 @@ class ClusterActuator:
             for node in sorted(self._release):
                 self._untaint(node, "drain abandoned")
             waiting = [d for d in decisions if d.blocked_by == CHECKPOINT_PENDING]
-            self._request_checkpoints(waiting, snapshot.now)
+            notes, refused = self._checkpoints.request(waiting, snapshot.now)
+            self._drain_notes.extend(notes)
+            # What the planner says next cycle of the pods it holds: replaced, each cycle asks again.
+            # Not saved (the state store keeps no refusals), so no write of its own.
+            if refused != self._history.checkpoint_refused:
+                self._history = replace(self._history, checkpoint_refused=refused)
             if completed:
                 wanted = {p.key for d in decisions if d.approved or d in waiting for p in d.proposal.pods}
-                self._withdraw_checkpoints(snapshot, wanted)
+                self._checkpoints.withdraw(snapshot, wanted)
         self._save()
         self._snapshot = None
         return self.findings()
@@ -432,7 +435,7 @@ class ClusterActuator:
                 if DRAINING_SINCE_ANNOTATION in node.annotations:  # the mark was removed by someone else
                     self._untaint(node.name, "draining-since without a mark")
                 continue
-            since = _time(node.annotations.get(DRAINING_SINCE_ANNOTATION))
+            since = rfc3339.parse_or_none(node.annotations.get(DRAINING_SINCE_ANNOTATION))
             owned = self._drains.get(node.name)
             if since is None and owned is not None and owned.cycle_id == mark.value:
                 since = owned.since
@@ -517,122 +520,6 @@ class ClusterActuator:
         out[first] = replace(stop, detail=f"{stop.detail}; {note}" if stop.detail else note)
         return tuple(out)
 
-    # ---- checkpoint requests
-
-    def _request_checkpoints(self, waiting: Sequence[Decision], now: datetime) -> None:
-        asked: set[tuple[str, str]] = set()
-        refused: dict[str, list[tuple[Pod, str]]] = {}
-        for decision in waiting:
-            for pod in decision.proposal.pods:
-                annotations = pod.annotations
-                if (
-                    pod.key in asked
-                    or annotations.get(CHECKPOINT_ANNOTATION) != "true"
-                    or _time(annotations.get(EVICTION_REQUESTED_AT_ANNOTATION)) is not None
-                ):
-                    continue
-                asked.add(pod.key)
-                problem = self._patch_annotations(
-                    pod,
-                    {
-                        EVICTION_REQUESTED_AT_ANNOTATION: rfc3339.format_utc(now),
-                        CHECKPOINT_DONE_ANNOTATION: None,
-                    },
-                )
-                if problem is None:
-                    log.info("checkpoint requested from %s", pod.ref)
-                    continue
-                if problem[0] == "gone":  # deleted or re-created since the snapshot: nothing to ask
-                    log.info("no checkpoint request for %s: %s", pod.ref, problem[1])
-                    continue
-                if problem[0] == "forbidden":  # the namespace has not granted the Role: noted per namespace
-                    refused.setdefault(pod.namespace, []).append((pod, problem[1]))
-                    continue
-                detail = (
-                    f"cannot ask {pod.ref} to checkpoint ({problem[0]}: {problem[1]}); asked again next cycle"
-                )
-                self._drain_notes.append(Finding.about(CHECKPOINT_REQUEST, pod, detail))
-        for namespace, pods in sorted(refused.items()):
-            log.warning("cannot ask pods of namespace %s to checkpoint: %s", namespace, pods[0][1])
-            refs = [p.ref for p, _ in pods]
-            shown = ", ".join(refs[:3]) + (f" and {len(refs) - 3} more" if len(refs) > 3 else "")
-            self._drain_notes.append(
-                Finding(
-                    kind=CHECKPOINT_REQUEST,
-                    namespace=namespace,
-                    detail=(
-                        f"namespace {namespace} has not granted checkpoint requests ({pods[0][1]}); its pods "
-                        f"that ask to checkpoint before eviction are held, never evicted unasked "
-                        f"({plural(len(refs), 'pod')}: {shown}); grant it with {checkpoint_grant(namespace)}"
-                    ),
-                )
-            )
-        # What the planner says next cycle of the pods it holds: replaced, each cycle asks again. Not
-        # saved (the state store keeps no refusals), so no write of its own.
-        noted = dict.fromkeys(refused, now)
-        if noted != self._history.checkpoint_refused:
-            self._history = replace(self._history, checkpoint_refused=noted)
-
-    def _withdraw_checkpoints(self, snapshot: Snapshot, wanted: set[tuple[str, str]]) -> None:
-        timeout = timedelta(seconds=self._cfg.checkpoint_timeout)
-        for pod in snapshot.pods:
-            if EVICTION_REQUESTED_AT_ANNOTATION not in pod.annotations or pod.key in wanted:
-                continue
-            asked = _time(pod.annotations[EVICTION_REQUESTED_AT_ANNOTATION])
-            if asked is not None and snapshot.now - asked < timeout:
-                continue  # still inside its window: a plan may want the pod again next cycle
-            problem = self._patch_annotations(
-                pod, {EVICTION_REQUESTED_AT_ANNOTATION: None, CHECKPOINT_DONE_ANNOTATION: None}
-            )
-            if problem is None:
-                log.info("checkpoint request of %s withdrawn: no plan wants it evicted any more", pod.ref)
-            elif problem[0] != "gone":
-                log.warning("cannot withdraw the checkpoint request of %s: %s", pod.ref, problem[1])
-
-    def _patch_annotations(
-        self, pod: Pod, annotations: Mapping[str, str | None]
-    ) -> tuple[_PatchProblem, str] | None:
-        """Merge-patch the pod's annotations (None removes one). The patch carries the pod's uid: the API
-        server refuses to change it (409 / 422 naming the uid), so a re-created pod of the same name is never
-        annotated. None when done, else (`gone` | `forbidden` (403: no Role in the pod's namespace grants
-        it) | `error`, why)."""
-        if not pod.uid:
-            return ("error", "pod has no uid: refusing to patch without a uid precondition")
-        body = {"metadata": {"uid": pod.uid, "annotations": dict(annotations)}}
-
-        def attempt() -> None:
-            response = cast(
-                "urllib3.BaseHTTPResponse",
-                self._core.patch_namespaced_pod(
-                    pod.name,
-                    pod.namespace,
-                    body,
-                    _content_type=_MERGE_PATCH,
-                    _preload_content=False,
-                    _request_timeout=self._timeout,
-                ),
-            )
-            release_unread(response)
-
-        try:
-            with_retries(attempt, retries=self._cfg.retries, backoff=self._backoff, sleep=self._sleep)
-        except ApiException as exc:
-            status = exc.status or 0
-            if status == 404:
-                return ("gone", "pod no longer exists (404)")
-            if status == 409 or (status == 422 and "uid" in status_message(exc)):
-                return ("gone", f"pod was replaced or changed ({status})")
-            if status == 403 and not (status_body(exc).get("details") or {}).get("causes"):
-                # The authorizer's refusal: no role grants it. An admission policy's denial (also 403
-                # when its reason is Forbidden) carries its message as a cause, and is an error.
-                return ("forbidden", describe_answer(exc))
-            if not is_transient(exc):
-                return ("error", describe_answer(exc))
-            return ("error", f"{describe_answer(exc)} (after {self._cfg.retries + 1} attempts)")
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            return ("error", f"{describe_answer(exc)} (after {self._cfg.retries + 1} attempts)")
-        return None
-
     # ---- state
 
     def _save(self) -> None:
@@ -644,6 +531,12 @@ class ClusterActuator:
         except (OSError, ValueError) as exc:
             log.error("cannot save the actuator state: %s", exc)
             return
+        if getattr(self._store, "superseded", False) and self._halted is None:
+            # A later leader's memory is in the store: nothing more this term, reload at the next one.
+            self._halted = "the state ConfigMap was written by a later leader: this replica stopped writing"
+            self._new_term = True
+            log.error("evictions stopped: %s", self._halted)
+            self._drain_notes.append(Finding(kind=STATE_SUPERSEDED, detail=self._halted))
         if stored is not None and stored != state:  # another writer's memory merged in: ours now
             self._history = stored.history
             self._drains = dict(stored.drains)

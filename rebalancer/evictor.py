@@ -1,4 +1,4 @@
-"""Evictors carry out approved decisions, one Outcome per pod in the decision's order; tainters mark nodes.
+"""Evictors carry out approved decisions, one Outcome per pod in the decision's order.
 
 Owns talking to the Eviction API and turning its answers into Outcomes:
 
@@ -29,11 +29,7 @@ pods after it are not attempted and get `error` with "not attempted: plan stoppe
 a pod of the decision is covered by a PDB already exhausted this cycle, nothing of the decision is
 attempted.
 
-Node draining marks: `KubeTainter` adds or removes the `rebalancer.gpu/draining=<value>:NoSchedule`
-(or PreferNoSchedule) taint, touching no other taint (read, edit this key, JSON patch guarded by the
-resourceVersion; node annotations the caller names change in the same write), and lists the nodes
-that carry it so a start-up can clean marks no plan owns; `DryRunTainter` makes no request. When to
-taint and untaint is the caller's decision (rebalancer.actuator).
+Node drain marks (the taint that keeps evicted pods from landing back) are rebalancer.node_marks'.
 
 It must not plan: no choosing, ordering or re-checking of guards and budgets beyond the API server's
 verdicts (the planner's ledger is the client-side PDB check). It never reads the clock except to sleep
@@ -46,8 +42,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 import urllib3
@@ -66,24 +61,29 @@ from rebalancer.kubeapi import (
     status_message,
     with_retries,
 )
-from rebalancer.model import Decision, Finding, Mode, Outcome, OutcomeResult, Pdb, Pod, Snapshot
+from rebalancer.model import (
+    NOT_ATTEMPTED,
+    Decision,
+    Finding,
+    Mode,
+    Outcome,
+    OutcomeResult,
+    Pdb,
+    Pod,
+    Snapshot,
+)
 from rebalancer.selectors import label_selector_matches
 from rebalancer.sources.kube_objects import pdb_from_json
 from rebalancer.sources.object_fields import ObjectError
 
 __all__ = [
-    "DRAINING_TAINT_KEY",
     "PDB_EXHAUSTED",
     "REASON_ANNOTATION",
     "REQUESTED_BY_ANNOTATION",
     "REQUESTER",
     "DryRunEvictor",
-    "DryRunTainter",
     "Evictor",
     "KubeEvictor",
-    "KubeTainter",
-    "NodeTainter",
-    "TaintChange",
     "UnframedEvictor",
     "not_attempted",
 ]
@@ -92,14 +92,26 @@ REQUESTED_BY_ANNOTATION = "rebalancer.gpu/requested-by"
 REASON_ANNOTATION = "rebalancer.gpu/reason"
 REQUESTER = "gpu-rebalancer"
 PDB_EXHAUSTED = "PDB exhausted earlier this cycle"
-DRAINING_TAINT_KEY = "rebalancer.gpu/draining"
 # Annotation values may be large, but a reason is for humans: keep it to a readable size.
 MAX_REASON_CHARS = 1024
 
 _BUDGET_NAME = re.compile(r"^The disruption budget (?P<name>\S+) ")
 _STOPPING: frozenset[OutcomeResult] = frozenset({"blocked-by-pdb", "error"})
+# The most the read-back of a pod whose eviction got no answer may take.
+READ_BACK_SECONDS = 5.0
+
+
+def _may_have_landed(exc: BaseException) -> bool:
+    """A failed request the API server may have carried out all the same: no answer (a timeout, a
+    dropped connection) or a 5xx (a gateway timeout, an apiserver that committed then failed)."""
+    if not isinstance(exc, ApiException):
+        return True
+    status = exc.status or 0
+    return status == 0 or status >= 500
+
+
 # An eviction whose request got no answer, found done when the pod was read back.
-_WENT_THROUGH = "the eviction request got no answer but went through"
+_WENT_THROUGH = "the eviction request got no final answer but went through"
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +298,7 @@ class KubeEvictor(UnframedEvictor):
             return outcome("evicted")
 
         def retrying(exc: BaseException) -> None:
-            if not isinstance(exc, ApiException):
+            if _may_have_landed(exc):
                 unanswered.append(exc)
             log.warning("eviction of %s failed (%s); retrying", pod.ref, describe_answer(exc))
 
@@ -299,18 +311,20 @@ class KubeEvictor(UnframedEvictor):
                 raise  # nothing was sent: not attempted
             if not self._server_dry_run and (gone := self._went_away(pod)) is not None:
                 return outcome("evicted", f"{_WENT_THROUGH}: {gone}")
+            # Not this pod's failure (this replica stopped itself), so it starts as a stop does.
             return outcome(
                 "error",
-                f"{describe_answer(unanswered[-1])}; not tried again ({lost.reason}); "
+                f"{NOT_ATTEMPTED}a retry ({lost.reason}) after {describe_answer(unanswered[-1])}; "
                 "the eviction may still have happened",
             )
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
             problem = describe_answer(exc)
-            if not isinstance(exc, ApiException) and not self._server_dry_run:
+            if _may_have_landed(exc) and not self._server_dry_run:
                 gone = self._went_away(pod)
                 if gone is not None:
                     return outcome("evicted", f"{_WENT_THROUGH}: {gone}")
-                problem += "; the eviction may still have happened"
+                if not isinstance(exc, ApiException):  # no answer at all: it may be on its way still
+                    problem += "; the eviction may still have happened"
             return outcome("error", f"{problem} (after {self._retries + 1} attempts)")
 
     def _went_away(self, pod: Pod) -> str | None:
@@ -324,7 +338,8 @@ class KubeEvictor(UnframedEvictor):
                         pod.namespace,
                         field_selector=f"metadata.name={pod.name}",
                         _preload_content=False,
-                        _request_timeout=self._timeout,
+                        # Bounded: it runs after a fence or a deadline may have closed.
+                        _request_timeout=clip_timeout(self._timeout, READ_BACK_SECONDS),
                     ),
                 )
             )
@@ -395,194 +410,6 @@ class KubeEvictor(UnframedEvictor):
             return None
         self._known[pdb.key] = pdb
         return pdb
-
-
-# --------------------------------------------------------------------------- node draining marks
-
-
-@dataclass(frozen=True, slots=True)
-class TaintChange:
-    """What marking or unmarking one node did. `changed` is False when nothing needed writing."""
-
-    node: str
-    ok: bool
-    changed: bool = False
-    detail: str = ""
-
-
-class NodeTainter(Protocol):
-    """Marks nodes being drained so evicted pods do not land back, and removes the mark again.
-
-    `annotations` (set) and `remove_annotations` are node annotations changed in the same write as the
-    taint, so a mark and what it records about the drain never part.
-    """
-
-    def taint(
-        self, node: str, value: str, *, annotations: Mapping[str, str] | None = None
-    ) -> TaintChange: ...
-
-    def untaint(self, node: str, *, remove_annotations: Iterable[str] = ()) -> TaintChange: ...
-
-    def tainted(self) -> Mapping[str, str]: ...
-
-
-class DryRunTainter:
-    """Marks nothing and makes no request; reports every change as done."""
-
-    def taint(self, node: str, value: str, *, annotations: Mapping[str, str] | None = None) -> TaintChange:
-        return TaintChange(node, ok=True, detail="dry-run: not tainted")
-
-    def untaint(self, node: str, *, remove_annotations: Iterable[str] = ()) -> TaintChange:
-        return TaintChange(node, ok=True, detail="dry-run: not untainted")
-
-    def tainted(self) -> Mapping[str, str]:
-        return {}
-
-
-class KubeTainter:
-    """Adds / removes the `key=<value>:<effect>` taint with a JSON patch guarded by the resourceVersion.
-
-    Other taints are never touched: each change reads the node, edits only this key in the list (and the
-    named annotations, in the same patch), and writes it back with a `test` on
-    `metadata.resourceVersion`, re-reading when another writer got in between (409 / 422). Transient
-    failures are retried like evictions.
-    """
-
-    def __init__(
-        self,
-        api_client: client.ApiClient,
-        *,
-        key: str = DRAINING_TAINT_KEY,
-        effect: str = "NoSchedule",
-        retries: int = 3,
-        backoff: Backoff | None = None,
-        sleep: Callable[[float], None] = time.sleep,
-        request_timeout: RequestTimeout = (5.0, 30.0),
-        fence: Fence = UNFENCED,
-    ) -> None:
-        if effect not in ("NoSchedule", "PreferNoSchedule"):
-            raise ValueError(f"draining taint effect must be NoSchedule or PreferNoSchedule, got {effect!r}")
-        self._core = client.CoreV1Api(api_client)
-        self.key = key
-        self.effect = effect
-        self._retries = retries
-        self._backoff = backoff or exponential_backoff()
-        self._sleep = sleep
-        self._timeout = request_timeout
-        self.fence = fence
-
-    def taint(self, node: str, value: str, *, annotations: Mapping[str, str] | None = None) -> TaintChange:
-        """Add (or take over) the mark; `annotations` are set on the node in the same write."""
-        wanted = {"key": self.key, "value": value, "effect": self.effect}
-
-        def edit(taints: list[Mapping[str, Any]]) -> list[Mapping[str, Any]] | None:
-            if any(dict(t) == wanted for t in taints):
-                return None
-            return [t for t in taints if t.get("key") != self.key] + [wanted]
-
-        return self._change(node, edit, missing_ok=False, annotations=dict(annotations or {}))
-
-    def untaint(self, node: str, *, remove_annotations: Iterable[str] = ()) -> TaintChange:
-        """Remove the mark; `remove_annotations` go in the same write (even when the taint is gone)."""
-
-        def edit(taints: list[Mapping[str, Any]]) -> list[Mapping[str, Any]] | None:
-            kept = [t for t in taints if t.get("key") != self.key]
-            return kept if len(kept) != len(taints) else None
-
-        return self._change(node, edit, missing_ok=True, annotations=dict.fromkeys(remove_annotations))
-
-    def tainted(self) -> Mapping[str, str]:
-        """Every node carrying this taint key, with the taint's value (which plan put it there)."""
-        out: dict[str, str] = {}
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {
-                "limit": 500,
-                "_preload_content": False,
-                "_request_timeout": self._timeout,
-            }
-            if token:
-                kwargs["_continue"] = token
-            page = read_json(cast("urllib3.BaseHTTPResponse", self._core.list_node(**kwargs)))
-            for item in page.get("items") or ():
-                for taint in (item.get("spec") or {}).get("taints") or ():
-                    if taint.get("key") == self.key:
-                        out[item["metadata"]["name"]] = str(taint.get("value", ""))
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return out
-
-    def _change(
-        self,
-        node: str,
-        edit: Callable[[list[Mapping[str, Any]]], list[Mapping[str, Any]] | None],
-        *,
-        missing_ok: bool,
-        annotations: Mapping[str, str | None] | None = None,
-    ) -> TaintChange:
-        def attempt() -> TaintChange:
-            current = read_json(
-                cast(
-                    "urllib3.BaseHTTPResponse",
-                    self._core.read_node(node, _preload_content=False, _request_timeout=self._timeout),
-                )
-            )
-            spec = current.get("spec") or {}
-            taints = list(spec.get("taints") or ())
-            new = edit(taints)
-            old_notes = dict(current["metadata"].get("annotations") or {})
-            notes = dict(old_notes)
-            for name, note in (annotations or {}).items():
-                if note is None:
-                    notes.pop(name, None)
-                else:
-                    notes[name] = note
-            if new is None and notes == old_notes:
-                return TaintChange(node, ok=True)
-            version = current["metadata"]["resourceVersion"]
-            ops: list[dict[str, Any]] = [
-                {"op": "test", "path": "/metadata/resourceVersion", "value": version}
-            ]
-            if new is not None:
-                # `add` replaces an existing member; a node without any spec gets one.
-                write: dict[str, Any] = {"op": "add", "path": "/spec/taints", "value": new}
-                if not spec:
-                    write = {"op": "add", "path": "/spec", "value": {"taints": new}}
-                ops.append(write)
-            if notes != old_notes:
-                ops.append({"op": "add", "path": "/metadata/annotations", "value": notes})
-            timeout = clip_timeout(self._timeout, self.fence.check())
-            response = cast(
-                "urllib3.BaseHTTPResponse",
-                self._core.patch_node(node, ops, _preload_content=False, _request_timeout=timeout),
-            )
-            read_json(response)
-            return TaintChange(node, ok=True, changed=True)
-
-        try:
-            return with_retries(
-                attempt, retries=self._retries, backoff=self._backoff, sleep=self._sleep, retry_if=_retry_mark
-            )
-        except FenceLost as lost:
-            return TaintChange(node, ok=False, detail=f"not attempted: {lost.reason}")
-        except ApiException as exc:
-            if exc.status == 404:
-                return TaintChange(node, ok=missing_ok, detail="node no longer exists")
-            if not _retry_mark(exc):
-                return TaintChange(node, ok=False, detail=describe_answer(exc))
-            return TaintChange(
-                node, ok=False, detail=f"{describe_answer(exc)} (after {self._retries + 1} attempts)"
-            )
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            return TaintChange(
-                node, ok=False, detail=f"{describe_answer(exc)} (after {self._retries + 1} attempts)"
-            )
-
-
-def _retry_mark(exc: BaseException) -> bool:
-    """A node edit is tried again on a conflict too (409, or 422 from the resourceVersion test): the node
-    changed between the read and the write, and the next attempt reads it again."""
-    return is_transient(exc) or (isinstance(exc, ApiException) and exc.status in (409, 422))
 
 
 # --------------------------------------------------------------------------- reading Status answers

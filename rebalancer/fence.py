@@ -80,6 +80,11 @@ class WriteFence:
             if self._deadline is None or at < self._deadline[0]:
                 self._deadline = (at, why)
 
+    def lease_only(self) -> Fence:
+        """This fence without its deadlines: for writes that undo this replica's own marks, which must
+        not outlive its leadership but must not be left half-done by a deadline either."""
+        return WriteFence(self._lease_left, monotonic=self._mono)
+
     def check(self) -> float:
         left = math.inf
         if self._lease_left is not None:

@@ -74,3 +74,11 @@ def format_utc(moment: datetime, precision: Precision = "seconds") -> str:
     if precision == "seconds":
         return utc.strftime("%Y-%m-%dT%H:%M:%SZ")
     return utc.isoformat(timespec=precision).replace("+00:00", "Z")
+
+
+def parse_or_none(text: str | None) -> datetime | None:
+    """`parse(text)`, or None when `text` is empty or not an RFC 3339 time (an annotation someone wrote)."""
+    try:
+        return parse(text.strip()) if text else None
+    except ValueError:
+        return None

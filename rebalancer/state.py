@@ -11,7 +11,9 @@ this rebalancer owns) as JSON, and the stores that keep it:
   written through `kubeapi.with_retries`.
 
 A store never stops the daemon: an unreadable state is logged and read as none, a failed save is logged
-and made again at the next change. Version 1 states (evictions and drains only) are read as they are.
+and made again at the next change (but a ConfigMap store that found a later leader's state refuses
+every save until it loads again: `superseded`, which stops the actuator). Version 1 states (evictions
+and drains only) are read as they are.
 It must not decide anything: what to remember is the actuator's and the history's.
 """
 
@@ -246,6 +248,8 @@ class ConfigMapStateStore:
             except _Conflict:
                 doc = self._read_doc("re-read")
                 if doc is None:
+                    if self._missing:
+                        continue  # deleted meanwhile: created again on the next attempt
                     return None
                 stored_term, mine = _term_of(doc), self._term()
                 if stored_term is None or mine is None or stored_term == mine:

@@ -741,7 +741,7 @@ class FakeApiServer:
         `status`: answer with this code and a Status body; `delay`: wait this long first (then fault or
         serve normally); `drop`: close the connection without an answer; `lose_answer`: carry the
         request out, then close the connection without its answer (a committed change whose answer the
-        network lost).
+        network lost), or with `status` answer that failure instead (a gateway timing out on it).
         """
         fault = Fault(pattern, method, status, message, delay, drop, times, skip, lose_answer)
         with self._lock:
@@ -1256,7 +1256,7 @@ class _Handler(BaseHTTPRequestHandler):
             if fault.drop:
                 self._drop()
                 return
-            if fault.status is not None:
+            if fault.status is not None and not fault.lose_answer:
                 error = ApiError(fault.status, fault.message)
                 self._send(fault.status, error.status())
                 return
@@ -1269,7 +1269,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(error.code, error.status(), headers)
             return
         if fault is not None and fault.lose_answer:  # done, but the client never hears of it
-            self._drop()
+            if fault.status is not None:  # or hears a failure (a gateway that timed out, say)
+                self._send(fault.status, ApiError(fault.status, fault.message).status())
+            else:
+                self._drop()
             return
         self._send(code, payload)
 

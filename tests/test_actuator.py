@@ -15,7 +15,7 @@ from kubernetes import client
 from rebalancer.actuator import DRAIN_TIMEOUT, DRAINING_SINCE_ANNOTATION, ClusterActuator
 from rebalancer.cycle import cycle_id_for, run_cycle
 from rebalancer.daemon.wiring import live_edge
-from rebalancer.evictor import DRAINING_TAINT_KEY, DryRunEvictor, KubeEvictor, KubeTainter
+from rebalancer.evictor import DryRunEvictor, KubeEvictor
 from rebalancer.guards import (
     CHECKPOINT_ANNOTATION,
     CHECKPOINT_DONE_ANNOTATION,
@@ -24,6 +24,7 @@ from rebalancer.guards import (
 )
 from rebalancer.history import DisruptionHistory, EvictionRecord, Workload, open_circuits
 from rebalancer.model import Decision, Outcome, Pod, Proposal, ProposalKind, Snapshot
+from rebalancer.node_marks import DRAINING_TAINT_KEY, KubeTainter
 from rebalancer.planner import plan
 from rebalancer.policy import EvictionConfig, PolicyError, parse_policy
 from rebalancer.rfc3339 import format_utc as format_time

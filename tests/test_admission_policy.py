@@ -25,12 +25,12 @@ import yaml
 from kubernetes import client
 
 from rebalancer.actuator import DRAINING_SINCE_ANNOTATION
-from rebalancer.evictor import DRAINING_TAINT_KEY, KubeTainter
 from rebalancer.guards import (
     CHECKPOINT_ANNOTATION,
     CHECKPOINT_DONE_ANNOTATION,
     EVICTION_REQUESTED_AT_ANNOTATION,
 )
+from rebalancer.node_marks import DRAINING_TAINT_KEY, KubeTainter
 from tests.fake_apiserver import FakeApiServer, merge_patch, node_json, pod_json
 
 ROOT = Path(__file__).resolve().parent.parent

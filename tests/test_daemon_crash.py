@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from rebalancer.evictor import DRAINING_TAINT_KEY
+from rebalancer.node_marks import DRAINING_TAINT_KEY
 from rebalancer.state import STATE_CONFIGMAP, STATE_KEY
 from tests.fake_apiserver import FakeApiServer
 from tests.test_daemon_cli import FAST_ELECTION, ROOT, STATE_NS, free_port, kubeconfig

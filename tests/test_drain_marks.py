@@ -13,8 +13,8 @@ from datetime import timedelta
 from kubernetes import client
 
 from rebalancer.actuator import DRAIN_INTERRUPTED, DRAINING_SINCE_ANNOTATION, ClusterActuator
-from rebalancer.evictor import DRAINING_TAINT_KEY
 from rebalancer.guards import DRAIN_BACKOFF
+from rebalancer.node_marks import DRAINING_TAINT_KEY
 from rebalancer.policy import EvictionConfig
 from rebalancer.rfc3339 import format_utc
 from rebalancer.state import ActuatorState, DrainRecord, MemoryStateStore

@@ -11,20 +11,16 @@ from kubernetes.client.exceptions import ApiException
 
 from rebalancer.cycle import run_cycle
 from rebalancer.evictor import (
-    DRAINING_TAINT_KEY,
     PDB_EXHAUSTED,
     REASON_ANNOTATION,
     REQUESTED_BY_ANNOTATION,
     DryRunEvictor,
-    DryRunTainter,
     Evictor,
     KubeEvictor,
-    KubeTainter,
-    NodeTainter,
-    TaintChange,
     exponential_backoff,
 )
 from rebalancer.model import Decision, Outcome, Pod, Proposal, ProposalKind
+from rebalancer.node_marks import DRAINING_TAINT_KEY, DryRunTainter, KubeTainter, NodeTainter, TaintChange
 from rebalancer.policy import parse_policy
 from rebalancer.sources.kube import KubeSource
 from tests.builders import NOW, pdb, pod, snapshot
@@ -272,7 +268,8 @@ def test_status_0_is_retried(
             ApiException(status=0, reason="Unsupported content type")
         ),
     )
-    (outcome,) = evictor.evict(_decision(pod("other", "gpu-1")))
+    (other,) = _add_pods(api, "other")  # still there when read back: the answers were garbage
+    (outcome,) = evictor.evict(_decision(other))
     assert _results([outcome]) == [
         ("other", "error", "no valid answer: Unsupported content type (after 2 attempts)")
     ]

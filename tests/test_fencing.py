@@ -12,6 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,8 +22,9 @@ from rebalancer.actuator import ClusterActuator
 from rebalancer.daemon.lease import LeaseElector
 from rebalancer.daemon.loop import CUT_SHORT, Clock, Daemon, DaemonSinks, Deadlines, Leadership, LiveEdge
 from rebalancer.daemon.wiring import kube_snapshot_source, lease_fence
-from rebalancer.evictor import KubeEvictor
+from rebalancer.evictor import READ_BACK_SECONDS, KubeEvictor
 from rebalancer.fence import MIN_WRITE_SECONDS, UNFENCED, FenceLost, WriteFence, clip_timeout
+from rebalancer.guards import CHECKPOINT_ANNOTATION, CHECKPOINT_PENDING
 from rebalancer.history import DisruptionHistory, EvictionRecord, Workload
 from rebalancer.policy import EvictionConfig, parse_policy
 from rebalancer.state import TERM_ANNOTATION, ActuatorState, ConfigMapStateStore
@@ -234,6 +236,56 @@ def test_a_late_write_of_an_earlier_leader_is_merged_so_no_eviction_is_forgotten
     assert _stored_state(api) == saved
 
 
+def test_a_configmap_deleted_under_the_store_is_created_again(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    store = _term_store(api_client, 1)
+    store.save(_state("p0"))
+    api.remove("ConfigMap", "gpu-rebalancer-state", LEASE_NS)
+    assert store.save(_state("p0", "p1")) == _state("p0", "p1")
+    assert _stored_state(api) == _state("p0", "p1")
+
+
+def test_an_actuator_whose_memory_a_later_leader_wrote_stops_writing(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    api.add(node_json("a-1"))
+    for name in ("train", "other"):
+        api.add(pod_json(name, "a-1"))
+    old = _term_store(api_client, 1)
+    actuator = ClusterActuator.from_config(api_client, EvictionConfig(), state_store=old, sleep=Sleeps())
+    snapshot = _snapshot(api_client)
+    actuator.begin_cycle(snapshot, "c1")
+    _term_store(api_client, 2).save(_state("theirs"))  # a later leader took over meanwhile
+    (first,) = actuator.evict(_plan(snapshot, "train"))  # its save is refused: the store is theirs
+    (second,) = actuator.evict(_plan(snapshot, "other"))
+    findings = actuator.end_cycle([], completed=True)
+    assert first.result == "evicted"
+    assert (second.result, second.detail) == (
+        "error",
+        "not attempted: the state ConfigMap was written by a later leader: this replica stopped writing",
+    )
+    assert api.pod("ml", "other") is not None
+    assert [f.kind for f in findings] == ["state-superseded"]
+    assert _stored_state(api) == _state("theirs")
+
+
+def test_checkpoint_requests_ask_the_fence_too(api: FakeApiServer, api_client: client.ApiClient) -> None:
+    api.add(node_json("a-1"))
+    api.add(pod_json("train", "a-1", annotations={CHECKPOINT_ANNOTATION: "true"}))
+    lease_left = [5.0]
+    actuator = ClusterActuator.from_config(
+        api_client, EvictionConfig(), sleep=Sleeps(), fence=WriteFence(lambda: lease_left[0])
+    )
+    snapshot = _snapshot(api_client)
+    waiting = replace(_plan(snapshot, "train"), approved=False, blocked_by=CHECKPOINT_PENDING)
+    actuator.begin_cycle(snapshot, "c1")
+    lease_left[0] = 0.0  # the lease is gone before the cycle ends
+    api.clear_requests()
+    actuator.end_cycle([waiting], completed=True)
+    assert not [r for r in api.writes() if "/pods/" in r.path]
+
+
 def test_a_closed_fence_saves_nothing(api: FakeApiServer, api_client: client.ApiClient) -> None:
     lease_left = [5.0]
     store = _term_store(api_client, 1, fence=WriteFence(lambda: lease_left[0]))
@@ -262,7 +314,9 @@ def test_an_eviction_whose_answer_was_lost_but_went_through_is_evicted_not_gone(
     snapshot = _snapshot(api_client)
     (outcome,) = evictor.evict(_plan(snapshot, "train"))
     assert outcome.result == "evicted"
-    assert outcome.detail.startswith("the eviction request got no answer but went through: pod no longer")
+    assert outcome.detail.startswith(
+        "the eviction request got no final answer but went through: pod no longer"
+    )
     assert api.pod("ml", "train") is None
 
 
@@ -276,8 +330,36 @@ def test_an_eviction_that_never_got_an_answer_is_read_back(
     (outcome,) = evictor.evict(_plan(_snapshot(api_client), "train"))
     assert (outcome.result, outcome.detail) == (
         "evicted",
-        "the eviction request got no answer but went through: the pod no longer exists",
+        "the eviction request got no final answer but went through: the pod no longer exists",
     )
+
+
+@pytest.mark.parametrize("status", [500, 503, 504])
+def test_an_eviction_carried_out_behind_a_5xx_answer_is_evicted_not_gone(
+    api: FakeApiServer, api_client: client.ApiClient, status: int
+) -> None:
+    """The API server evicts, then a gateway answers 5xx; the retry's 404 means the first went through."""
+    api.add(node_json("a-1"))
+    api.add(pod_json("train", "a-1"))
+    api.inject(EVICTIONS, status=status, lose_answer=True, times=1)
+    evictor = KubeEvictor(api_client, retries=1, sleep=Sleeps())
+    (outcome,) = evictor.evict(_plan(_snapshot(api_client), "train"))
+    assert outcome.result == "evicted", outcome
+    assert outcome.detail.startswith("the eviction request got no final answer but went through")
+
+
+def test_the_read_back_after_a_lost_answer_is_bounded(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    api.add(node_json("a-1"))
+    api.add(pod_json("train", "a-1"))
+    api.inject(EVICTIONS, drop=True, times=1)  # not carried out: the pod is still there
+    api.inject("/api/v1/namespaces/ml/pods", delay=30, times=1)  # and the read-back stalls
+    evictor = KubeEvictor(api_client, retries=0, request_timeout=(1.0, 60.0), sleep=Sleeps())
+    started = time.monotonic()
+    (outcome,) = evictor.evict(_plan(_snapshot(api_client), "train"))
+    assert time.monotonic() - started < READ_BACK_SECONDS + 2
+    assert outcome.result == "error"
 
 
 # --------------------------------------------------------------------------- deadlines
@@ -364,6 +446,9 @@ def test_a_cycle_stops_writing_at_its_deadline_and_says_so(
         "4 pods of approved plans not attempted"
     ]
     assert len(api.objects("Pod")) == 4 + 2
+    # The abandoned drain's mark is lifted all the same: a deadline bounds new work, not the undoing.
+    node = api.node("a-1")
+    assert node is not None and not node["spec"].get("taints")
 
 
 def test_a_stop_gives_the_drain_in_flight_the_shutdown_deadline_and_no_more(

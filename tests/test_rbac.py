@@ -41,10 +41,10 @@ from rebalancer.actuator import ClusterActuator
 from rebalancer.daemon.lease import DEFAULT_LEASE_NAME, LeaseElector
 from rebalancer.daemon.loop import Clock, Daemon, DaemonSinks, Leadership, LiveEdge
 from rebalancer.daemon.wiring import build_state_store, kube_snapshot_source
-from rebalancer.evictor import DRAINING_TAINT_KEY
 from rebalancer.guards import CHECKPOINT_RBAC_TEMPLATE
 from rebalancer.guards import EVICTION_REQUESTED_AT_ANNOTATION as EVICTION_REQUESTED_AT
 from rebalancer.model import Decision, Proposal, Snapshot
+from rebalancer.node_marks import DRAINING_TAINT_KEY
 from rebalancer.policy import EvictionConfig, parse_policy
 from rebalancer.sinks.events import KubeEventsSink
 from rebalancer.sources.kube import KubeSource

@@ -161,10 +161,12 @@ class Deadlines:
 class GatedEvictor:
     """Hands whole decisions to `inner` while `gate()` says nothing; after its first objection, none.
 
-    `gate` returns why evictions must stop (shutdown, leadership) or None. It is checked only between
-    decisions: a gang or a node drain already handed over always completes. Decisions after the stop
-    get `error` outcomes saying they were not attempted, so the report tells exactly what happened. The
-    cycle frame is the inner evictor's.
+    `gate` returns why evictions must stop (shutdown, leadership, a closed write fence) or None. It is
+    checked between decisions; within one, the inner evictor's own fence stops a gang or node drain
+    part-way (a shutdown lets the decision in flight go on until the shutdown deadline). Decisions after
+    the stop get `error` outcomes saying they were not attempted, so the report tells exactly what
+    happened, and `end_cycle` adds a `cycle-cut-short` finding counting them. The cycle frame is the
+    inner evictor's.
     """
 
     def __init__(self, inner: Evictor, gate: Callable[[], str | None]) -> None:
@@ -368,7 +370,7 @@ class Daemon:
 
     def _set_cycle_deadline(self, started: float) -> None:
         fence = self._live.fence if self._live is not None else None
-        if fence is None or self._stop_deadline is not None:
+        if fence is None:
             return
         interval = self._loaded.policy.interval
         budget = self._deadlines.cycle(interval)
@@ -377,6 +379,14 @@ class Daemon:
             f"the cycle deadline passed ({format_duration(round(budget))} of the "
             f"{format_duration(interval)} interval)",
         )
+        self._apply_stop_deadline(fence)  # a stop requested before (or while) this ran keeps its own
+
+    def _apply_stop_deadline(self, fence: WriteFence) -> None:
+        if self._stop_deadline is not None:
+            allowed = format_duration(round(self._deadlines.shutdown))
+            fence.tighten_deadline(
+                self._stop_deadline, f"shutting down: the shutdown deadline passed ({allowed})"
+            )
 
     def _evictor_and_memory(self) -> tuple[GatedEvictor, CycleMemory]:
         if not self.dry_run():
@@ -492,10 +502,7 @@ class Daemon:
         fence = self._live.fence if self._live is not None else None
         if fence is not None and self._stop_deadline is None:
             self._stop_deadline = self._clock.monotonic() + self._deadlines.shutdown
-            allowed = format_duration(round(self._deadlines.shutdown))
-            fence.tighten_deadline(
-                self._stop_deadline, f"shutting down: the shutdown deadline passed ({allowed})"
-            )
+            self._apply_stop_deadline(fence)
 
     def shutdown(self, *, notify_timeout: float = 5.0, release_lease: bool = True) -> None:
         """Stop: no new decision, wait for the running cycle (its writes end by the shutdown deadline),

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from rebalancer.model import Finding, Telemetry
-from rebalancer.policy import MetricConfig, PrometheusConfig, TelemetryConfig, parse_policy
+from rebalancer.policy import MetricConfig, PolicyError, PrometheusConfig, TelemetryConfig, parse_policy
 from rebalancer.registry import StrategyContext
 from rebalancer.sources.prometheus import PrometheusTelemetrySource
 from rebalancer.telemetry.sanity import ALIGNMENT_SLACK, max_samples, utilisation_problem
@@ -102,10 +102,10 @@ def test_the_scale_applies_before_the_percent_bounds() -> None:
     assert problem is not None and "200%" in problem
 
 
-def test_scrape_interval_is_a_telemetry_setting_with_the_exporter_default() -> None:
-    assert TelemetryConfig().scrape_interval == 30
-    cfg = parse_policy({"telemetry": {"scrape_interval": "15s"}}).policy.telemetry
-    assert cfg is not None and cfg.scrape_interval == 15
+def test_scrape_interval_is_a_telemetry_setting_with_the_exporter_charts_default() -> None:
+    assert TelemetryConfig().scrape_interval == 15
+    cfg = parse_policy({"telemetry": {"scrape_interval": "5s"}}).policy.telemetry
+    assert cfg is not None and cfg.scrape_interval == 5
     with pytest.raises(ValueError, match="greater than 0"):
         TelemetryConfig(scrape_interval=0)
 
@@ -181,8 +181,8 @@ def test_a_count_of_a_billion_makes_that_gpu_unusable_with_a_finding(stub_promet
 
 def test_the_bound_uses_the_policys_scrape_interval(stub_prometheus: StubFactory) -> None:
     util = {
-        "count_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 120.0)],  # a 15s scrape over 30m
-        "sum_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 240.0)],
+        "count_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 360.0)],  # a 5s scrape over 30m
+        "sum_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 720.0)],
         "max_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 4.0)],
     }
     stub = stub_prometheus(responder=answers(util))
@@ -190,11 +190,11 @@ def test_the_bound_uses_the_policys_scrape_interval(stub_prometheus: StubFactory
     window = telemetry.window(WINDOW)
     assert window is not None and UUID not in {g.uuid for g in window.gpus}
     assert any("telemetry.scrape_interval" in f.detail for f in findings)
-    telemetry, findings = read(stub.url, scrape_interval="15s")
+    telemetry, findings = read(stub.url, scrape_interval="5s")
     window = telemetry.window(WINDOW)
     assert window is not None
     (row,) = [g for g in window.gpus if g.uuid == UUID]
-    assert (row.util_samples, row.util_avg_percent) == (120, 2.0)
+    assert (row.util_samples, row.util_avg_percent) == (360, 2.0)
     assert not [f for f in findings if f.kind == "bad-telemetry"]
 
 
@@ -230,3 +230,16 @@ def test_a_scaled_metric_is_judged_in_percent(stub_prometheus: StubFactory) -> N
     (row,) = [g for g in window.gpus if g.uuid == UUID]
     assert row.util_avg_percent == 50.0
     assert not [f for f in findings if f.kind == "bad-telemetry"]
+
+
+def test_the_telemetry_deadline_must_leave_half_the_interval_to_the_cycle() -> None:
+    doc = {"interval": "1m", "telemetry": {"prometheus": {"url": "https://p:9090", "deadline": "45s"}}}
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(doc, source="policy.yaml")
+    (problem,) = caught.value.problems
+    assert problem == (
+        "policy.yaml: (top level): telemetry.prometheus.deadline (45s) must be at most half the "
+        "interval (1m): a cycle also plans and evicts"
+    ), problem
+    doc["telemetry"]["prometheus"]["deadline"] = "30s"  # type: ignore[index]
+    parse_policy(doc)

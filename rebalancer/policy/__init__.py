@@ -292,6 +292,17 @@ class Policy(StrictModel):
             raise ValueError("interval must be at least 10s")
         return interval
 
+    @model_validator(mode="after")
+    def _telemetry_read_fits_the_cycle(self) -> Policy:
+        """A cycle's telemetry read must end well inside its interval, leaving time to plan and evict."""
+        prometheus = self.telemetry.prometheus if self.telemetry is not None else None
+        if prometheus is not None and prometheus.deadline > self.interval // 2:
+            raise ValueError(
+                f"telemetry.prometheus.deadline ({format_duration(prometheus.deadline)}) must be at most "
+                f"half the interval ({format_duration(self.interval)}): a cycle also plans and evicts"
+            )
+        return self
+
 
 # --------------------------------------------------------------------------- loading
 

@@ -72,9 +72,10 @@ class TelemetryConfig(StrictModel):
     labels: LabelMapping = LabelMapping()
     # Newest sample older than this (relative to `now`) makes a series stale.
     max_age: Duration = 300
-    # How often Prometheus scrapes the exporter: a series holds at most window / scrape_interval samples
-    # (plus alignment slack), so a larger count is a bad answer, not evidence. Default 30s:
-    # dcgm-exporter's default collection interval (--collect-interval 30000 ms); Prometheus' own
-    # global default scrape_interval is 1m. Set it to the ServiceMonitor's interval when that is shorter.
-    scrape_interval: Duration = Field(default=30, gt=0)
+    # The shortest interval Prometheus scrapes the exporter at: a series holds at most window /
+    # scrape_interval samples (plus alignment slack), so a larger count is a bad answer, not evidence.
+    # Default 15s: the interval of dcgm-exporter's Helm chart ServiceMonitor, the shortest in common use
+    # (the exporter itself collects every 30s, --collect-interval 30000 ms; Prometheus' global default
+    # scrape_interval is 1m). A longer real interval only loosens the bound; set it when yours is shorter.
+    scrape_interval: Duration = Field(default=15, gt=0)
     prometheus: PrometheusConfig | None = None

@@ -1,10 +1,11 @@
-"""Scheduling simulation: can a pod run on a node, and where would a packed scheduler put it.
+"""Scheduling simulation: can a pod run on a node, and where would the packed scheduler put it.
 
 Owns `ClusterState`, a mutable what-if copy of free capacity per node built from a Snapshot, with
 reservations carried across every placement of a cycle: the feasibility rules (resources, per-device
 GPU shares, taints, unschedulable and cordoned nodes, node selector, required node affinity) and the
-MostAllocated score of the packed scheduler profile. It must not do I/O or read the clock, and it never
-changes the Snapshot it was built from. Label and taint matching semantics live in `selectors`.
+packed scheduler's choice. It must not do I/O or read the clock, and it never changes the Snapshot it
+was built from. Label and taint matching live in `selectors`, the score in `scoring`, device
+arithmetic in `gpu_devices`, one node's accounting and judgement of one pod in `node_accounting`.
 
 Model:
 
@@ -13,23 +14,23 @@ Model:
   also takes one of `allocatable["pods"]` when the node declares it.
 - GPU devices: a node has D devices of 1000 milli-GPU each, D = max(allocatable `nvidia.com/gpu`,
   label `nvidia.com/gpu.count`). `pod.gpu` (count, milli_per_device) needs `count` distinct devices with
-  at least `milli_per_device` free each; the devices with the least free milli that still fit are
-  taken (best fit), so whole-GPU pods take entirely free devices and shares pack together. A pod
-  without `pod.gpu` but with a `nvidia.com/gpu` request needs that many whole devices.
+  at least `milli_per_device` free each, taken by best fit (least free that still fit), so whole-GPU
+  pods take entirely free devices and shares pack together. A pod without `pod.gpu` but with a
+  `nvidia.com/gpu` request needs that many whole devices. Running pods get devices when the state is
+  built: whole-GPU pods first, then shares largest first. An overcommitted node shows negative free.
 - A pod is accounted on at most one node. `fits`, `score` and `best_node` judge a pod as a newcomer:
   capacity it already holds is not free for itself. `place` and `place_all` move a pod that is already
   accounted: what it held is released first (and taken back if the move fails).
-- Running pods get devices deterministically when the state is built: whole-GPU pods first, then
-  shares by best fit, largest first. A snapshot that overcommits a node shows negative free capacity.
-- MostAllocated (`scoring`) over GPU milli of all devices, cpu, memory and each `nvidia.com/mig-*`
-  resource the pod requests. `best_node` takes the highest score, then the higher preferred node
-  affinity weight, then the first node name. Device arithmetic is `gpu_devices`'.
+- The choice is kube-scheduler's integer arithmetic (`scoring`): MostAllocated over the profile's
+  resources (cpu and memory with the non-zero defaults, in the score only; extended resources the pod
+  does not request left out), plus NodeAffinity for a pod with preferred node affinity. Ties are
+  picked at random upstream: `best_nodes` gives the tied set (a `Prediction`), `best_node` its first.
 
-Speed: copies are copy-on-write per node, so a what-if `copy()` costs one dictionary copy and only the
-nodes it changes are duplicated; states built from one snapshot share its accounting, done once.
-`best_node` ranks the nodes as built once per kind of pod (same constraints and requests), shares that
-ranking with every copy, and per call re-examines only the nodes the state has changed since. A
-ClusterState is not safe to use from several threads at once.
+Speed: copies are copy-on-write per node (a `copy()` costs one dictionary copy); states built from one
+snapshot share its accounting, done once. Nodes are ranked as built once per kind of pod (same
+constraints and requests), shared by every copy; a call re-examines only the nodes the state changed
+(a pod with preferred node affinity is scored on every feasible node: NodeAffinity is normalised over
+them). A ClusterState is not safe to use from several threads at once.
 """
 
 from __future__ import annotations
@@ -37,38 +38,40 @@ from __future__ import annotations
 import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
-from rebalancer.gpu_devices import best_fit_devices, devices_for_existing, gpu_device_count, has_devices
+from rebalancer.gpu_devices import best_fit_devices, devices_for_existing, gpu_device_count
 from rebalancer.model import (
-    GPU_RESOURCE,
-    MIG_RESOURCE_PREFIX,
     MILLI_PER_GPU,
-    Node,
-    NodeSelectorTerm,
     Pod,
-    PreferredTerm,
     Snapshot,
-    Taint,
-    Toleration,
 )
-from rebalancer.scoring import CPU_WEIGHT, GPU_WEIGHT, MEMORY_WEIGHT, MIG_WEIGHT, most_allocated
+from rebalancer.node_accounting import (
+    CPU_RESOURCE,
+    Demand,
+    Holding,
+    NodeState,
+    Rank,
+    RankingKey,
+    StaticKey,
+    could_ever_hold,
+    demand_of,
+    existing_order,
+    has_room,
+    node_rank,
+    node_score,
+    shortfall,
+    static_key,
+    static_misfit,
+)
+from rebalancer.scoring import (
+    Prediction,
+    top_nodes,
+)
 from rebalancer.selectors import (
-    format_taint,
-    node_selector_matches,
     preferred_affinity_score,
-    required_affinity_matches,
-    tolerates,
-    untolerated_taints,
 )
 
 PodKey = tuple[str, str]
-
-PODS_RESOURCE = "pods"
-CPU_RESOURCE = "cpu"
-MEMORY_RESOURCE = "memory"
-# The taint a cordoned (spec.unschedulable) node carries; tolerating it lets a pod on such a node.
-UNSCHEDULABLE_TAINT = Taint(key="node.kubernetes.io/unschedulable", effect="NoSchedule")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,217 +85,6 @@ class FitResult:
 FITS = FitResult(ok=True)
 
 
-# --------------------------------------------------------------------------- per-pod and per-node data
-
-
-class _Demand(NamedTuple):
-    """What one pod takes from a node, resolved once from the pod."""
-
-    # Positive scalar requests, `nvidia.com/gpu` first (the likeliest to fail), without `pods`.
-    requests: tuple[tuple[str, int], ...]
-    gpu_count: int
-    gpu_milli: int  # per device
-    cpu: int
-    memory: int
-    mig: tuple[tuple[str, int], ...]  # the nvidia.com/mig-* part of `requests`, for scoring
-
-    @property
-    def gpu_total_milli(self) -> int:
-        return self.gpu_count * self.gpu_milli
-
-
-# Requests `_Demand.requests` does not list among the rest: the GPU goes first, the pod slot is implied.
-_COUNTED_APART = frozenset({GPU_RESOURCE, PODS_RESOURCE})
-
-
-def _demand_of(pod: Pod) -> _Demand:
-    requests = pod.requests
-    whole = requests.get(GPU_RESOURCE, 0)
-    if pod.gpu.count > 0:
-        gpu_count, gpu_milli = pod.gpu.count, pod.gpu.milli_per_device
-    elif whole > 0:
-        gpu_count, gpu_milli = whole, MILLI_PER_GPU
-    else:
-        gpu_count, gpu_milli = 0, 0
-    scalar = [(GPU_RESOURCE, whole)] if whole > 0 else []
-    mig: list[tuple[str, int]] = []
-    for name, amount in requests.items():
-        if amount > 0 and name not in _COUNTED_APART:
-            scalar.append((name, amount))
-            if name.startswith(MIG_RESOURCE_PREFIX):
-                mig.append((name, amount))
-    return _Demand(
-        tuple(scalar),
-        gpu_count,
-        gpu_milli,
-        requests.get(CPU_RESOURCE, 0),
-        requests.get(MEMORY_RESOURCE, 0),
-        tuple(mig),
-    )
-
-
-class _Holding(NamedTuple):
-    """What one accounted pod holds on its node: its demand and the GPU devices it was given."""
-
-    demand: _Demand
-    devices: tuple[int, ...]
-
-
-# The pod fields the static rules (unschedulable, taints, node selector, affinity) read, plus the
-# resources it needs at all: pods with equal keys have the same statically feasible nodes.
-_StaticKey = tuple[
-    tuple[Toleration, ...],
-    tuple[tuple[str, str], ...],
-    tuple[NodeSelectorTerm, ...],
-    tuple[str, ...],
-    int,
-]
-
-
-def _static_key(pod: Pod, demand: _Demand) -> _StaticKey:
-    selector = tuple(sorted(pod.node_selector.items())) if pod.node_selector else ()
-    resources = tuple(name for name, _ in demand.requests)
-    return (pod.tolerations, selector, pod.required_affinity, resources, demand.gpu_count)
-
-
-def _static_misfit(pod: Pod, node: Node) -> str | None:
-    """Why the pod may never go on the node whatever is free (unschedulable, taints, labels), or None."""
-    if node.unschedulable and not tolerates(pod.tolerations, UNSCHEDULABLE_TAINT):
-        return "node is unschedulable"
-    if node.taints:
-        untolerated = untolerated_taints(pod, node)
-        if untolerated:
-            return f"untolerated taint {format_taint(untolerated[0])}"
-    if pod.node_selector and not node_selector_matches(pod, node):
-        return "node(s) didn't match node selector"
-    if pod.required_affinity and not required_affinity_matches(pod, node):
-        return "node(s) didn't match node affinity"
-    return None
-
-
-class _NodeState:
-    """Free capacity of one node. Shared between ClusterState copies until one of them writes."""
-
-    __slots__ = ("devices", "free", "holdings", "node")
-
-    def __init__(
-        self, node: Node, free: dict[str, int], devices: list[int], holdings: dict[PodKey, _Holding]
-    ) -> None:
-        self.node = node
-        self.free = free  # allocatable minus accounted, per resource
-        self.devices = devices  # free milli-GPU per device
-        self.holdings = holdings
-
-    def clone(self) -> _NodeState:
-        return _NodeState(self.node, dict(self.free), list(self.devices), dict(self.holdings))
-
-    def take(self, key: PodKey, holding: _Holding) -> None:
-        free = self.free
-        for name, amount in holding.demand.requests:
-            free[name] = free.get(name, 0) - amount
-        if PODS_RESOURCE in free:
-            free[PODS_RESOURCE] -= 1
-        milli = holding.demand.gpu_milli
-        for index in holding.devices:
-            self.devices[index] -= milli
-        self.holdings[key] = holding
-
-    def give_back(self, key: PodKey) -> _Holding:
-        holding = self.holdings.pop(key)
-        free = self.free
-        for name, amount in holding.demand.requests:
-            free[name] += amount
-        if PODS_RESOURCE in free:
-            free[PODS_RESOURCE] += 1
-        milli = holding.demand.gpu_milli
-        for index in holding.devices:
-            self.devices[index] += milli
-        return holding
-
-
-def _existing_order(item: tuple[_Demand, Pod]) -> tuple[bool, int, int, str, str]:
-    """Whole-GPU pods first, then shares from the largest down (best fit decreasing), then by name."""
-    demand, pod = item
-    return (demand.gpu_milli < MILLI_PER_GPU, -demand.gpu_milli, -demand.gpu_count, pod.namespace, pod.name)
-
-
-def _has_room(demand: _Demand, state: _NodeState) -> bool:
-    """Whether what is free on the node now covers the pod: GPU devices (the likeliest to be short, and
-    one C-level count for whole GPUs), scalar resources and a pod slot.
-    """
-    if demand.gpu_count and not has_devices(state.devices, demand.gpu_count, demand.gpu_milli):
-        return False
-    free = state.free
-    for resource, amount in demand.requests:
-        if free.get(resource, 0) < amount:
-            return False
-    return free.get(PODS_RESOURCE, 1) >= 1
-
-
-def _shortfall(demand: _Demand, state: _NodeState) -> str | None:
-    """Why what is free on the node now does not cover the pod (the first missing thing), or None."""
-    free = state.free
-    for resource, amount in demand.requests:
-        if free.get(resource, 0) < amount:
-            return f"Insufficient {resource}"
-    if free.get(PODS_RESOURCE, 1) < 1:
-        return "Too many pods"
-    count, milli = demand.gpu_count, demand.gpu_milli
-    if not count or has_devices(state.devices, count, milli):
-        return None
-    if milli == MILLI_PER_GPU:
-        return (
-            "no entirely free GPU device" if count == 1 else f"fewer than {count} entirely free GPU devices"
-        )
-    if count == 1:
-        return f"no GPU device with {milli} free milli-GPU"
-    return f"fewer than {count} GPU devices with {milli} free milli-GPU"
-
-
-def _could_ever_hold(demand: _Demand, state: _NodeState) -> bool:
-    """Whether the node, even empty, has every resource the pod needs and enough GPU devices."""
-    allocatable = state.node.allocatable
-    return len(state.devices) >= demand.gpu_count and all(
-        allocatable.get(resource, 0) > 0 for resource, _ in demand.requests
-    )
-
-
-def _score(demand: _Demand, state: _NodeState) -> float:
-    """MostAllocated (`scoring`) over the node's GPU milli, cpu, memory and the pod's MIG resources."""
-    parts: list[tuple[int, float, float]] = []
-    devices = state.devices
-    if devices:
-        capacity = len(devices) * MILLI_PER_GPU
-        parts.append((GPU_WEIGHT, capacity - sum(devices) + demand.gpu_total_milli, capacity))
-    allocatable = state.node.allocatable
-    free = state.free
-    cpu = allocatable.get(CPU_RESOURCE, 0)
-    if cpu > 0:
-        parts.append((CPU_WEIGHT, cpu - free[CPU_RESOURCE] + demand.cpu, cpu))
-    memory = allocatable.get(MEMORY_RESOURCE, 0)
-    if memory > 0:
-        parts.append((MEMORY_WEIGHT, memory - free[MEMORY_RESOURCE] + demand.memory, memory))
-    for resource, amount in demand.mig:
-        total = allocatable.get(resource, 0)
-        if total > 0:
-            parts.append((MIG_WEIGHT, total - free[resource] + amount, total))
-    return most_allocated(parts)
-
-
-# How good a feasible node is for a pod, as a sort key: smaller is better (higher score, then higher
-# preferred affinity weight, then the first name).
-_Rank = tuple[float, int, str]
-_RankingKey = tuple[_StaticKey, tuple[PreferredTerm, ...], _Demand]
-
-
-def _rank(demand: _Demand, pod: Pod, name: str, state: _NodeState) -> _Rank | None:
-    """The node's rank for a pod that its static rules admit, or None when what is free is too little."""
-    if not _has_room(demand, state):
-        return None
-    preference = preferred_affinity_score(pod, state.node) if pod.preferred_affinity else 0
-    return (-_score(demand, state), -preference, name)
-
-
 # --------------------------------------------------------------------------- the cluster
 
 
@@ -304,37 +96,37 @@ class _Built:
 
     __slots__ = ("home", "nodes", "rankings", "static_candidates")
 
-    def __init__(self, nodes: Mapping[str, _NodeState], home: Mapping[PodKey, str]) -> None:
+    def __init__(self, nodes: Mapping[str, NodeState], home: Mapping[PodKey, str]) -> None:
         self.nodes = nodes
         self.home = home  # the node each pod was accounted on when built
         # Nodes whose labels, taints and allocatable admit a kind of pod (cordons aside).
-        self.static_candidates: dict[_StaticKey, frozenset[str]] = {}
-        # The names of every node a kind of pod fits on as built, best first.
-        self.rankings: dict[_RankingKey, tuple[str, ...]] = {}
+        self.static_candidates: dict[StaticKey, frozenset[str]] = {}
+        # The rank of every node a kind of pod fits on as built, best first.
+        self.rankings: dict[RankingKey, tuple[Rank, ...]] = {}
 
 
 def _build(snapshot: Snapshot) -> _Built:
     """Every active pod accounted against its node, as the snapshot shows them."""
-    nodes: dict[str, _NodeState] = {}
+    nodes: dict[str, NodeState] = {}
     home: dict[PodKey, str] = {}
     pods_by_node = snapshot.pods_by_node
     for name, node in snapshot.nodes.items():
-        state = _NodeState(node, dict(node.allocatable), [MILLI_PER_GPU] * gpu_device_count(node), {})
+        state = NodeState(node, dict(node.allocatable), [MILLI_PER_GPU] * gpu_device_count(node), {})
         nodes[name] = state
-        gpu_pods: list[tuple[_Demand, Pod]] = []
+        gpu_pods: list[tuple[Demand, Pod]] = []
         for pod in pods_by_node.get(name, ()):
-            demand = _demand_of(pod)
+            demand = demand_of(pod)
             if demand.gpu_count:
                 gpu_pods.append((demand, pod))
             else:
                 key = (pod.namespace, pod.name)
-                state.take(key, _Holding(demand, ()))
+                state.take(key, Holding(demand, ()))
                 home[key] = name
-        gpu_pods.sort(key=_existing_order)
+        gpu_pods.sort(key=existing_order)
         for demand, pod in gpu_pods:
             key = (pod.namespace, pod.name)
             devices = devices_for_existing(state.devices, demand.gpu_count, demand.gpu_milli)
-            state.take(key, _Holding(demand, devices))
+            state.take(key, Holding(demand, devices))
             home[key] = name
     return _Built(nodes, home)
 
@@ -368,16 +160,14 @@ class ClusterState:
     """Free capacity of every node, with reservations made during a cycle. Build with `from_snapshot`.
 
     Node-level inspection (`free`, `gpu_free_milli`, `score`) raises KeyError for an unknown node;
-    `fits` and `place` treat it as a node nothing fits on.
-
-    `best_node` is incremental: it takes the best node of the shared ranking (see `_Built`) that this
-    state has not changed, cordoned or excluded, and compares it with the nodes this state changed.
+    `fits` and `place` treat it as a node nothing fits on. `best_node` takes the best node of the
+    shared ranking (`_Built`) this state has not changed, cordoned or excluded, against those it changed.
     """
 
     def __init__(
         self,
         built: _Built,
-        nodes: dict[str, _NodeState],
+        nodes: dict[str, NodeState],
         moves: dict[PodKey, str | None],
         cordoned: set[str],
         changed: set[str],
@@ -419,7 +209,7 @@ class ClusterState:
         self._changed = trial._changed
         self._owned |= trial._owned
 
-    def _writable(self, node: str) -> _NodeState:
+    def _writable(self, node: str) -> NodeState:
         state = self._nodes[node]
         if node not in self._owned:
             state = state.clone()
@@ -452,67 +242,99 @@ class ClusterState:
         state = self._nodes.get(node)
         if state is None:
             return FitResult(ok=False, reason=f"node {node} not found")
-        reason = self._misfit(_demand_of(pod), pod, node, state)
+        reason = self._misfit(demand_of(pod), pod, node, state)
         return FITS if reason is None else FitResult(ok=False, reason=reason)
 
-    def score(self, pod: Pod, node: str) -> float:
-        """MostAllocated score (0..1, higher = fuller once the pod is added), whether or not it fits."""
-        return _score(_demand_of(pod), self._nodes[node])
+    def score(self, pod: Pod, node: str) -> int:
+        """NodeResourcesFit's MostAllocated score (0..100, higher = fuller once the pod is added),
+        whether or not the pod fits."""
+        return node_score(demand_of(pod), self._nodes[node])
 
     def best_node(self, pod: Pod, *, exclude: Collection[str] = ()) -> str | None:
-        """The feasible node a packed scheduler would pick: highest score, then the higher preferred
-        node affinity weight, then the first name in sorted order. None when no node fits.
-        """
-        return self._best_node(_demand_of(pod), pod, frozenset(exclude))
+        """The node reported for the pod: the first name among the feasible nodes with the top score
+        (`best_nodes`). None when no node fits."""
+        found = self._predict(demand_of(pod), pod, frozenset(exclude), ties=False)
+        return None if found is None else found[0]
 
-    def _best_node(self, demand: _Demand, pod: Pod, excluded: frozenset[str]) -> str | None:
-        static_key = _static_key(pod, demand)
-        candidates = self._static_candidates(static_key, pod, demand)
-        changed = self._changed
-        cordoned = self._cordoned
-        nodes = self._nodes
-        best: _Rank | None = None
-        for name in self._ranking(static_key, candidates, pod, demand):
-            if name not in changed and name not in cordoned and name not in excluded:
-                best = _rank(demand, pod, name, nodes[name])  # unchanged since ranked, so it still fits
+    def best_nodes(self, pod: Pod, *, exclude: Collection[str] = ()) -> Prediction | None:
+        """Every feasible node the packed scheduler may pick for the pod (the top score, tied), and the
+        one reported (the first name). None when no node fits."""
+        found = self._predict(demand_of(pod), pod, frozenset(exclude), ties=True)
+        return None if found is None else Prediction(chosen=found[0], tied=frozenset(found[1]))
+
+    def _predict(
+        self, demand: Demand, pod: Pod, excluded: frozenset[str], *, ties: bool
+    ) -> tuple[str, set[str]] | None:
+        """The reported node and, with `ties`, every node tied with it (else only it)."""
+        kind = static_key(pod, demand)
+        candidates = self._static_candidates(kind, pod, demand)
+        cordoned, changed, nodes = self._cordoned, self._changed, self._nodes
+        if pod.preferred_affinity:  # NodeAffinity is normalised over every feasible node
+            fit: dict[str, int] = {}
+            raw: dict[str, int] = {}
+            for name in candidates:
+                if name not in cordoned and name not in excluded and has_room(demand, nodes[name]):
+                    fit[name] = node_score(demand, nodes[name])
+                    raw[name] = preferred_affinity_score(pod, nodes[name].node)
+            tied = top_nodes(fit, raw)
+            return (min(tied), set(tied)) if tied else None
+        ranks = [
+            rank
+            for name in changed
+            if name in candidates and name not in cordoned and name not in excluded
+            if (rank := node_rank(demand, name, nodes[name])) is not None
+        ]
+        # Nodes unchanged since ranked still fit, with the score they were ranked with.
+        rest = (
+            rank
+            for rank in self._ranking(kind, candidates, pod, demand)
+            if rank[1] not in changed and rank[1] not in cordoned and rank[1] not in excluded
+        )
+        first = next(rest, None)
+        if first is not None:
+            ranks.append(first)
+        if not ranks:
+            return None
+        top, chosen = min(ranks)
+        if not ties:
+            return chosen, {chosen}
+        names = {name for score, name in ranks if score == top}
+        for score, name in rest:  # best first: the rest tied with the top come next
+            if score != top:
                 break
-        for name in changed:
-            if name in candidates and name not in cordoned and name not in excluded:
-                fresh = _rank(demand, pod, name, nodes[name])
-                if fresh is not None and (best is None or fresh < best):
-                    best = fresh
-        return None if best is None else best[2]
+            names.add(name)
+        return chosen, names
 
-    def _static_candidates(self, key: _StaticKey, pod: Pod, demand: _Demand) -> frozenset[str]:
+    def _static_candidates(self, key: StaticKey, pod: Pod, demand: Demand) -> frozenset[str]:
         """Nodes whose labels, taints and allocatable admit the pod, whatever is free (cached)."""
         candidates = self._built.static_candidates.get(key)
         if candidates is None:
             candidates = frozenset(
                 name
                 for name, state in self._built.nodes.items()
-                if _could_ever_hold(demand, state) and _static_misfit(pod, state.node) is None
+                if could_ever_hold(demand, state) and static_misfit(pod, state.node) is None
             )
             self._built.static_candidates[key] = candidates
         return candidates
 
     def _ranking(
-        self, static_key: _StaticKey, candidates: frozenset[str], pod: Pod, demand: _Demand
-    ) -> tuple[str, ...]:
-        """Every node the pod fits on as built, best first (cached per kind of pod)."""
-        key = (static_key, pod.preferred_affinity, demand)
+        self, kind: StaticKey, candidates: frozenset[str], pod: Pod, demand: Demand
+    ) -> tuple[Rank, ...]:
+        """The rank of every node the pod fits on as built, best first (cached per kind of pod)."""
+        key = (kind, demand)
         ranking = self._built.rankings.get(key)
         if ranking is None:
             nodes = self._built.nodes
-            ranks = [_rank(demand, pod, name, nodes[name]) for name in candidates]
-            ranking = tuple(rank[2] for rank in sorted(rank for rank in ranks if rank is not None))
+            ranks = [node_rank(demand, name, nodes[name]) for name in candidates]
+            ranking = tuple(sorted(rank for rank in ranks if rank is not None))
             self._built.rankings[key] = ranking
         return ranking
 
-    def _misfit(self, demand: _Demand, pod: Pod, name: str, state: _NodeState) -> str | None:
+    def _misfit(self, demand: Demand, pod: Pod, name: str, state: NodeState) -> str | None:
         """Why the pod cannot go on the node now, or None: cordon, then static rules, then capacity."""
         if name in self._cordoned:
             return "node is cordoned for draining"
-        return _static_misfit(pod, state.node) or _shortfall(demand, state)
+        return static_misfit(pod, state.node) or shortfall(demand, state)
 
     # ----------------------------------------------------------------------- changes
 
@@ -526,7 +348,7 @@ class ClusterState:
         Raises ValueError, changing nothing, when it does not fit.
         """
         previous = self._release(pod.key)
-        demand = _demand_of(pod)
+        demand = demand_of(pod)
         state = self._nodes.get(node)
         reason = f"node {node} not found" if state is None else self._misfit(demand, pod, node, state)
         if reason is not None:
@@ -552,22 +374,25 @@ class ClusterState:
         return targets
 
     def _place_group(self, pods: Iterable[Pod], excluded: frozenset[str]) -> dict[PodKey, str] | None:
-        demands = [(_demand_of(pod), pod) for pod in pods]
+        demands = [(demand_of(pod), pod) for pod in pods]
         if len({pod.key for _, pod in demands}) != len(demands):
             raise ValueError("place_all: a pod is listed more than once")
         for _, pod in demands:
             self._release(pod.key)
-        demands.sort(key=lambda item: (-item[0].gpu_total_milli, -item[0].cpu, item[1].key))
+        demands.sort(
+            key=lambda item: (-item[0].gpu_total_milli, -item[1].requests.get(CPU_RESOURCE, 0), item[1].key)
+        )
         targets: dict[PodKey, str] = {}
         for demand, pod in demands:
-            node = self._best_node(demand, pod, excluded)
-            if node is None:
+            found = self._predict(demand, pod, excluded, ties=False)
+            if found is None:
                 return None
+            node = found[0]
             self._reserve(pod.key, node, demand)
             targets[pod.key] = node
         return targets
 
-    def _reserve(self, key: PodKey, node: str, demand: _Demand) -> None:
+    def _reserve(self, key: PodKey, node: str, demand: Demand) -> None:
         """Account a pod that fits on the node, on its best-fit devices."""
         state = self._writable(node)
         devices: tuple[int, ...] = ()
@@ -576,13 +401,13 @@ class ClusterState:
             if chosen is None:  # the fit check has seen these devices: this is a bug, not a misfit
                 raise AssertionError(f"no devices on {node} for {key} after a successful fit")
             devices = chosen
-        self._take(key, node, _Holding(demand, devices))
+        self._take(key, node, Holding(demand, devices))
 
-    def _take(self, key: PodKey, node: str, holding: _Holding) -> None:
+    def _take(self, key: PodKey, node: str, holding: Holding) -> None:
         self._writable(node).take(key, holding)
         self._locate(key, node)
 
-    def _release(self, key: PodKey) -> tuple[str, _Holding] | None:
+    def _release(self, key: PodKey) -> tuple[str, Holding] | None:
         node = self.node_of(key)
         if node is None:
             return None

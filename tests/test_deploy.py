@@ -32,7 +32,7 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kubernetes_validate  # type: ignore[import-untyped]
 
-from rebalancer import placement
+from rebalancer import scoring
 from rebalancer.cli import main as rebalancer_main
 from rebalancer.policy import GpuSharingConfig, loads_policy
 from strategies.gpu_consolidation import GpuConsolidationArgs
@@ -486,31 +486,47 @@ def test_the_profile_name_is_what_consolidation_moves() -> None:
 def test_the_profile_packs_gpus_with_the_weights_of_the_placement_simulation() -> None:
     strategy = _fit_args()["scoringStrategy"]
     assert strategy["type"] == "MostAllocated"
-    weights = {r["name"]: r["weight"] for r in strategy["resources"]}
-    assert len(weights) == len(strategy["resources"]), "a resource is listed twice"
+    listed = [(r["name"], r["weight"]) for r in strategy["resources"]]
+    # Exactly the resources and weights the placement model scores (rebalancer.scoring).
+    assert listed == list(scoring.PROFILE_RESOURCES)
+    weights = dict(listed)
+    assert len(weights) == len(listed), "a resource is listed twice"
     assert all(1 <= w <= 100 for w in weights.values()), "the scheduler accepts weights 1-100"
-    assert weights["nvidia.com/gpu"] == placement.GPU_WEIGHT
-    assert weights["cpu"] == placement.CPU_WEIGHT
-    assert weights["memory"] == placement.MEMORY_WEIGHT
+    assert weights["nvidia.com/gpu"] == scoring.GPU_WEIGHT
+    assert weights["cpu"] == scoring.CPU_WEIGHT
+    assert weights["memory"] == scoring.MEMORY_WEIGHT
     assert weights["nvidia.com/gpu"] > max(weights["cpu"], weights["memory"])
     mig = {name: w for name, w in weights.items() if name.startswith("nvidia.com/mig-")}
     assert {"nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb", "nvidia.com/mig-7g.80gb"} <= set(mig)
-    assert set(mig.values()) == {placement.MIG_WEIGHT}
+    assert set(mig.values()) == {scoring.MIG_WEIGHT}
     for name in mig:
         assert re.fullmatch(r"nvidia\.com/mig-\dg\.\d+gb", name), name
     # GPU shares pack like the GPUs they are slices of (the policy's shared-GPU resources).
     for shared in GpuSharingConfig().resources:
-        assert weights[shared] == placement.GPU_WEIGHT
+        assert weights[shared] == scoring.GPU_WEIGHT
 
 
 def test_the_profile_does_not_fight_packing() -> None:
     (profile,) = scheduler_config()["profiles"]
     score = profile["plugins"]["score"]
-    assert {"name": "NodeResourcesBalancedAllocation"} in score["disabled"]
-    (fit,) = [p for p in score["enabled"] if p["name"] == "NodeResourcesFit"]
-    assert fit["weight"] > 2  # above every other default score plugin's weight
+    # Every default scorer off; only those the placement model computes, with its weights.
+    assert score["disabled"] == [{"name": "*"}]
+    assert score["enabled"] == [
+        {"name": "NodeResourcesFit", "weight": scoring.FIT_PLUGIN_WEIGHT},
+        {"name": "NodeAffinity", "weight": scoring.NODE_AFFINITY_PLUGIN_WEIGHT},
+    ]
+    assert set(profile["plugins"]) == {"score"}  # no other extension point is changed
     spread = next(c["args"] for c in profile["pluginConfig"] if c["name"] == "PodTopologySpread")
     assert spread == {"defaultingType": "List", "defaultConstraints": []}
+
+
+def test_the_scheduler_scores_every_feasible_node() -> None:
+    # Otherwise, above 100 nodes, only a rotating subset of the feasible nodes is scored and the
+    # fullest node (the one predicted) is often not among them.
+    config = scheduler_config()
+    assert config["percentageOfNodesToScore"] == 100
+    (profile,) = config["profiles"]
+    assert profile.get("percentageOfNodesToScore", 100) == 100  # a profile value would override it
 
 
 def test_the_scheduler_leads_on_its_own_lease() -> None:

@@ -23,7 +23,7 @@ from rebalancer.model import (
     Toleration,
 )
 from rebalancer.placement import ClusterState, FitResult, PodKey
-from rebalancer.selectors import preferred_affinity_score
+from rebalancer.scoring import Prediction
 from tests.builders import GIB, H100, L4, node, pod, snapshot
 
 GPU_MEMORY = "nvidia.com/gpu.memory"
@@ -366,25 +366,108 @@ def test_required_affinity_terms_are_ored() -> None:
 # --------------------------------------------------------------------------- scoring
 
 
-def test_score_is_weighted_most_allocated() -> None:
+MIB = 1024 * 1024
+
+
+def zone_term(zone: str) -> NodeSelectorTerm:
+    return NodeSelectorTerm(
+        match_expressions=(NodeSelectorRequirement("topology.kubernetes.io/zone", "In", (zone,)),)
+    )
+
+
+def test_score_is_kube_schedulers_integer_most_allocated() -> None:
     state = state_of(
         [node("a", gpus=8, cpu_milli=100_000, memory=100 * GIB)],
         [pod("p", "a", gpus=2, cpu_milli=10_000, memory=10 * GIB)],
     )
-    asking = pod("q", gpus=1, gpu_milli=500, cpu_milli=10_000, memory=20 * GIB)
-    gpu = (2000 + 500) / 8000
-    cpu = (10_000 + 10_000) / 100_000
-    memory = (10 + 20) / 100
-    assert state.score(asking, "a") == pytest.approx((10 * gpu + cpu + memory) / 12)
+    asking = pod("q", gpus=1, cpu_milli=10_000, memory=20 * GIB)
+    gpu = 3 * 100 // 8  # 37: nvidia.com/gpu, 2 held + 1 asked of 8
+    cpu = 20_000 * 100 // 100_000  # 20
+    memory = 30 * 100 // 100  # 30
+    assert state.score(asking, "a") == (10 * gpu + cpu + memory) // 12 == 35
 
 
-def test_score_counts_requested_mig_profiles_with_gpu_weight() -> None:
+def test_integer_arithmetic_picks_another_node_than_fractions_would() -> None:
+    # a: cpu 69.9 %, memory 50.9 %: 69 and 50, (69 + 50) // 2 = 59; b: 60 % and 60 %: 60. As fractions
+    # a would be the fuller (60.4 % against 60 %); kube-scheduler scores b higher and picks it.
+    nodes = [node(name, gpus=0, model=None, cpu_milli=1000, memory=1000 * MIB) for name in ("a", "b")]
+    state = state_of(
+        nodes,
+        [
+            pod("on-a", "a", gpus=0, cpu_milli=699, memory=509 * MIB),
+            pod("on-b", "b", gpus=0, cpu_milli=600, memory=600 * MIB),
+        ],
+    )
+    newcomer = pod("new", gpus=0, cpu_milli=0, memory=0)
+    assert (state.score(newcomer, "a"), state.score(newcomer, "b")) == (59, 60)
+    assert state.best_node(newcomer) == "b"
+
+
+def test_a_pod_without_cpu_or_memory_requests_is_scored_with_the_non_zero_defaults() -> None:
+    # Scoring counts 100m cpu and 200 MiB for a pod that requests none, on the node and for the pod.
+    # "crowded" runs ten such pods (1000m, 2000 MiB counted), "busy" one pod of 400m and 1 GiB; the
+    # newcomer asks for 100m and 128 MiB. Counting what the pods request, "busy" would be the fuller.
+    nodes = [node(name, gpus=0, model=None, cpu_milli=4000, memory=8 * GIB) for name in ("busy", "crowded")]
+    best_effort = [dataclasses.replace(pod(f"be-{i}", "crowded", gpus=0), requests={}) for i in range(10)]
+    state = state_of(nodes, [*best_effort, pod("sized", "busy", gpus=0, cpu_milli=400, memory=GIB)])
+    newcomer = pod("new", gpus=0, cpu_milli=100, memory=128 * MIB)
+    crowded = ((1000 + 100) * 100 // 4000 + (2000 + 128) * 100 // 8192) // 2  # 26
+    busy = (500 * 100 // 4000 + (1024 + 128) * 100 // 8192) // 2  # 13
+    assert (state.score(newcomer, "crowded"), state.score(newcomer, "busy")) == (crowded, busy) == (26, 13)
+    assert state.best_node(newcomer) == "crowded"
+    # The newcomer itself without requests counts as 100m and 200 MiB.
+    bare = dataclasses.replace(newcomer, requests={})
+    assert state.score(bare, "busy") == (500 * 100 // 4000 + (1024 + 200) * 100 // 8192) // 2
+    # An explicit 0 stays 0, as upstream counts it.
+    assert state.score(pod("zero", gpus=0, cpu_milli=0, memory=0), "busy") == (10 + 12) // 2
+
+
+def test_the_non_zero_defaults_are_for_scoring_only() -> None:
+    # Feasibility uses what pods really request: pods without requests fit a node of 150m, and the
+    # score counts their defaults, capped at the allocatable (100).
+    state = state_of([node("tiny", gpus=0, model=None, cpu_milli=150, memory=256 * MIB)])
+    for i in range(3):
+        bare = dataclasses.replace(pod(f"bare-{i}", gpus=0), requests={})
+        assert state.fits(bare, "tiny").ok
+        state.place(bare, "tiny")
+    assert state.free("tiny")["cpu"] == 150
+    assert state.score(dataclasses.replace(pod("more", gpus=0), requests={}), "tiny") == 100
+
+
+def test_extended_resources_the_pod_does_not_request_are_left_out() -> None:
+    # A cpu-only pod scores a GPU node on cpu and memory alone (its free GPUs do not count against it)
+    # and a pod with whole GPUs scores nvidia.com/gpu; a GPU share that requests no GPU resource is
+    # scored like the cpu-only pod.
+    gpu_node = node("gpu", gpus=8, cpu_milli=10_000, memory=10 * GIB)
+    cpu_node = node("cpu", gpus=0, model=None, cpu_milli=10_000, memory=10 * GIB)
+    state = state_of(
+        [gpu_node, cpu_node],
+        [
+            pod(name, where, gpus=0, cpu_milli=5000, memory=5 * GIB)
+            for name, where in (("x", "gpu"), ("y", "cpu"))
+        ],
+    )
+    cpu_pod = pod("cpu-only", gpus=0, cpu_milli=0, memory=0)
+    assert state.score(cpu_pod, "gpu") == state.score(cpu_pod, "cpu") == 50
+    prediction = state.best_nodes(cpu_pod)
+    assert prediction is not None and prediction.tied == {"cpu", "gpu"}
+    whole = pod("whole", gpus=2, cpu_milli=0, memory=0)
+    assert state.score(whole, "gpu") == (10 * 25 + 50 + 50) // 12
+    share = pod("share", gpus=1, gpu_milli=500, cpu_milli=0, memory=0)
+    assert state.score(share, "gpu") == 50
+
+
+def test_score_counts_requested_mig_profiles_and_gpu_shares_with_gpu_weight() -> None:
     mig_node = node("mig", gpus=0, cpu_milli=100_000, memory=100 * GIB, extra={MIG_1G: 4})
     state = state_of([mig_node], [pod("p", "mig", gpus=0, cpu_milli=0, memory=0, extra={MIG_1G: 1})])
     asking = pod("q", gpus=0, cpu_milli=10_000, memory=10 * GIB, extra={MIG_1G: 1})
-    assert state.score(asking, "mig") == pytest.approx((10 * 2 / 4 + 0.1 + 0.1) / 12)
+    assert state.score(asking, "mig") == (10 * 50 + 10 + 10) // 12
     # A pod that does not ask for the profile is scored on cpu and memory alone.
-    assert state.score(pod("cpu", gpus=0, cpu_milli=10_000, memory=10 * GIB), "mig") == pytest.approx(0.1)
+    assert state.score(pod("cpu", gpus=0, cpu_milli=10_000, memory=10 * GIB), "mig") == 10
+    shared_node = node("shared", gpus=0, cpu_milli=100_000, memory=100 * GIB, extra={SHARED: 8})
+    shares = state_of([shared_node], [pod("s", "shared", gpus=0, cpu_milli=0, memory=0, extra={SHARED: 3})])
+    asking_share = pod("t", gpus=0, cpu_milli=10_000, memory=10 * GIB, extra={SHARED: 1})
+    assert shares.score(asking_share, "shared") == (10 * 50 + 10 + 10) // 12
 
 
 def test_most_allocated_prefers_the_fuller_node() -> None:
@@ -403,26 +486,45 @@ def test_best_node_skips_infeasible_fuller_nodes() -> None:
     assert state.best_node(pod("pair", gpus=2)) == "emptier"
 
 
-def test_ties_go_to_preferred_affinity_then_to_the_first_name() -> None:
+def test_a_prediction_is_every_node_tied_for_the_top_score_reported_by_name() -> None:
+    state = state_of([node("n3"), node("n1"), node("n2"), node("fuller")], running("f", "fuller", 7))
+    prediction = state.best_nodes(pod("pair", gpus=2))  # "fuller" has one GPU left
+    assert prediction is not None
+    assert prediction.tied == {"n1", "n2", "n3"} and prediction.chosen == "n1"
+    assert state.best_node(pod("pair", gpus=2)) == "n1"
+    assert prediction.accepts("n3") and not prediction.accepts("fuller")
+    # Excluded, cordoned and changed nodes are judged as they are now.
+    state.cordon("n2")
+    state.place(pod("taker", gpus=1), "n3")  # n3 is now fuller than n1: it alone is the top
+    assert state.best_nodes(pod("pair", gpus=2)) == Prediction(chosen="n3", tied=frozenset({"n3"}))
+    after = state.best_nodes(pod("pair", gpus=2), exclude={"n3"})
+    assert after == Prediction(chosen="n1", tied=frozenset({"n1"}))
+    assert state.best_nodes(pod("huge", gpus=9)) is None
+
+
+def test_preferred_node_affinity_is_scored_as_node_affinity_normalised_and_weighted() -> None:
     nodes = [node("n1", zone="a"), node("n2", zone="b"), node("n3", zone="b")]
     state = state_of(nodes)
     assert state.best_node(pod("plain")) == "n1"
-    zone_b = NodeSelectorTerm(
-        match_expressions=(NodeSelectorRequirement("topology.kubernetes.io/zone", "In", ("b",)),)
+    prefers_b = dataclasses.replace(
+        pod("picky"), preferred_affinity=(PreferredTerm(weight=10, term=zone_term("b")),)
     )
-    prefers_b = dataclasses.replace(pod("picky"), preferred_affinity=(PreferredTerm(weight=10, term=zone_b),))
+    assert state.best_nodes(prefers_b) == Prediction(chosen="n2", tied=frozenset({"n2", "n3"}))
     assert state.best_node(prefers_b) == "n2"
 
 
-def test_preferred_affinity_does_not_beat_a_higher_score() -> None:
-    state = state_of([node("full", zone="a"), node("empty", zone="b")], running("p", "full", 4))
-    zone_b = NodeSelectorTerm(
-        match_expressions=(NodeSelectorRequirement("topology.kubernetes.io/zone", "In", ("b",)),)
-    )
+def test_preferred_affinity_weighs_a_fifth_of_most_allocated() -> None:
+    # 10 x MostAllocated + 2 x NodeAffinity (100 on the preferred nodes): a preference outweighs up to
+    # 20 points of MostAllocated, not more.
     prefers_b = dataclasses.replace(
-        pod("picky"), preferred_affinity=(PreferredTerm(weight=100, term=zone_b),)
+        pod("picky"), preferred_affinity=(PreferredTerm(weight=1, term=zone_term("b")),)
     )
-    assert state.best_node(prefers_b) == "full"
+    a_bit_fuller = state_of([node("full", zone="a"), node("empty", zone="b")], running("p", "full", 1))
+    assert a_bit_fuller.score(prefers_b, "full") - a_bit_fuller.score(prefers_b, "empty") < 20
+    assert a_bit_fuller.best_node(prefers_b) == "empty"
+    much_fuller = state_of([node("full", zone="a"), node("empty", zone="b")], running("p", "full", 4))
+    assert much_fuller.score(prefers_b, "full") - much_fuller.score(prefers_b, "empty") > 20
+    assert much_fuller.best_node(prefers_b) == "full"
 
 
 # --------------------------------------------------------------------------- reservations
@@ -625,14 +727,25 @@ def assert_nothing_negative(state: ClusterState) -> None:
         assert all(milli >= 0 for milli in state.gpu_free_milli(n.name)), state.gpu_free_milli(n.name)
 
 
-def reference_best_node(state: ClusterState, candidate: Pod, excluded: Sequence[str] = ()) -> str | None:
-    feasible = [n for n in POOL if n.name not in excluded and state.fits(candidate, n.name).ok]
-    if not feasible:
+def reference_prediction(
+    state: ClusterState, candidate: Pod, excluded: Sequence[str] = ()
+) -> Prediction | None:
+    """Every feasible node with the top score, from `fits` and `score` node by node."""
+    scores = {
+        n.name: state.score(candidate, n.name)
+        for n in POOL
+        if n.name not in excluded and state.fits(candidate, n.name).ok
+    }
+    if not scores:
         return None
-    return min(
-        feasible,
-        key=lambda n: (-state.score(candidate, n.name), -preferred_affinity_score(candidate, n), n.name),
-    ).name
+    top = max(scores.values())
+    tied = frozenset(name for name, score in scores.items() if score == top)
+    return Prediction(chosen=min(tied), tied=tied)
+
+
+def reference_best_node(state: ClusterState, candidate: Pod, excluded: Sequence[str] = ()) -> str | None:
+    prediction = reference_prediction(state, candidate, excluded)
+    return None if prediction is None else prediction.chosen
 
 
 @settings(max_examples=150, deadline=None)
@@ -668,6 +781,8 @@ def test_best_node_agrees_with_fits_and_score_on_every_node(steps: list[tuple[st
         first = group[0]
         assert state.best_node(first) == reference_best_node(state, first)
         assert state.best_node(first, exclude=[target]) == reference_best_node(state, first, [target])
+        assert state.best_nodes(first) == reference_prediction(state, first)
+        assert state.best_nodes(first, exclude=[target]) == reference_prediction(state, first, [target])
         if action == "place" and (best := state.best_node(first)) is not None:
             state.place(first, best)
         elif action == "remove":

@@ -8,8 +8,12 @@ strategies predict with `ClusterState` is what the replay does:
 - a job fits a node when the node's GPU model is allowed (the job's `gpu_spec`), cpu, memory and a pod
   slot are free, and `num_gpu` distinct devices each have `gpu_milli` free (shares packed per device);
   the job takes the best-fit devices (least free that still fit, lowest index on ties);
-- `packed` picks the feasible node with the highest MostAllocated score (`placement`'s weights: GPUs
-  dominate), `spread` the one with the lowest (LeastAllocated); ties go to the first name in sorted order;
+- `packed` picks the feasible node with the highest MostAllocated score, `spread` the one with the
+  highest LeastAllocated score, both kube-scheduler's integer arithmetic (`rebalancer.scoring`) over
+  what the job's pod requests (`simulate.rebalancers.build_pod`: cpu, memory, and `nvidia.com/gpu` for
+  whole GPUs; a GPU share requests no GPU resource, so only its cpu and memory are scored) against
+  what its node advertises (`SnapshotBuilder`: cpu, memory, `nvidia.com/gpu`). Ties (kube-scheduler
+  picks among them at random) go to the first name in sorted order, the node the prediction reports;
 - a node the rebalancer is draining carries its NoSchedule taint: the scheduler model skips it.
 
 The autoscaler's choice (`pool_for`) is the pool of an allowed model whose next node, empty, holds the
@@ -30,7 +34,7 @@ from typing import Literal
 
 from rebalancer.gpu_devices import best_fit_devices, has_devices
 from rebalancer.model import MILLI_PER_GPU
-from rebalancer.scoring import CPU_WEIGHT, GPU_WEIGHT, MEMORY_WEIGHT, most_allocated
+from rebalancer.scoring import CPU_WEIGHT, GPU_WEIGHT, MEMORY_WEIGHT, least_allocated, most_allocated
 from rebalancer.simulate.trace import Job, TraceNode
 
 SchedulerModel = Literal["packed", "spread"]
@@ -95,6 +99,7 @@ class SimNode:
         "template",
         "used_milli",
         "version",
+        "whole_gpus",
     )
 
     def __init__(self, template: TraceNode, pool: Pool, created: float) -> None:
@@ -110,6 +115,7 @@ class SimNode:
         self.free_slots = POD_SLOTS
         self.devices = [MILLI_PER_GPU] * template.gpus  # free milli-GPU per device
         self.used_milli = 0
+        self.whole_gpus = 0  # `nvidia.com/gpu` requested by the whole-GPU jobs here
         self.jobs: dict[int, tuple[int, ...]] = {}  # job index -> devices held
         self.created = created
         self.empty_since: float | None = created
@@ -122,21 +128,26 @@ class SimNode:
             return False
         return has_devices(self.devices, job.num_gpu, job.gpu_milli)
 
-    def score(self, job: Job) -> float:
-        """MostAllocated, as `rebalancer.placement` computes it (`rebalancer.scoring`, same order)."""
-        capacity = len(self.devices) * MILLI_PER_GPU
-        parts: list[tuple[int, float, float]] = []
-        if capacity:
-            parts.append((GPU_WEIGHT, self.used_milli + job.num_gpu * job.gpu_milli, capacity))
-        if self.cpu > 0:
-            parts.append((CPU_WEIGHT, self.cpu - self.free_cpu + job.cpu_milli, self.cpu))
-        if self.memory > 0:
-            parts.append((MEMORY_WEIGHT, self.memory - self.free_memory + job.memory_mib * MIB, self.memory))
-        return most_allocated(parts)
+    def score(self, job: Job, *, packed: bool = True) -> int:
+        """The score of the node for the job's pod (`rebalancer.scoring`, as `placement` computes it):
+        MostAllocated when `packed`, else LeastAllocated."""
+        parts = [
+            (CPU_WEIGHT, self.cpu - self.free_cpu + job.cpu_milli, self.cpu),
+            (MEMORY_WEIGHT, self.memory - self.free_memory + job.memory_mib * MIB, self.memory),
+        ]
+        whole = whole_gpus(job)
+        if whole:
+            parts.append((GPU_WEIGHT, self.whole_gpus + whole, self.gpus))
+        return most_allocated(parts) if packed else least_allocated(parts)
 
     def best_fit_devices(self, count: int, milli: int) -> tuple[int, ...] | None:
         """The `count` devices with the least free milli that still hold `milli` (lowest index on ties)."""
         return best_fit_devices(self.devices, count, milli)
+
+
+def whole_gpus(job: Job) -> int:
+    """The `nvidia.com/gpu` the job's pod requests: its GPUs when whole, 0 for a share."""
+    return job.num_gpu if job.gpu_milli >= MILLI_PER_GPU else 0
 
 
 def template_holds(template: TraceNode, job: Job) -> bool:
@@ -198,17 +209,13 @@ class SimCluster:
     def best_node(self, job: Job) -> SimNode | None:
         """The node the scheduler model picks for the job now, or None when no node fits."""
         best: SimNode | None = None
-        best_score = 0.0
+        best_score = 0
         packed = self.scheduler == "packed"
         for node in self.candidate_nodes(job):
             if node.draining or not node.fits(job):
                 continue
-            score = node.score(job)
-            if (
-                best is None
-                or (score > best_score if packed else score < best_score)
-                or (score == best_score and node.name < best.name)
-            ):
+            score = node.score(job, packed=packed)
+            if best is None or score > best_score or (score == best_score and node.name < best.name):
                 best, best_score = node, score
         return best
 
@@ -256,6 +263,7 @@ class SimCluster:
         for index in devices:
             node.devices[index] -= job.gpu_milli
         node.used_milli += job.num_gpu * job.gpu_milli
+        node.whole_gpus += whole_gpus(job)
         node.free_cpu -= job.cpu_milli
         node.free_memory -= job.memory_mib * MIB
         node.free_slots -= 1
@@ -274,6 +282,7 @@ class SimCluster:
         for index in devices:
             node.devices[index] += job.gpu_milli
         node.used_milli -= job.num_gpu * job.gpu_milli
+        node.whole_gpus -= whole_gpus(job)
         node.free_cpu += job.cpu_milli
         node.free_memory += job.memory_mib * MIB
         node.free_slots += 1
@@ -293,7 +302,7 @@ class SimCluster:
             if self._by_model[node.model].get(name) is not node:
                 raise InvariantViolation(f"node {name} missing from the model index")
             devices = [MILLI_PER_GPU] * node.gpus
-            cpu = memory = used = 0
+            cpu = memory = used = whole = 0
             for index, held in node.jobs.items():
                 job = jobs[index]
                 located += 1
@@ -310,7 +319,8 @@ class SimCluster:
                 cpu += job.cpu_milli
                 memory += job.memory_mib * MIB
                 used += job.num_gpu * job.gpu_milli
-            if devices != node.devices or used != node.used_milli:
+                whole += whole_gpus(job)
+            if devices != node.devices or used != node.used_milli or whole != node.whole_gpus:
                 raise InvariantViolation(f"node {name}: device accounting {node.devices} != {devices}")
             if min(devices, default=0) < 0:
                 raise InvariantViolation(f"node {name}: a GPU device is overcommitted: {devices}")

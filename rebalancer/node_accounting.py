@@ -1,0 +1,245 @@
+"""Per-node accounting for the scheduling simulation: what a pod asks for, what a node holds, and how one
+node judges and scores one pod.
+
+Owns `Demand` (a pod's requests, GPU devices and non-zero cpu / memory, computed once per pod),
+`Holding` (what a placed pod takes on its node), `NodeState` (a node's free capacity, devices and
+accounted pods, cloned copy-on-write by `placement.ClusterState`) and the per-node rules: static
+misfits (taints, cordons, selectors, required affinity), room, shortfall wording, and the score
+(`scoring`'s integer MostAllocated). It must not do I/O, read the clock, or know about more than one
+node at a time: choosing among nodes is `placement`'s.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from rebalancer.gpu_devices import has_devices
+from rebalancer.model import (
+    GPU_RESOURCE,
+    MILLI_PER_GPU,
+    Node,
+    NodeSelectorTerm,
+    Pod,
+    Taint,
+    Toleration,
+)
+from rebalancer.scoring import (
+    most_allocated,
+    nonzero_cpu_memory,
+    score_requests,
+)
+from rebalancer.selectors import (
+    format_taint,
+    node_selector_matches,
+    required_affinity_matches,
+    tolerates,
+    untolerated_taints,
+)
+
+PodKey = tuple[str, str]
+
+PODS_RESOURCE = "pods"
+CPU_RESOURCE = "cpu"
+MEMORY_RESOURCE = "memory"
+# The taint a cordoned (spec.unschedulable) node carries; tolerating it lets a pod on such a node.
+UNSCHEDULABLE_TAINT = Taint(key="node.kubernetes.io/unschedulable", effect="NoSchedule")
+
+
+class Demand(NamedTuple):
+    """What one pod takes from a node, resolved once from the pod."""
+
+    # Positive scalar requests, `nvidia.com/gpu` first (the likeliest to fail), without `pods`.
+    requests: tuple[tuple[str, int], ...]
+    gpu_count: int
+    gpu_milli: int  # per device
+    # cpu and memory as the score counts them on the node (the non-zero defaults), and what it scores
+    # for this pod: (resource, weight, amount), see `scoring.score_requests`.
+    score_cpu: int
+    score_memory: int
+    scored: tuple[tuple[str, int, int], ...]
+
+    @property
+    def gpu_total_milli(self) -> int:
+        return self.gpu_count * self.gpu_milli
+
+
+# Requests `Demand.requests` does not list among the rest: the GPU goes first, the pod slot is implied.
+COUNTED_APART = frozenset({GPU_RESOURCE, PODS_RESOURCE})
+
+
+def demand_of(pod: Pod) -> Demand:
+    requests = pod.requests
+    whole = requests.get(GPU_RESOURCE, 0)
+    if pod.gpu.count > 0:
+        gpu_count, gpu_milli = pod.gpu.count, pod.gpu.milli_per_device
+    elif whole > 0:
+        gpu_count, gpu_milli = whole, MILLI_PER_GPU
+    else:
+        gpu_count, gpu_milli = 0, 0
+    scalar = [(GPU_RESOURCE, whole)] if whole > 0 else []
+    for name, amount in requests.items():
+        if amount > 0 and name not in COUNTED_APART:
+            scalar.append((name, amount))
+    score_cpu, score_memory = nonzero_cpu_memory(requests)
+    return Demand(tuple(scalar), gpu_count, gpu_milli, score_cpu, score_memory, score_requests(requests))
+
+
+class Holding(NamedTuple):
+    """What one accounted pod holds on its node: its demand and the GPU devices it was given."""
+
+    demand: Demand
+    devices: tuple[int, ...]
+
+
+# The pod fields the static rules (unschedulable, taints, node selector, affinity) read, plus the
+# resources it needs at all: pods with equal keys have the same statically feasible nodes.
+StaticKey = tuple[
+    tuple[Toleration, ...],
+    tuple[tuple[str, str], ...],
+    tuple[NodeSelectorTerm, ...],
+    tuple[str, ...],
+    int,
+]
+
+
+def static_key(pod: Pod, demand: Demand) -> StaticKey:
+    selector = tuple(sorted(pod.node_selector.items())) if pod.node_selector else ()
+    resources = tuple(name for name, _ in demand.requests)
+    return (pod.tolerations, selector, pod.required_affinity, resources, demand.gpu_count)
+
+
+def static_misfit(pod: Pod, node: Node) -> str | None:
+    """Why the pod may never go on the node whatever is free (unschedulable, taints, labels), or None."""
+    if node.unschedulable and not tolerates(pod.tolerations, UNSCHEDULABLE_TAINT):
+        return "node is unschedulable"
+    if node.taints:
+        untolerated = untolerated_taints(pod, node)
+        if untolerated:
+            return f"untolerated taint {format_taint(untolerated[0])}"
+    if pod.node_selector and not node_selector_matches(pod, node):
+        return "node(s) didn't match node selector"
+    if pod.required_affinity and not required_affinity_matches(pod, node):
+        return "node(s) didn't match node affinity"
+    return None
+
+
+class NodeState:
+    """Free capacity of one node. Shared between ClusterState copies until one of them writes."""
+
+    __slots__ = ("devices", "free", "holdings", "node", "score_cpu", "score_memory")
+
+    def __init__(
+        self, node: Node, free: dict[str, int], devices: list[int], holdings: dict[PodKey, Holding]
+    ) -> None:
+        self.node = node
+        self.free = free  # allocatable minus accounted, per resource
+        self.devices = devices  # free milli-GPU per device
+        self.holdings = holdings
+        # cpu and memory of the accounted pods as the score counts them (non-zero defaults included).
+        self.score_cpu = 0
+        self.score_memory = 0
+
+    def clone(self) -> NodeState:
+        twin = NodeState(self.node, dict(self.free), list(self.devices), dict(self.holdings))
+        twin.score_cpu, twin.score_memory = self.score_cpu, self.score_memory
+        return twin
+
+    def take(self, key: PodKey, holding: Holding) -> None:
+        self._count(holding.demand, holding.devices, -1)
+        self.holdings[key] = holding
+
+    def give_back(self, key: PodKey) -> Holding:
+        holding = self.holdings.pop(key)
+        self._count(holding.demand, holding.devices, 1)
+        return holding
+
+    def _count(self, demand: Demand, devices: tuple[int, ...], sign: int) -> None:
+        """Give back (sign 1) or take (sign -1) what a pod holds."""
+        free = self.free
+        for name, amount in demand.requests:
+            free[name] = free.get(name, 0) + sign * amount
+        if PODS_RESOURCE in free:
+            free[PODS_RESOURCE] += sign
+        milli = sign * demand.gpu_milli
+        for index in devices:
+            self.devices[index] += milli
+        self.score_cpu -= sign * demand.score_cpu
+        self.score_memory -= sign * demand.score_memory
+
+
+def existing_order(item: tuple[Demand, Pod]) -> tuple[bool, int, int, str, str]:
+    """Whole-GPU pods first, then shares from the largest down (best fit decreasing), then by name."""
+    demand, pod = item
+    return (demand.gpu_milli < MILLI_PER_GPU, -demand.gpu_milli, -demand.gpu_count, pod.namespace, pod.name)
+
+
+def has_room(demand: Demand, state: NodeState) -> bool:
+    """Whether what is free on the node now covers the pod: GPU devices (the likeliest to be short, and
+    one C-level count for whole GPUs), scalar resources and a pod slot.
+    """
+    if demand.gpu_count and not has_devices(state.devices, demand.gpu_count, demand.gpu_milli):
+        return False
+    free = state.free
+    for resource, amount in demand.requests:
+        if free.get(resource, 0) < amount:
+            return False
+    return free.get(PODS_RESOURCE, 1) >= 1
+
+
+def shortfall(demand: Demand, state: NodeState) -> str | None:
+    """Why what is free on the node now does not cover the pod (the first missing thing), or None."""
+    free = state.free
+    for resource, amount in demand.requests:
+        if free.get(resource, 0) < amount:
+            return f"Insufficient {resource}"
+    if free.get(PODS_RESOURCE, 1) < 1:
+        return "Too many pods"
+    count, milli = demand.gpu_count, demand.gpu_milli
+    if not count or has_devices(state.devices, count, milli):
+        return None
+    if milli == MILLI_PER_GPU:
+        return (
+            "no entirely free GPU device" if count == 1 else f"fewer than {count} entirely free GPU devices"
+        )
+    if count == 1:
+        return f"no GPU device with {milli} free milli-GPU"
+    return f"fewer than {count} GPU devices with {milli} free milli-GPU"
+
+
+def could_ever_hold(demand: Demand, state: NodeState) -> bool:
+    """Whether the node, even empty, has every resource the pod needs and enough GPU devices."""
+    allocatable = state.node.allocatable
+    return len(state.devices) >= demand.gpu_count and all(
+        allocatable.get(resource, 0) > 0 for resource, _ in demand.requests
+    )
+
+
+def node_score(demand: Demand, state: NodeState) -> int:
+    """NodeResourcesFit's MostAllocated score (`scoring`) of the node once the pod is added: cpu and
+    memory as the score counts them on the node, other resources as accounted."""
+    allocatable = state.node.allocatable
+    free = state.free
+    parts: list[tuple[int, int, int]] = []
+    for name, weight, amount in demand.scored:
+        total = allocatable.get(name, 0)
+        if name == CPU_RESOURCE:
+            used = state.score_cpu
+        elif name == MEMORY_RESOURCE:
+            used = state.score_memory
+        else:
+            used = total - free.get(name, 0)
+        parts.append((weight, used + amount, total))
+    return most_allocated(parts)
+
+
+# How good a feasible node is for a pod without preferred node affinity, as a sort key: smaller is
+# better (higher score, then the first name). Equal first items are tied.
+Rank = tuple[int, str]
+RankingKey = tuple[StaticKey, Demand]
+
+
+def node_rank(demand: Demand, name: str, state: NodeState) -> Rank | None:
+    """The node's rank for a pod that its static rules admit, or None when what is free is too little."""
+    if not has_room(demand, state):
+        return None
+    return (-node_score(demand, state), name)

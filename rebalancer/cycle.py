@@ -188,9 +188,10 @@ def _rows(decisions: Iterable[Decision], outcomes: dict[tuple[str, str], Outcome
         proposal = decision.proposal
         for pod in proposal.pods:
             outcome = outcomes.get(pod.key) if decision.approved else None
-            reason = (
-                proposal.reason if decision.approved else f"{decision.reason} (wanted: {proposal.reason})"
-            )
+            if not decision.approved:
+                reason = f"{decision.reason} (wanted: {proposal.reason})"
+            else:  # an approved decision's own reason says where the planner re-placed pods
+                reason = f"{proposal.reason}; {decision.reason}" if decision.reason else proposal.reason
             if outcome is not None and outcome.detail and outcome.result not in _DONE:
                 reason = f"{reason}; {outcome.result}: {outcome.detail}"
             rows.append(

@@ -390,11 +390,26 @@ class Snapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class DestinationRule:
+    """One condition a strategy assumed of the node a pod lands on: the node is one of `nodes`, or, with
+    `outside`, none of them. `text` completes "no node ... can take it" for operators ("in zone b",
+    "with at least 8 GPUs (no smaller nodes)", "other than node gpu-a-1, which it leaves")."""
+
+    text: str
+    nodes: frozenset[str]
+    outside: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Proposal:
     """A strategy's wish: move these pods (one pod, a whole gang, or a whole node's pods), all or none.
 
     `targets` maps each pod key to the node a packed scheduler is predicted to place it on, when the
     strategy simulated it. `node` is the node being drained for a whole-node proposal.
+    `destinations` carries, per pod, the rules its strategy assumed of any destination: when the
+    predicted target can no longer take the pod (an earlier proposal of the cycle used the room), the
+    planner may re-place it on a node meeting every one of them. A pod without an entry goes to its
+    predicted target or nowhere.
     """
 
     strategy: str
@@ -406,6 +421,7 @@ class Proposal:
     group: str | None = None
     targets: Mapping[tuple[str, str], str] = field(default_factory=dict)
     nodes_freed: tuple[str, ...] = ()
+    destinations: Mapping[tuple[str, str], tuple[DestinationRule, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,11 @@ left refuses), `circuit-open` (pods evicted earlier are still unscheduled `resch
 nothing is evicted), the static per-pod guards of `rebalancer.guards`, the node opt-out for node
 proposals, `gang`, `cooldown`, `drain-backoff` (a node whose drain failed waits 1, 2, 4... intervals
 before the next try), `disruption-budget`, `limit-cycle`, `limit-namespace`, `limit-node`,
-`pdb`, `no-fit` (simulated on a copy of the ledger's cluster: the proposal's pods removed, a drained
-node cordoned, each pod placed on its predicted target or else on the packed scheduler's best node; a
-node already chosen as a destination this cycle cannot be drained), and last `checkpoint-pending` (a
+`pdb`, `no-fit` (simulated by `rebalancer.destinations` on a copy of the ledger's cluster: the
+proposal's pods removed, a drained node cordoned, each pod placed on its predicted target, or, when an
+earlier approval used that room or it has none, on the packed scheduler's best node among those its
+strategy's destination rules allow, refused only when none remains, naming the rule that left none;
+a node already chosen as a destination this cycle cannot be drained), and last `checkpoint-pending` (a
 pod that asked to checkpoint first has not answered yet; the live evictor asks it, and the history says
 in which namespaces it could not: those pods are held, never evicted unasked). `plan()` judges a
 whole cycle; `decide()` one proposal against a caller's `Ledger`.
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from rebalancer import guards, rfc3339
+from rebalancer.destinations import Landed, Misfit, land
 from rebalancer.history import (
     NO_HISTORY,
     DisruptionHistory,
@@ -40,7 +43,7 @@ from rebalancer.history import (
     open_circuits,
     workload_key,
 )
-from rebalancer.model import GPU_RESOURCE, MILLI_PER_GPU, Decision, Pdb, Pod, Proposal, Snapshot
+from rebalancer.model import Decision, Pdb, Pod, Proposal, Snapshot
 from rebalancer.placement import ClusterState
 from rebalancer.policy import Policy, format_duration
 from rebalancer.selectors import label_selector_matches
@@ -361,17 +364,8 @@ def _pdb(ctx: _Context) -> _Block | None:
     return None
 
 
-def _placement_order(pod: Pod) -> tuple[int, int, str, str]:
-    """Largest GPU request first, then larger cpu, then by key: the order of `ClusterState.place_all`."""
-    if pod.gpu.count > 0:
-        gpu_milli = pod.gpu.count * pod.gpu.milli_per_device
-    else:
-        gpu_milli = pod.requests.get(GPU_RESOURCE, 0) * MILLI_PER_GPU
-    return (-gpu_milli, -pod.requests.get("cpu", 0), pod.namespace, pod.name)
-
-
-def _place(ctx: _Context) -> tuple[ClusterState, dict[PodKey, str]] | _Block:
-    """Simulate the proposal on a copy of the ledger's cluster: the copy and targets, or the refusal."""
+def _place(ctx: _Context) -> Landed | _Block:
+    """Simulate the proposal on a copy of the ledger's cluster (`destinations.land`), or the refusal."""
     drained = ctx.drained
     if drained is not None and ctx.ledger.landing[drained]:
         landing = ctx.ledger.landing[drained]
@@ -380,38 +374,10 @@ def _place(ctx: _Context) -> tuple[ClusterState, dict[PodKey, str]] | _Block:
             f"node {drained} is the predicted destination of {plural(landing, 'pod')} moved earlier "
             "this cycle, so it cannot be drained",
         )
-    sim = ctx.ledger.state.copy()
-    for pod in ctx.pods:
-        sim.remove(pod)
-    if drained is not None and drained in ctx.snapshot.nodes:
-        sim.cordon(drained)
-    wanted = ctx.proposal.targets
-    placed: dict[PodKey, str] = {}
-    for pod in ctx.pods:
-        target = wanted.get(pod.key)
-        if target is None:
-            continue
-        if target not in ctx.snapshot.nodes:
-            return _Block(guards.NO_FIT, f"its predicted target node {target} is not in the snapshot", pod)
-        if target == drained:
-            return _Block(guards.NO_FIT, f"its predicted target node {target} is the node being drained", pod)
-        fit = sim.fits(pod, target)
-        if not fit.ok:
-            return _Block(
-                guards.NO_FIT, f"its predicted target node {target} cannot take it: {fit.reason}", pod
-            )
-        sim.place(pod, target)
-        placed[pod.key] = target
-    exclude = (drained,) if drained is not None else ()
-    rest = sorted((pod for pod in ctx.pods if pod.key not in placed), key=_placement_order)
-    for pod in rest:
-        best = sim.best_node(pod, exclude=exclude)
-        if best is None:
-            where = f"other than the drained node {drained}" if drained is not None else "in the cluster"
-            return _Block(guards.NO_FIT, f"no node {where} can take it", pod)
-        sim.place(pod, best)
-        placed[pod.key] = best
-    return sim, {pod.key: placed[pod.key] for pod in ctx.pods}
+    landed = land(ctx.proposal, ctx.pods, ctx.snapshot, ctx.ledger.state, drained)
+    if isinstance(landed, Misfit):
+        return _Block(guards.NO_FIT, landed.reason, landed.pod)
+    return landed
 
 
 _CHECKS = (
@@ -518,15 +484,15 @@ def decide(
         block = check(ctx)
         if block is not None:
             return _refused(proposal, block)
-    simulated = _place(ctx)
-    if isinstance(simulated, _Block):
-        return _refused(proposal, simulated)
+    landed = _place(ctx)
+    if isinstance(landed, _Block):
+        return _refused(proposal, landed)
     waiting = _checkpoint(ctx)
     if waiting is not None:
         return _refused(proposal, waiting)
-    state, targets = simulated
-    ledger.commit(pods, targets, state)
-    return Decision(proposal=proposal, approved=True, targets=targets)
+    ledger.commit(pods, landed.targets, landed.state)
+    reason = "; ".join(landed.replaced)
+    return Decision(proposal=proposal, approved=True, targets=landed.targets, reason=reason)
 
 
 def plan(

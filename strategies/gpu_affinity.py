@@ -4,14 +4,17 @@ Owns the judgement "this pod sits on a node its required node affinity or nodeSe
 (a relabelled GPU model, a changed pool label), and an allowed node can take it". Each candidate is
 re-placed in a placement simulation (`rebalancer.placement.ClusterState`) shared by the whole run, so
 reservations carry across this strategy's own proposals and two pods are never both sent to the same
-last free GPU. A gang moves whole, only when every member can be placed together. A violating pod no
-allowed node can take yields an `affinity-violation` finding instead of a proposal. With
+last free GPU. Each proposal carries what its destination must be, should an earlier proposal of the
+cycle fill the predicted one: not a node the pod leaves, and for a preferred move a node matching a
+preferred term (the pod's required affinity the placement enforces anyway). A gang moves whole,
+only when every member can be placed together. A violating pod no allowed node can take yields an
+`affinity-violation` finding instead of a proposal. With
 `preferred: true` it also moves pods whose node matches none of their preferred node affinity terms
 to a preferred node with room now; required violations always rank (and reserve) first.
 
 This module must stay pure: no I/O, no clock (it reads `snapshot.now`), no cluster clients. It must
 not apply safety guards (PDBs, opt-out annotations, limits): the planner does, and re-checks the
-predicted targets against its own ledger.
+predicted targets against its own ledger (re-placing a pod under those rules when its target is full).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from rebalancer.model import (
+    DestinationRule,
     Finding,
     Node,
     NodeSelectorRequirement,
@@ -130,6 +134,12 @@ def _no_room_text(pod: Pod, snapshot: Snapshot) -> str:
 # --------------------------------------------------------------------------- helpers
 
 
+def _leaving(nodes: Sequence[str], why: str) -> DestinationRule:
+    """The rule that a pod does not go back to a node it leaves (`why`: what makes it leave)."""
+    names = f"{'node' if len(nodes) == 1 else 'nodes'} {', '.join(nodes)}"
+    return DestinationRule(f"other than {names}, which {why}", frozenset(nodes), outside=True)
+
+
 def _old_enough(pod: Pod, snapshot: Snapshot, args: GpuAffinityArgs) -> bool:
     start = pod.started or pod.created
     return start is not None and snapshot.now - start >= timedelta(seconds=args.min_pod_age)
@@ -175,6 +185,7 @@ def _single(
         priority=REQUIRED_PRIORITY + pod.gpu.gpus,
         node=violation.node.name,
         targets={pod.key: target},
+        destinations={pod.key: (_leaving((violation.node.name,), "its affinity no longer allows"),)},
     )
     return proposal, None
 
@@ -200,6 +211,9 @@ def _gang(
         priority=REQUIRED_PRIORITY + sum(pod.gpu.gpus for pod in members),
         group=gang,
         targets=targets,
+        destinations=dict.fromkeys(
+            targets, (_leaving(sorted(exclude), f"gang {gang}'s affinity no longer allows"),)
+        ),
     )
     return proposal, []
 
@@ -291,9 +305,18 @@ def _preferred(
                 priority=min(float(weight), PREFERRED_PRIORITY_CAP),
                 node=node.name,
                 targets={pod.key: target},
+                destinations={pod.key: (_preferred_rule(pod, snapshot),)},
             )
         )
     return proposals
+
+
+def _preferred_rule(pod: Pod, snapshot: Snapshot) -> DestinationRule:
+    """A preferred move lands on a node matching one of the pod's preferred terms, or is pointless."""
+    nodes = frozenset(
+        name for name, node in snapshot.nodes.items() if preferred_affinity_score(pod, node) > 0
+    )
+    return DestinationRule("matching one of its preferred node affinity terms", nodes)
 
 
 # --------------------------------------------------------------------------- strategy

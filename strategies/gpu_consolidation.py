@@ -8,7 +8,9 @@ the most expensive node), and a simulation, with `rebalancer.placement`, showing
 the node (plus every member of a gang it touches, wherever that member runs) can be re-placed at once
 by a packed (MostAllocated) scheduler, with reservations carried across pods and across every node
 drained in the same run, and never onto a node being drained. A node is proposed whole or not at
-all; the proposal names each pod's predicted destination.
+all; the proposal names each pod's predicted destination and the rules any other destination must
+meet should an earlier proposal of the cycle fill that one (`_destinations`: the size rules below, and
+no node the drain frees).
 
 Node sizes (GPUs per node) matter where GPU models are mixed: pods that may run on any model fill the
 small nodes of a scarce model first (MostAllocated prefers the node that is fullest after placement),
@@ -52,6 +54,7 @@ from rebalancer.guards import node_refusal
 from rebalancer.model import (
     MIG_RESOURCE_PREFIX,
     MILLI_PER_GPU,
+    DestinationRule,
     Finding,
     GpuTelemetry,
     Node,
@@ -332,6 +335,7 @@ class _Sizes:
         self._snapshot = snapshot
         self._of: dict[str, float] = {}
         self._larger: dict[tuple[object, ...], bool] = {}
+        self._by_size: dict[tuple[float, bool], frozenset[str]] = {}
 
     def of(self, node: str) -> float:
         size = self._of.get(node)
@@ -339,6 +343,23 @@ class _Sizes:
             size = _node_capacity_gpus(self._snapshot.nodes[node])
             self._of[node] = size
         return size
+
+    def at_least(self, size: float) -> frozenset[str]:
+        """The nodes with at least `size` GPUs (cached)."""
+        return self._nodes_by_size(size, larger_only=False)
+
+    def more_than(self, size: float) -> frozenset[str]:
+        """The nodes with more than `size` GPUs (cached)."""
+        return self._nodes_by_size(size, larger_only=True)
+
+    def _nodes_by_size(self, size: float, *, larger_only: bool) -> frozenset[str]:
+        key = (size, larger_only)
+        nodes = self._by_size.get(key)
+        if nodes is None:
+            low = size + _EPSILON if larger_only else size - _EPSILON
+            nodes = frozenset(name for name in self._snapshot.nodes if self.of(name) > low)
+            self._by_size[key] = nodes
+        return nodes
 
     def could_go_larger(self, pod: Pod, size: float) -> bool:
         """Whether a schedulable node with more GPUs than `size` admits the pod by its labels, affinity
@@ -415,6 +436,44 @@ def _size_rules_allow(
         return True
     free = candidate.capacity - candidate.allocated + room_made
     return landing.lifts and landing.same <= free + _EPSILON
+
+
+def _destinations(
+    candidate: _Candidate,
+    targets: Mapping[PodKey, str],
+    makers: Sequence[Pod],
+    freed: Sequence[str],
+    run: _Run,
+) -> dict[PodKey, tuple[DestinationRule, ...]]:
+    """What this drain assumed of each pod's destination, should its predicted target fill up first:
+    not another node it frees, and the size rules (`_size_rules_allow`) pod by pod: a pod lifted onto
+    a larger node (a room maker, or a pod of a node at or above the threshold) stays on a larger node,
+    and no pod goes to a smaller node where smaller nodes are ruled out."""
+    common: list[DestinationRule] = []
+    if len(freed) > 1:
+        others = f"{'node' if len(freed) == 2 else 'nodes'} {', '.join(freed[1:])}"
+        common.append(
+            DestinationRule(f"other than {others}, freed with it", frozenset(freed[1:]), outside=True)
+        )
+    size, sizes = candidate.capacity, run.sizes
+
+    def larger() -> DestinationRule:
+        return DestinationRule(f"with more than {_num(size)} GPUs (moved up a size)", sizes.more_than(size))
+
+    def no_smaller() -> DestinationRule:
+        return DestinationRule(f"with at least {_num(size)} GPUs (no smaller nodes)", sizes.at_least(size))
+
+    rules: dict[PodKey, tuple[DestinationRule, ...]] = {}
+    for pod in makers:
+        rules[pod.key] = (*common, larger())
+    for pod in candidate.pods:
+        if candidate.needs_larger and sizes.of(targets[pod.key]) > size + _EPSILON:
+            rules[pod.key] = (*common, larger())
+        elif candidate.needs_larger or not run.args.move_to_smaller_nodes:
+            rules[pod.key] = (*common, no_smaller())
+        else:
+            rules[pod.key] = tuple(common)
+    return rules
 
 
 def _room_makers(candidate: _Candidate, run: _Run) -> list[Pod]:
@@ -701,6 +760,7 @@ def _simulate(
                 group=next(iter(gangs)) if len(gangs) == 1 else None,
                 targets=dict(targets),
                 nodes_freed=tuple(freed),
+                destinations=_destinations(candidate, targets, makers, freed, run),
             )
         )
     return proposals

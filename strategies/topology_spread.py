@@ -27,7 +27,11 @@ preferring the nodes that already host most members. Evicting only the straggler
 job anyway, and the planner's `gang` guard refuses a proposal that lacks an active member.
 
 One `ClusterState` serves the whole run, so every proposal's reservations are seen by the next, and
-moves planned for one constraint are seen by the next constraint's counts. The strategy is pure: no
+moves planned for one constraint are seen by the next constraint's counts. Should an earlier proposal
+of the cycle (another strategy's) fill a predicted target, each proposal says where else its pods may
+go: a repaired pod only into the domain the repair chose, on a node its other DoNotSchedule
+constraints allowed; the rest of its gang anywhere; a compacted gang only onto the nodes it is packed
+onto. The strategy is pure: no
 I/O and no clock (`snapshot.now` is the time).
 """
 
@@ -35,12 +39,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from pydantic import Field
 
 from rebalancer.model import (
+    DestinationRule,
     LabelSelector,
     Node,
     NodeSelectorTerm,
@@ -375,10 +380,11 @@ def _place_into(
     pod: Pod,
     own: TopologySpreadConstraint | None,
     domain_nodes: Sequence[str],
-) -> tuple[ClusterState, dict[PodKey, str]] | None:
-    """Place the pod inside one domain (and the rest of its gang anywhere): the new state and targets."""
+) -> tuple[ClusterState, dict[PodKey, str], frozenset[str]] | None:
+    """Place the pod inside one domain (and the rest of its gang anywhere): the new state, the targets
+    and the domain's nodes the pod's other DoNotSchedule constraints allow."""
     allows = run.hard_filter(pod, skip=own)
-    allowed = {name for name in domain_nodes if allows(name)}
+    allowed = frozenset(name for name in domain_nodes if allows(name))
     if not allowed:
         return None
     exclude = [name for name in run.snapshot.nodes if name not in allowed]
@@ -403,7 +409,7 @@ def _place_into(
             where = elsewhere
         sim.place(member, where)
         placed[member.key] = where
-    return sim, placed
+    return sim, placed, allowed
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,6 +419,8 @@ class _Step:
     target: str
     state: ClusterState
     placed: dict[PodKey, str]
+    allowed: frozenset[str]  # the target domain's nodes the pod's other hard constraints admit
+    domain_nodes: int  # how many nodes the target domain has
 
 
 def _next_step(
@@ -442,7 +450,8 @@ def _next_step(
             for pod in candidates:
                 placed = _place_into(run, state, pod, _own_constraint(pod, key), domain_nodes[target])
                 if placed is not None:
-                    return _Step(pod, source, target, placed[0], placed[1])
+                    sim, where, allowed = placed
+                    return _Step(pod, source, target, sim, where, allowed, len(domain_nodes[target]))
     return None
 
 
@@ -508,14 +517,34 @@ def _skew_proposal(run: _Run, group: _Group, step: _Step, counts: Mapping[str, i
         f"({why}); moving to {node}{where}"
     )
     moving = run.gang_of(step.pod)
-    if len(moving) == 1:
-        return Proposal(strategy=NAME, kind="pod", pods=moving, reason=reason, targets=dict(step.placed))
-    reason += (
-        f"; {step.pod.ref} belongs to gang {step.pod.gang}, whose {plural(len(moving), 'pod')} move whole"
-    )
+    # The moved pod must land in the chosen domain; the rest of a gang was predicted anywhere.
+    destinations: dict[PodKey, tuple[DestinationRule, ...]] = {pod.key: () for pod in moving}
+    destinations[step.pod.key] = (_domain_rule(key.topology_key, step),)
+    gang = len(moving) > 1
+    if gang:
+        reason += (
+            f"; {step.pod.ref} belongs to gang {step.pod.gang}, whose {plural(len(moving), 'pod')} move whole"
+        )
     return Proposal(
-        strategy=NAME, kind="gang", pods=moving, reason=reason, group=step.pod.gang, targets=dict(step.placed)
+        strategy=NAME,
+        kind="gang" if gang else "pod",
+        pods=moving,
+        reason=reason,
+        group=step.pod.gang if gang else None,
+        targets=dict(step.placed),
+        destinations=destinations,
     )
+
+
+def _domain_rule(topology_key: str, step: _Step) -> DestinationRule:
+    """The moved pod lands in the domain the repair chose, on a node its other hard constraints allow."""
+    if topology_key == HOSTNAME_KEY:
+        where = f"in domain {HOSTNAME_KEY}={step.target}"
+    else:
+        where = f"in {_domain_label(topology_key, step.target, with_word=True)}"
+    if len(step.allowed) < step.domain_nodes:
+        where += " that its other DoNotSchedule spread constraints allow"
+    return DestinationRule(where, step.allowed)
 
 
 def _repair(run: _Run, group: _Group) -> str | None:
@@ -623,8 +652,19 @@ def _compact(run: _Run, gang: str, members: tuple[Pod, ...]) -> None:
         f"{plural(len(current), 'node')} ({', '.join(sorted(current))}) but fits on "
         f"{plural(len(used), 'node')} of {model} ({', '.join(used)}); moving the whole gang"
     )
+    packed_onto = DestinationRule(
+        f"among the nodes gang {gang} is packed onto ({', '.join(used)})", frozenset(used)
+    )
     run.proposals.append(
-        Proposal(strategy=NAME, kind="gang", pods=members, reason=reason, group=gang, targets=placed)
+        Proposal(
+            strategy=NAME,
+            kind="gang",
+            pods=members,
+            reason=reason,
+            group=gang,
+            targets=placed,
+            destinations=dict.fromkeys(placed, (packed_onto,)),
+        )
     )
     run.state = sim
     for moved_key, name in placed.items():
@@ -649,16 +689,5 @@ def topology_spread(snapshot: Snapshot, args: TopologySpreadArgs, ctx: StrategyC
             _compact(run, gang, members)
     # Later moves were planned on top of earlier ones: priorities keep that order in the planner.
     total = len(run.proposals)
-    proposals = tuple(
-        Proposal(
-            strategy=p.strategy,
-            kind=p.kind,
-            pods=p.pods,
-            reason=p.reason,
-            priority=float(total - index),
-            group=p.group,
-            targets=p.targets,
-        )
-        for index, p in enumerate(run.proposals)
-    )
+    proposals = tuple(replace(p, priority=float(total - index)) for index, p in enumerate(run.proposals))
     return StrategyResult(proposals=proposals, hints=tuple(hints))

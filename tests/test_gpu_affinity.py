@@ -295,3 +295,33 @@ def test_preferred_mode_does_not_move_gangs() -> None:
     nodes, p = preferred_setup()
     member = replace(p, gang="ml/serve")
     assert run(nodes, [member], PREFERRED).proposals == ()
+
+
+# --------------------------------------------------------------------------- destination rules
+
+
+def test_a_move_may_be_re_placed_anywhere_but_the_node_it_leaves() -> None:
+    p = wants(H100, "train", "gpu-a-3")
+    [proposal] = run([node("gpu-a-3", model=A100), node("gpu-h-1", model=H100)], [p]).proposals
+    [rule] = proposal.destinations[p.key]
+    assert (rule.nodes, rule.outside) == (frozenset({"gpu-a-3"}), True)
+    assert rule.text == "other than node gpu-a-3, which its affinity no longer allows"
+
+
+def test_a_gang_may_be_re_placed_anywhere_but_the_nodes_it_leaves() -> None:
+    w0 = wants(H100, "job-w0", "gpu-a-1", gpus=4, gang="ml/job")
+    w1 = wants(H100, "job-w1", "gpu-a-2", gpus=4, gang="ml/job")
+    nodes = [node("gpu-a-1"), node("gpu-a-2"), node("gpu-h-1", model=H100)]
+    [proposal] = run(nodes, [w0, w1]).proposals
+    assert set(proposal.destinations) == {w0.key, w1.key}
+    for rules in proposal.destinations.values():
+        [rule] = rules
+        assert (rule.nodes, rule.outside) == (frozenset({"gpu-a-1", "gpu-a-2"}), True)
+
+
+def test_a_preferred_move_may_be_re_placed_only_on_a_preferred_node() -> None:
+    nodes, p = preferred_setup()
+    [proposal] = run(nodes, [p], PREFERRED).proposals
+    [rule] = proposal.destinations[p.key]
+    assert (rule.nodes, rule.outside) == (frozenset({"gpu-h-1", "gpu-l-1"}), False)
+    assert rule.text == "matching one of its preferred node affinity terms"

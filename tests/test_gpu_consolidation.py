@@ -807,3 +807,37 @@ def test_is_deterministic() -> None:
         return [(p.node, dict(p.targets)) for p in result.proposals]
 
     assert run_once() == run_once()
+
+
+# --------------------------------------------------------------------------- destination rules
+
+
+def test_a_drain_may_be_re_placed_anywhere_else_when_smaller_nodes_are_allowed() -> None:
+    nodes = [node("gpu-a-1"), node("gpu-a-2"), node("gpu-l4-1", gpus=2, model=L4)]
+    _, result = run(nodes, [pod("lone", "gpu-a-1"), *busy("gpu-a-2", 6)])
+    (proposal,) = result.proposals
+    assert proposal.destinations == {("ml", "lone"): ()}
+
+
+def test_a_drain_that_keeps_small_nodes_free_may_be_re_placed_only_on_nodes_as_large() -> None:
+    nodes = [node("gpu-a-1"), node("gpu-a-2"), node("gpu-l4-1", gpus=2, model=L4)]
+    keep_small_free = ALLOCATION_ONLY.model_copy(update={"move_to_smaller_nodes": False})
+    _, result = run(
+        nodes, [pod("lone", "gpu-a-1"), *busy("gpu-a-2", 6), *busy("gpu-l4-1", 2)], keep_small_free
+    )
+    (proposal,) = result.proposals
+    [rule] = proposal.destinations[("ml", "lone")]
+    assert (rule.nodes, rule.outside) == (frozenset({"gpu-a-1", "gpu-a-2"}), False)
+    assert rule.text == "with at least 8 GPUs (no smaller nodes)"
+
+
+def test_pods_lifted_onto_larger_nodes_may_be_re_placed_only_on_larger_nodes() -> None:
+    nodes = [node("gpu-l4-1", gpus=2, model=L4), node("gpu-l4-2", gpus=2, model=L4), node("gpu-a-1")]
+    pods = [*busy("gpu-l4-1", 2), *busy("gpu-a-1", 4)]
+    _, result = run(nodes, pods, UPWARD)
+    (proposal,) = result.proposals
+    assert set(proposal.destinations) == {p.key for p in pods[:2]}
+    for rules in proposal.destinations.values():
+        [rule] = rules
+        assert (rule.nodes, rule.outside) == (frozenset({"gpu-a-1"}), False)
+        assert rule.text == "with more than 2 GPUs (moved up a size)"

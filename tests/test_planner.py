@@ -9,6 +9,7 @@ import pytest
 
 from rebalancer.model import (
     Decision,
+    DestinationRule,
     LabelRequirement,
     LabelSelector,
     OwnerRef,
@@ -32,6 +33,7 @@ def proposal(
     node_name: str | None = None,
     targets: Mapping[tuple[str, str], str] | None = None,
     group: str | None = None,
+    destinations: Mapping[tuple[str, str], tuple[DestinationRule, ...]] | None = None,
 ) -> Proposal:
     return Proposal(
         strategy="test",
@@ -41,6 +43,7 @@ def proposal(
         node=node_name,
         group=group,
         targets=dict(targets or {}),
+        destinations=dict(destinations or {}),
     )
 
 
@@ -519,6 +522,100 @@ def test_node_already_chosen_as_destination_cannot_be_drained() -> None:
     assert second.reason == (
         "node gpu-b-1 is the predicted destination of 1 pod moved earlier this cycle, so it cannot be drained"
     )
+
+
+# --------------------------------------------------------------------------- re-placement by rules
+
+
+def only(text: str, *nodes: str) -> DestinationRule:
+    return DestinationRule(text, frozenset(nodes))
+
+
+def full_target_cluster() -> tuple[Snapshot, Pod]:
+    """p (2 GPUs) on gpu-a-1 wants gpu-a-2, which is full; gpu-b-1 (6 of 8 used) is the packed
+    scheduler's next choice, gpu-c-1 (empty) the one after."""
+    p = pod("p", "gpu-a-1", gpus=2)
+    pods = [p, pod("full", "gpu-a-2", gpus=8), pod("b", "gpu-b-1", gpus=6)]
+    return snapshot([node("gpu-a-1"), node("gpu-a-2"), node("gpu-b-1"), node("gpu-c-1")], pods), p
+
+
+def test_a_pod_whose_target_is_full_goes_to_the_next_best_node_its_rules_allow() -> None:
+    snap, p = full_target_cluster()
+    anywhere = proposal(p, targets={p.key: "gpu-a-2"}, destinations={p.key: ()})
+    not_b = proposal(p, targets={p.key: "gpu-a-2"}, destinations={p.key: (only("in pool c", "gpu-c-1"),)})
+
+    [to_b] = plan([anywhere], snap, POLICY)
+    [to_c] = plan([not_b], snap, POLICY)
+
+    assert to_b.targets == {p.key: "gpu-b-1"}
+    assert to_b.reason.startswith(
+        "ml/p re-placed on gpu-b-1: its predicted target node gpu-a-2 cannot take it"
+    )
+    assert to_c.targets == {p.key: "gpu-c-1"}
+
+
+def test_a_refusal_names_the_rules_up_to_the_first_that_leaves_no_node() -> None:
+    snap, p = full_target_cluster()
+    rules = (
+        DestinationRule("other than node gpu-c-1", frozenset({"gpu-c-1"}), outside=True),
+        only("in pool a", "gpu-a-1", "gpu-a-2"),
+        only("in pool z"),
+    )
+    drain_it = Proposal(
+        strategy="test",
+        kind="node",
+        pods=(p,),
+        reason="drain",
+        node="gpu-a-1",
+        targets={p.key: "gpu-a-2"},
+        destinations={p.key: rules},
+    )
+
+    [decision] = plan([drain_it], snap, POLICY)
+
+    assert decision.blocked_by == "no-fit"
+    assert decision.reason.startswith("ml/p: its predicted target node gpu-a-2 cannot take it (")
+    # gpu-b-1 meets the first rule; the second leaves only the drained node and the full one.
+    assert decision.reason.endswith(
+        "), and no node other than node gpu-c-1 in pool a other than the drained node gpu-a-1 can take it"
+    )
+
+
+def test_a_refusal_with_no_room_anywhere_names_no_rule() -> None:
+    p = pod("p", "gpu-a-1", gpus=4)
+    snap = snapshot([node("gpu-a-1", unschedulable=True), node("gpu-b-1")], [p, pod("f", "gpu-b-1", gpus=6)])
+    [decision] = plan(
+        [proposal(p, targets={p.key: "gpu-b-1"}, destinations={p.key: (only("in pool b", "gpu-b-1"),)})],
+        snap,
+        POLICY,
+    )
+    assert decision.blocked_by == "no-fit"
+    assert decision.reason.endswith("), and no node in the cluster can take it")
+
+
+def test_pods_that_keep_their_targets_are_placed_before_re_placed_ones() -> None:
+    """q's target still has room: it keeps it, though p, re-placed, would have preferred that node."""
+    p, q = pod("p", "gpu-a-1", gpus=2), pod("q", "gpu-a-1", gpus=2)
+    pods = [p, q, pod("full", "gpu-a-2", gpus=8), pod("b", "gpu-b-1", gpus=6)]
+    nodes = [node("gpu-a-1", unschedulable=True), node("gpu-a-2"), node("gpu-b-1"), node("gpu-c-1")]
+    snap = snapshot(nodes, pods)
+    both = proposal(
+        p,
+        q,
+        kind="gang",
+        targets={p.key: "gpu-a-2", q.key: "gpu-b-1"},
+        destinations={p.key: (), q.key: ()},
+    )
+
+    [decision] = plan([both], snap, POLICY)
+
+    assert decision.targets == {p.key: "gpu-c-1", q.key: "gpu-b-1"}
+
+
+def test_a_pod_without_a_target_lands_only_where_its_rules_allow() -> None:
+    snap, p = full_target_cluster()
+    [decision] = plan([proposal(p, destinations={p.key: (only("in pool c", "gpu-c-1"),)})], snap, POLICY)
+    assert decision.targets == {p.key: "gpu-c-1"}
 
 
 # --------------------------------------------------------------------------- checkpoint-pending

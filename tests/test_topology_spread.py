@@ -681,3 +681,16 @@ def test_planner_approves_skew_moves_and_whole_gang_compaction_as_proposed() -> 
     assert all(d.approved for d in decisions)
     for decision in decisions:
         assert dict(decision.targets) == dict(decision.proposal.targets)
+
+
+# --------------------------------------------------------------------------- destination rules
+
+
+def test_a_repaired_pod_may_be_re_placed_only_in_the_domain_the_repair_chose() -> None:
+    nodes = [node("a-1", zone="a"), node("b-1", zone="b"), node("b-2", zone="b")]
+    snap = snapshot(nodes, trainers("a-1", 3, [spread()]))
+    [proposal] = topology_spread(snap, TopologySpreadArgs(), StrategyContext()).proposals
+    [moved] = proposal.pods
+    [rule] = proposal.destinations[moved.key]
+    assert (rule.nodes, rule.outside) == (frozenset({"b-1", "b-2"}), False)
+    assert rule.text == "in zone b"

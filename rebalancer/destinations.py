@@ -1,0 +1,133 @@
+"""Where a proposal's pods land: the simulation behind the planner's `no-fit` guard.
+
+Owns `land()`: on a copy of the cycle's simulated cluster, the proposal's pods are removed, a drained
+node is cordoned, and each pod goes to its predicted target. A pod whose target can no longer take it
+(an earlier approved proposal of the cycle used the room), and every pod without a target, then goes,
+largest GPU request first, to the packed scheduler's best node (`placement.ClusterState.best_node`)
+among the nodes that meet every rule its strategy carried on the proposal (`Proposal.destinations`),
+never the drained node. A pod with a target but no rules is not re-placed: its strategy said nothing
+about where else it may go. When no node remains, the misfit names the pod and the rule that left no
+node.
+
+This module must stay pure: no I/O, no clock, and it never mutates the Snapshot, the proposal or the
+state it is given (it works on a copy). Guards, budgets and the order of proposals are the planner's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rebalancer.model import GPU_RESOURCE, MILLI_PER_GPU, DestinationRule, Pod, Proposal, Snapshot
+from rebalancer.placement import ClusterState
+
+PodKey = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Landed:
+    """The simulation with every pod of the proposal placed, and where each one goes."""
+
+    state: ClusterState
+    targets: dict[PodKey, str]
+    # One line per pod sent elsewhere than its predicted target, for the decision's reason.
+    replaced: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Misfit:
+    """The pod that cannot land anywhere the proposal allows, and why."""
+
+    pod: Pod
+    reason: str
+
+
+def placement_order(pod: Pod) -> tuple[int, int, str, str]:
+    """Largest GPU request first, then larger cpu, then by key: the order of `ClusterState.place_all`."""
+    if pod.gpu.count > 0:
+        gpu_milli = pod.gpu.count * pod.gpu.milli_per_device
+    else:
+        gpu_milli = pod.requests.get(GPU_RESOURCE, 0) * MILLI_PER_GPU
+    return (-gpu_milli, -pod.requests.get("cpu", 0), pod.namespace, pod.name)
+
+
+def land(
+    proposal: Proposal, pods: Sequence[Pod], snapshot: Snapshot, state: ClusterState, drained: str | None
+) -> Landed | Misfit:
+    """Place `pods` (the proposal's pods still to approve) on a copy of `state`, as the module says."""
+    sim = state.copy()
+    for pod in pods:
+        sim.remove(pod)
+    if drained is not None and drained in snapshot.nodes:
+        sim.cordon(drained)
+    placed: dict[PodKey, str] = {}
+    missed: dict[PodKey, tuple[str, str]] = {}  # pod -> its predicted target and why it cannot go there
+    for pod in pods:
+        target = proposal.targets.get(pod.key)
+        if target is None:
+            continue
+        if target not in snapshot.nodes:
+            return Misfit(pod, f"its predicted target node {target} is not in the snapshot")
+        if target == drained:
+            return Misfit(pod, f"its predicted target node {target} is the node being drained")
+        fit = sim.fits(pod, target)
+        if fit.ok:
+            sim.place(pod, target)
+            placed[pod.key] = target
+        elif pod.key in proposal.destinations:
+            missed[pod.key] = (target, fit.reason)
+        else:
+            return Misfit(pod, f"its predicted target node {target} cannot take it: {fit.reason}")
+    replaced: list[str] = []
+    for pod in sorted((pod for pod in pods if pod.key not in placed), key=placement_order):
+        rules = proposal.destinations.get(pod.key, ())
+        best = sim.best_node(pod, exclude=_excluded(rules, snapshot, drained))
+        miss = missed.get(pod.key)
+        if best is None:
+            return Misfit(pod, _nowhere(sim, pod, rules, snapshot=snapshot, drained=drained, miss=miss))
+        sim.place(pod, best)
+        placed[pod.key] = best
+        if miss is not None:
+            replaced.append(
+                f"{pod.ref} re-placed on {best}: its predicted target node {miss[0]} cannot take it any "
+                f"more ({miss[1]})"
+            )
+    return Landed(sim, {pod.key: placed[pod.key] for pod in pods}, tuple(replaced))
+
+
+def _excluded(rules: Sequence[DestinationRule], snapshot: Snapshot, drained: str | None) -> set[str]:
+    """The nodes the pod may not go to: the drained node and every node some rule does not admit."""
+    excluded = {drained} if drained is not None else set()
+    for rule in rules:
+        if rule.outside:
+            excluded |= rule.nodes
+        else:
+            excluded.update(name for name in snapshot.nodes if name not in rule.nodes)
+    return excluded
+
+
+def _nowhere(
+    sim: ClusterState,
+    pod: Pod,
+    rules: Sequence[DestinationRule],
+    *,
+    snapshot: Snapshot,
+    drained: str | None,
+    miss: tuple[str, str] | None,
+) -> str:
+    """Why no node takes the pod: the rules in order up to the first one that leaves no node with room
+    (none at all when no node but the drained one has room)."""
+    named: Sequence[DestinationRule] = ()
+    if sim.best_node(pod, exclude=_excluded((), snapshot, drained)) is not None:
+        for index in range(len(rules)):
+            if sim.best_node(pod, exclude=_excluded(rules[: index + 1], snapshot, drained)) is None:
+                named = rules[: index + 1]
+                break
+    words = [rule.text for rule in named]
+    if drained is not None:
+        words.append(f"other than the drained node {drained}")
+    where = " ".join(words) or "in the cluster"
+    text = f"no node {where} can take it"
+    if miss is None:
+        return text
+    return f"its predicted target node {miss[0]} cannot take it ({miss[1]}), and {text}"

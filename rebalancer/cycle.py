@@ -1,9 +1,10 @@
 """One rebalancing cycle, the only orchestration: strategies -> planner -> evictor -> report -> sinks.
 
 Owns the order in which the pieces run and the assembly of the CycleReport. `run_cycle` is what every
-mode runs (`once` on a snapshot or live, the daemon, the trace replay, the benchmarks): the memory of
-earlier cycles gives the history to plan with, the evictor's frame opens, every approved decision is
-evicted (and recorded in the memory as it ends), the frame closes, the report goes to every sink.
+mode runs (`once` on a snapshot or live, the daemon, the trace replay, the benchmarks): the evictor's
+frame opens, the memory of earlier cycles judges where the replacements of its awaited evictions landed
+(`history.judge_landings`, into the report) and gives the history to plan with, every approved decision
+is evicted (and recorded in the memory as it ends), the frame closes, the report goes to every sink.
 `evaluate` is its strategies-and-planner half and `propose` the strategies alone, public so that a
 benchmark times each phase by calling it, never by patching.
 
@@ -25,7 +26,7 @@ from rebalancer.evictor import Evictor
 from rebalancer.gcpause import collector_paused
 from rebalancer.guards import CIRCUIT_OPEN as CIRCUIT_OPEN_FINDING
 from rebalancer.guards import pod_refusal
-from rebalancer.history import NO_HISTORY, DisruptionHistory, Memory, open_circuits
+from rebalancer.history import NO_HISTORY, DisruptionHistory, Landings, Memory, judge_landings, open_circuits
 from rebalancer.model import (
     CycleReport,
     Decision,
@@ -218,8 +219,11 @@ def assemble_report(
     outcomes: dict[tuple[str, str], Outcome],
     loaded: LoadedPolicy,
     extra_findings: Sequence[Finding] = (),
+    *,
+    landings: Landings | None = None,
 ) -> CycleReport:
     snapshot = evaluation.snapshot
+    landings = landings or Landings()
     rows = _rows(evaluation.decisions, outcomes)
     freed: list[str] = []
     for decision in evaluation.decisions:
@@ -268,6 +272,8 @@ def assemble_report(
             for name in sorted(named)
             if (node := snapshot.nodes.get(name)) is not None
         },
+        predictions=landings.checks,
+        predictions_awaiting=landings.awaiting,
     )
 
 
@@ -307,6 +313,8 @@ def run_cycle(
     memory = memory if memory is not None else Memory()
     # The frame first: a live evictor taking a new leadership term loads the memory it then plans with.
     evictor.begin_cycle(snapshot, cycle_id or cycle_id_for(snapshot.now))
+    # Judged on the history before `begin`, which drops what is judged here.
+    landings = judge_landings(snapshot, memory.history, loaded.policy.eviction.reschedule_timeout)
     history = memory.begin(snapshot, loaded.policy)
     evaluation: Evaluation | None = None
     completed = False
@@ -316,7 +324,7 @@ def run_cycle(
         completed = True
     finally:
         extra = evictor.end_cycle(evaluation.decisions if evaluation is not None else (), completed=completed)
-    report = assemble_report(evictor.mode, evaluation, outcomes, loaded, extra)
+    report = assemble_report(evictor.mode, evaluation, outcomes, loaded, extra, landings=landings)
     for sink in sinks:
         try:
             sink.publish(report)

@@ -9,6 +9,10 @@ across restarts by the state store) and the trace replay:
 - `evictions`: every pod evicted, with its workload (a bare pod is its own) and when, watched by the
   circuit breaker (`circuit-open`): when `reschedule_timeout` after an eviction pods of that workload
   created since are still unscheduled, every eviction stops until they are placed;
+- `awaiting`: every pod evicted with a predicted destination (the decision's target and the nodes tied
+  with it), until its workload's replacement is placed and `judge_landings` says whether it landed
+  as predicted, on an equivalent (tied) node or elsewhere, or, none placed `reschedule_timeout` after
+  the eviction, that it is still pending;
 - `failed_drains`: per node, when its last drain failed and how many failed in a row (the
   `drain-backoff` guard waits 1, 2, 4... intervals, at most an hour, before the next; a drain that
   completes clears it);
@@ -19,31 +23,43 @@ across restarts by the state store) and the trace replay:
 
 `recorded` adds one decision's outcomes (only pods that were really `evicted` count: a dry run changes
 nothing), `pruned` drops what no guard can refuse with any more, `settled` drops the evictions whose
-workloads are placed again, and `open_circuits` says which workloads keep the circuit open. It also
+workloads are placed again and the landings judged, `open_circuits` says which workloads keep the
+circuit open, and `judge_landings` which awaited landings are in, and how they went. It also
 reads and writes the history as JSON for the state store. It must stay pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from rebalancer import rfc3339
-from rebalancer.model import NOT_ATTEMPTED, Decision, Outcome, Pod, Snapshot
+from rebalancer.model import (
+    NOT_ATTEMPTED,
+    Decision,
+    Outcome,
+    Pod,
+    PredictionCheck,
+    PredictionResult,
+    Snapshot,
+)
 from rebalancer.policy import Policy
+from rebalancer.scoring import Prediction
 
 __all__ = [
     "CLOCK_SKEW",
     "NO_HISTORY",
     "DisruptionHistory",
     "EvictionRecord",
+    "Landings",
     "Memory",
     "Trip",
     "Workload",
     "WorkloadKey",
+    "judge_landings",
     "open_circuits",
     "workload_key",
 ]
@@ -84,12 +100,15 @@ def workload_key(pod: Pod) -> Workload | None:
 
 @dataclass(frozen=True, slots=True)
 class EvictionRecord:
-    """A pod evicted, and when (the cycle's `now`), and from which node (None: not recorded)."""
+    """A pod evicted, and when (the cycle's `now`), and from which node (None: not recorded); awaiting
+    its landing, also by which strategy and where it was predicted to land."""
 
     workload: Workload
     pod: str
     evicted_at: datetime
     node: str | None = None
+    strategy: str | None = None
+    predicted: Prediction | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +118,9 @@ class FailedDrain:
     last: datetime
     count: int
 
+
+# The most nodes tied with a prediction that an awaited eviction keeps.
+MAX_TIED_KEPT = 32
 
 # How long a failed drain is remembered, and the longest the `drain-backoff` guard waits.
 FAILED_DRAIN_MEMORY = timedelta(hours=24)
@@ -132,6 +154,7 @@ class DisruptionHistory:
     evictions: tuple[EvictionRecord, ...] = ()
     checkpoint_refused: Mapping[str, datetime] = field(default_factory=dict)
     failed_drains: Mapping[str, FailedDrain] = field(default_factory=dict)
+    awaiting: tuple[EvictionRecord, ...] = ()
 
     def recorded(self, decision: Decision, outcomes: Sequence[Outcome], now: datetime) -> DisruptionHistory:
         """The history after `decision` ended in `outcomes` at `now`: each evicted pod disrupts its
@@ -165,12 +188,25 @@ class DisruptionHistory:
         workloads = dict(self.workloads)
         disruptions = dict(self.disruptions)
         records = list(self.evictions)
+        awaiting = list(self.awaiting)
+        targets = decision.targets or decision.proposal.targets
         for pod in decision.proposal.pods:
             if pod.key not in evicted:
                 continue
             record = EvictionRecord(Workload.of(pod), pod.name, now, pod.node_name)
             if record not in records:  # recorded as it happened, then with its whole decision
                 records.append(record)
+            target = targets.get(pod.key)
+            if target is not None:
+                # Bounded, so the state ConfigMap stays small with many alike empty nodes: a landing on
+                # a tied node past the first MAX_TIED_KEPT (by name) is judged `elsewhere`.
+                others = sorted(decision.tied.get(pod.key, frozenset()) - {target})[:MAX_TIED_KEPT]
+                tied = frozenset({target, *others})
+                watched = replace(
+                    record, strategy=decision.proposal.strategy, predicted=Prediction(target, tied)
+                )
+                if watched not in awaiting:
+                    awaiting.append(watched)
             key = workload_key(pod)
             if key is None:
                 continue
@@ -183,7 +219,12 @@ class DisruptionHistory:
             for name in dict.fromkeys((*((proposal.node,) if proposal.node else ()), *proposal.nodes_freed)):
                 nodes[name] = now
         return replace(
-            self, nodes=nodes, workloads=workloads, disruptions=disruptions, evictions=tuple(records)
+            self,
+            nodes=nodes,
+            workloads=workloads,
+            disruptions=disruptions,
+            evictions=tuple(records),
+            awaiting=tuple(awaiting),
         )
 
     def pruned(self, now: datetime, policy: Policy) -> DisruptionHistory:
@@ -204,7 +245,16 @@ class DisruptionHistory:
 
     def settled(self, snapshot: Snapshot, reschedule_timeout: int) -> DisruptionHistory:
         """Without the evictions the circuit breaker no longer needs: those of a workload whose pods are
-        placed `reschedule_timeout` after its oldest watched eviction (younger ones stay watched)."""
+        placed `reschedule_timeout` after its oldest watched eviction (younger ones stay watched); and
+        without the awaited landings `judge_landings` judges on this snapshot."""
+        history = self
+        if self.awaiting:
+            judged = judge_landings(snapshot, self, reschedule_timeout).judged
+            if judged:
+                history = replace(self, awaiting=tuple(r for r in self.awaiting if r not in judged))
+        return history._settled_evictions(snapshot, reschedule_timeout)
+
+    def _settled_evictions(self, snapshot: Snapshot, reschedule_timeout: int) -> DisruptionHistory:
         timeout = timedelta(seconds=reschedule_timeout)
         waiting = _unplaced(snapshot)
         kept: list[EvictionRecord] = []
@@ -221,7 +271,8 @@ class DisruptionHistory:
     def merged_with(self, other: DisruptionHistory) -> DisruptionHistory:
         """Both memories in one (a stored state another writer changed since this one was read): every
         eviction and disruption of either, the later cooldown start of each node and workload. Merging
-        only ever adds what some replica did, so it can only make the guards more careful."""
+        only ever adds what some replica did, so it can only make the guards more careful (an awaited
+        landing one of them judged already may be judged, and counted, once more)."""
         if other == self:
             return self
         nodes = {**other.nodes, **{n: max(t, other.nodes.get(n, t)) for n, t in self.nodes.items()}}
@@ -234,6 +285,7 @@ class DisruptionHistory:
             for key in {*self.disruptions, *other.disruptions}
         }
         evictions = tuple(dict.fromkeys((*self.evictions, *other.evictions)))
+        awaiting = tuple(dict.fromkeys((*self.awaiting, *other.awaiting)))
         failed = {**other.failed_drains}
         for node, mine in self.failed_drains.items():
             theirs = failed.get(node)
@@ -245,6 +297,7 @@ class DisruptionHistory:
             disruptions=disruptions,
             evictions=evictions,
             failed_drains=failed,
+            awaiting=awaiting,
         )
 
     # ---- JSON, for the state store
@@ -262,6 +315,7 @@ class DisruptionHistory:
                 }
                 for r in self.evictions
             ],
+            "awaitingLanding": [_awaiting_to_json(r) for r in self.awaiting],
             "failedDrains": {
                 node: {"last": rfc3339.format_utc(f.last), "count": f.count}
                 for node, f in sorted(self.failed_drains.items())
@@ -292,6 +346,7 @@ class DisruptionHistory:
                 )
                 for item in doc.get("evictions") or ()
             )
+            awaiting = tuple(_awaiting_from_json(item) for item in doc.get("awaitingLanding") or ())
             failed = {
                 str(node): FailedDrain(rfc3339.parse(str(item["last"])), int(item["count"]))
                 for node, item in (doc.get("failedDrains") or {}).items()
@@ -308,7 +363,34 @@ class DisruptionHistory:
                     disruptions[key] = times
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"unreadable disruption history: {exc!r}") from None
-        return cls(nodes, workloads, disruptions, evictions, failed_drains=failed)
+        return cls(nodes, workloads, disruptions, evictions, failed_drains=failed, awaiting=awaiting)
+
+
+def _awaiting_to_json(record: EvictionRecord) -> dict[str, Any]:
+    predicted = record.predicted
+    return {
+        "namespace": record.workload.namespace,
+        "kind": record.workload.kind,
+        "name": record.workload.name,
+        "pod": record.pod,
+        "evictedAt": rfc3339.format_utc(record.evicted_at),
+        **({"node": record.node} if record.node is not None else {}),
+        "strategy": record.strategy,
+        "predicted": predicted.chosen if predicted is not None else None,
+        "tied": sorted(predicted.tied) if predicted is not None else [],
+    }
+
+
+def _awaiting_from_json(item: Mapping[str, Any]) -> EvictionRecord:
+    chosen = str(item["predicted"])
+    return EvictionRecord(
+        Workload(str(item["namespace"]), str(item["kind"]), str(item["name"])),
+        str(item["pod"]),
+        rfc3339.parse(str(item["evictedAt"])),
+        str(item["node"]) if item.get("node") is not None else None,
+        strategy=str(item["strategy"]),
+        predicted=Prediction(chosen, frozenset({chosen, *(str(n) for n in item.get("tied") or ())})),
+    )
 
 
 NO_HISTORY = DisruptionHistory()
@@ -367,6 +449,103 @@ def _by_workload(records: Iterable[EvictionRecord]) -> dict[Workload, list[Evict
 def _replacements(pods: Iterable[Pod], evicted_at: datetime) -> list[Pod]:
     """The pods created since the eviction (or of unknown age): the replacements it waits for."""
     return [p for p in pods if p.created is None or p.created >= evicted_at - CLOCK_SKEW]
+
+
+# --------------------------------------------------------------------------- landings
+
+
+@dataclass(frozen=True, slots=True)
+class Landings:
+    """The awaited landings judged on one snapshot (`checks`, from the `judged` records), and how many
+    records still await theirs."""
+
+    checks: tuple[PredictionCheck, ...] = ()
+    judged: frozenset[EvictionRecord] = frozenset()
+    awaiting: int = 0
+
+
+def judge_landings(snapshot: Snapshot, history: DisruptionHistory, reschedule_timeout: int) -> Landings:
+    """Where the replacements of the awaited evictions landed, against each prediction.
+
+    A replacement is a pod of the evicted pod's workload created since the eviction (`CLOCK_SKEW`
+    allowed; of unknown age too), placed on a node and not terminating; each is matched to one eviction,
+    those on the predicted node first, then those on a tied node. A workload's awaited evictions are
+    judged together once each has a replacement placed (`as-predicted`, `equivalent`: on a tied node,
+    `elsewhere`); until then each waits, at most `reschedule_timeout` after its eviction (then judged
+    on its match, or `pending` without one)."""
+    if not history.awaiting:
+        return Landings()
+    timeout = timedelta(seconds=reschedule_timeout)
+    placed = _placed(snapshot, {r.workload for r in history.awaiting})
+    checks: list[PredictionCheck] = []
+    judged: set[EvictionRecord] = set()
+    for workload, records in sorted(_by_workload(history.awaiting).items()):
+        records.sort(key=lambda r: (r.evicted_at, r.pod))
+        matched = _match(records, placed.get(workload, []))
+        complete = len(matched) == len(records)
+        for record in records:
+            if not complete and snapshot.now - record.evicted_at < timeout:
+                continue
+            judged.add(record)
+            if record.predicted is not None:
+                checks.append(_check(record, record.predicted, matched.get(record)))
+    return Landings(tuple(checks), frozenset(judged), len(history.awaiting) - len(judged))
+
+
+def _placed(snapshot: Snapshot, workloads: set[Workload]) -> dict[Workload, list[Pod]]:
+    """The placed pods of these workloads, oldest first (unknown age last)."""
+    found: dict[Workload, list[Pod]] = defaultdict(list)
+    names = {w.name for w in workloads}  # a cheap test first: most pods are of no such workload
+    for pod in snapshot.pods:
+        if (pod.name if pod.owner is None else pod.owner.name) not in names:
+            continue
+        if pod.is_active and not pod.terminating and (workload := Workload.of(pod)) in workloads:
+            found[workload].append(pod)
+    for pods in found.values():
+        pods.sort(key=lambda p: (p.created is None, p.created or snapshot.now, p.name))
+    return found
+
+
+def _match(records: Sequence[EvictionRecord], pods: Sequence[Pod]) -> dict[EvictionRecord, Pod]:
+    """One replacement per eviction: on its predicted node first, then on a tied node, then anywhere."""
+    free = list(pods)
+    matched: dict[EvictionRecord, Pod] = {}
+    passes: tuple[Callable[[Prediction, str], bool], ...] = (
+        lambda predicted, node: node == predicted.chosen,
+        lambda predicted, node: predicted.accepts(node),
+        lambda predicted, node: True,
+    )
+    for lands in passes:
+        for record in records:
+            if record in matched or record.predicted is None:
+                continue
+            for pod in _replacements(free, record.evicted_at):
+                if pod.node_name is not None and lands(record.predicted, pod.node_name):
+                    matched[record] = pod
+                    free.remove(pod)
+                    break
+    return matched
+
+
+def _check(record: EvictionRecord, predicted: Prediction, pod: Pod | None) -> PredictionCheck:
+    result: PredictionResult
+    if pod is None or pod.node_name is None:
+        result = "pending"
+    elif pod.node_name == predicted.chosen:
+        result = "as-predicted"
+    elif predicted.accepts(pod.node_name):
+        result = "equivalent"
+    else:
+        result = "elsewhere"
+    return PredictionCheck(
+        strategy=record.strategy or "unknown",
+        namespace=record.workload.namespace,
+        pod=record.pod,
+        predicted=predicted.chosen,
+        result=result,
+        landed=pod.node_name if pod is not None else None,
+        replacement=pod.name if pod is not None else None,
+    )
 
 
 # --------------------------------------------------------------------------- memory

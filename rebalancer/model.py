@@ -30,6 +30,11 @@ MILLI_PER_GPU = 1000
 OutcomeResult = Literal["would-evict", "evicted", "blocked-by-pdb", "gone", "error", "checkpoint-pending"]
 ProposalKind = Literal["pod", "gang", "node"]
 Mode = Literal["dry-run", "live"]
+# Where an evicted pod's replacement landed, against the planner's prediction: on the predicted node, on a
+# node tied with it when the planner decided (kube-scheduler picks among those at random), elsewhere, or
+# still not placed `reschedule_timeout` after the eviction.
+PredictionResult = Literal["as-predicted", "equivalent", "elsewhere", "pending"]
+PREDICTION_RESULTS: tuple[PredictionResult, ...] = ("as-predicted", "equivalent", "elsewhere", "pending")
 
 
 # --------------------------------------------------------------------------- selectors
@@ -435,6 +440,9 @@ class Decision:
     # The pod the refusal is about, when one pod sank the whole proposal.
     blocked_pod: tuple[str, str] | None = None
     targets: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    # Per pod of `targets`, the nodes tied with its target when the planner placed it (the target among
+    # them): the packed scheduler may pick any of them. A pod without an entry: its target alone.
+    tied: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
 
 
 # How the detail of an Outcome that was never tried begins ("not attempted: <why>").
@@ -506,6 +514,20 @@ class NodeFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class PredictionCheck:
+    """An evicted pod's predicted destination checked against where its workload's replacement landed
+    (`landed` and `replacement` None while none is placed: `pending`)."""
+
+    strategy: str
+    namespace: str
+    pod: str
+    predicted: str
+    result: PredictionResult
+    landed: str | None = None
+    replacement: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class CycleReport:
     """Everything a cycle did and found: what every sink publishes (they see nothing else)."""
 
@@ -519,3 +541,7 @@ class CycleReport:
     freed_nodes: tuple[str, ...] = ()
     proposals_by_strategy: Mapping[str, int] = field(default_factory=dict)
     nodes: Mapping[str, NodeFacts] = field(default_factory=dict)
+    # Evictions of earlier live cycles whose replacement's landing was judged at this cycle's snapshot,
+    # and how many evictions still wait for theirs.
+    predictions: tuple[PredictionCheck, ...] = ()
+    predictions_awaiting: int = 0

@@ -18,7 +18,9 @@ earlier approval used that room or it has none, on the packed scheduler's best n
 strategy's destination rules allow, refused only when none remains, naming the rule that left none;
 a node already chosen as a destination this cycle cannot be drained), and last `checkpoint-pending` (a
 pod that asked to checkpoint first has not answered yet; the live evictor asks it, and the history says
-in which namespaces it could not: those pods are held, never evicted unasked). `plan()` judges a
+in which namespaces it could not: those pods are held, never evicted unasked). An approved decision
+also says, per pod, the nodes tied with its target (`Decision.tied`: kube-scheduler picks among equal
+top scores at random), so that where the replacement lands can be judged. `plan()` judges a
 whole cycle; `decide()` one proposal against a caller's `Ledger`.
 
 This module must stay pure: no I/O, no clock (`snapshot.now` is the time), no evictions, and it never
@@ -490,9 +492,32 @@ def decide(
     waiting = _checkpoint(ctx)
     if waiting is not None:
         return _refused(proposal, waiting)
+    tied = _tied(ctx, landed)
     ledger.commit(pods, landed.targets, landed.state)
     reason = "; ".join(landed.replaced)
-    return Decision(proposal=proposal, approved=True, targets=landed.targets, reason=reason)
+    return Decision(proposal=proposal, approved=True, targets=landed.targets, reason=reason, tied=tied)
+
+
+def _tied(ctx: _Context, landed: Landed) -> dict[PodKey, frozenset[str]]:
+    """Per pod, the nodes tied with its target as the packed scheduler sees the cluster when the pod is
+    placed (the ledger's cluster, the proposal's pods removed, the drained node cordoned, the pods placed
+    before it reserved, in `land`'s order); the target alone when it is not a top-scored node."""
+    sim = ctx.ledger.state.copy()
+    for pod in ctx.pods:
+        sim.remove(pod)
+    drained = ctx.drained
+    if drained is not None and drained in ctx.snapshot.nodes:
+        sim.cordon(drained)
+    by_key = {pod.key: pod for pod in ctx.pods}
+    tied: dict[PodKey, frozenset[str]] = {}
+    for pod in (by_key[key] for key in landed.order):
+        target = landed.targets[pod.key]
+        prediction = sim.best_nodes(pod)
+        accepted = prediction is not None and prediction.accepts(target)
+        tied[pod.key] = prediction.tied if prediction is not None and accepted else frozenset({target})
+        if sim.fits(pod, target).ok:
+            sim.place(pod, target)
+    return tied
 
 
 def plan(

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from rebalancer.model import CycleReport, ReportedDecision
+from rebalancer.model import PREDICTION_RESULTS, CycleReport, PredictionResult, ReportedDecision
 
 OutputFormat = Literal["text", "json", "markdown"]
 
@@ -68,7 +68,34 @@ def to_dict(report: CycleReport) -> dict[str, Any]:
         ],
         "freed_nodes": list(report.freed_nodes),
         "hints": list(report.hints),
+        "predictions": {
+            "awaiting": report.predictions_awaiting,
+            "by_strategy": {
+                strategy: dict(results) for strategy, results in sorted(_prediction_counts(report).items())
+            },
+            "checked": [
+                {
+                    "strategy": c.strategy,
+                    "namespace": c.namespace,
+                    "pod": c.pod,
+                    "predicted": c.predicted,
+                    "result": c.result,
+                    "landed": c.landed,
+                    "replacement": c.replacement,
+                }
+                for c in report.predictions
+            ],
+        },
     }
+
+
+def _prediction_counts(report: CycleReport) -> dict[str, dict[PredictionResult, int]]:
+    """Per strategy, how many judged landings had each result (every result named, zeros too)."""
+    counts: dict[str, dict[PredictionResult, int]] = {}
+    for check in report.predictions:
+        results = counts.setdefault(check.strategy, dict.fromkeys(PREDICTION_RESULTS, 0))
+        results[check.result] += 1
+    return counts
 
 
 def to_json(report: CycleReport) -> str:
@@ -104,10 +131,20 @@ def _summary_lines(report: CycleReport) -> list[str]:
         + (f" ({', '.join(report.freed_nodes)})" if report.freed_nodes else "")
         + f"   GPUs freed: {s.gpus_freed}   estimated savings: {_money(s.estimated_savings_per_hour)}",
     ]
+    if report.predictions or report.predictions_awaiting:
+        lines.append(f"landings: {_landings_text(report)}")
     if report.findings:
         kinds = Counter(f.kind for f in report.findings)
         lines.append("findings: " + ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items())))
     return lines
+
+
+def _landings_text(report: CycleReport) -> str:
+    """`12 judged (as-predicted: 9, equivalent: 2, elsewhere: 1), 3 awaiting`."""
+    results = Counter(c.result for c in report.predictions)
+    named = ", ".join(f"{r}: {results[r]}" for r in PREDICTION_RESULTS if results[r])
+    judged = f"{len(report.predictions)} judged" + (f" ({named})" if named else "")
+    return f"{judged}, {report.predictions_awaiting} awaiting"
 
 
 def _cells(d: ReportedDecision) -> list[str]:
@@ -133,6 +170,23 @@ def render_text(report: CycleReport) -> str:
     if report.hints:
         out += ["", "Hints:"]
         out += [f"  {h}" for h in report.hints]
+    if report.predictions:
+        out += ["", "Landings of earlier evictions (replacement pods against the predicted node):"]
+        rows = [
+            [
+                c.strategy,
+                f"{c.namespace}/{c.pod}",
+                c.predicted,
+                c.result,
+                c.landed or "-",
+                c.replacement or "-",
+            ]
+            for c in report.predictions
+        ]
+        out += [
+            f"  {line}"
+            for line in _table(["STRATEGY", "EVICTED", "PREDICTED", "RESULT", "LANDED", "REPLACEMENT"], rows)
+        ]
     out += ["", "Summary:"]
     out += [f"  {line}" for line in _summary_lines(report)]
     return "\n".join(out) + "\n"

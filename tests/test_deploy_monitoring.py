@@ -20,6 +20,7 @@ import re
 import subprocess
 import typing
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rebalancer.cycle import run_cycle
 from rebalancer.evictor import DryRunEvictor
 from rebalancer.guards import PDB
-from rebalancer.model import OutcomeResult
+from rebalancer.model import PREDICTION_RESULTS, CycleReport, OutcomeResult, PredictionCheck
 from rebalancer.policy import load_policy
 from rebalancer.sinks.metrics import CYCLE_RESULTS, DaemonMetrics
 from rebalancer.sources.files import load_snapshot_dir
@@ -55,6 +56,8 @@ DESIGN_METRICS: dict[str, frozenset[str]] = {
     # Additive to §8: GPUs on the freed nodes (the "GPUs freed" panels) and the safety valve.
     "gpu_rebalancer_gpus_freeable": frozenset({"gpu_model"}),
     "gpu_rebalancer_circuit_open": frozenset(),
+    # Additive to §8: where the replacements of evicted pods landed, against the prediction.
+    "gpu_rebalancer_predictions_total": frozenset({"strategy", "result"}),
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # Labels Prometheus adds to every scraped series (ServiceMonitor target labels).
@@ -69,6 +72,7 @@ REQUIRED_ALERTS = {
     "GpuRebalancerEvictionsBlockedByPdb",
     "GpuRebalancerLeakedVram",
     "GpuRebalancerTelemetryStale",
+    "GpuRebalancerPredictionsMissed",
 }
 
 _METRIC = re.compile(r"\b(gpu_rebalancer_[a-z0-9_]+|DCGM_FI_[A-Z0-9_]+)\b(\s*\{(?P<matchers>[^}]*)\})?")
@@ -131,7 +135,7 @@ def scrape() -> dict[str, frozenset[str]]:
     """Sample name -> label names, from the text exposition of a metrics sink that saw real cycles."""
     loaded = load_policy(ROOT / "examples" / "demo-cluster" / "policy.yaml")
     snapshot = load_snapshot_dir(ROOT / "examples" / "demo-cluster", loaded)
-    report = run_cycle(snapshot, loaded, DryRunEvictor())
+    report = with_landings(run_cycle(snapshot, loaded, DryRunEvictor()))
     metrics = DaemonMetrics()
     metrics.cycle_took(1.5)
     metrics.publish(report)
@@ -143,6 +147,15 @@ def scrape() -> dict[str, frozenset[str]]:
         for sample in family.samples:
             samples.setdefault(sample.name, set()).update(sample.labels)
     return {name: frozenset(labels) for name, labels in samples.items()}
+
+
+def with_landings(report: CycleReport) -> CycleReport:
+    """The report with the landings a live cycle judges (a dry run evicts nothing, so judges none)."""
+    checks = tuple(
+        PredictionCheck("gpu-consolidation", "ml", f"train-{n}", "gpu-a-1", result, "gpu-a-1", f"train-{n}x")
+        for n, result in enumerate(PREDICTION_RESULTS)
+    )
+    return replace(report, predictions=checks)
 
 
 @pytest.fixture(scope="module")
@@ -264,6 +277,8 @@ def test_alert_label_values_are_ones_the_code_uses() -> None:
                 assert matchers["result"] in outcomes
             if name == "gpu_rebalancer_blocked_total":
                 assert matchers["guard"] == PDB
+            if name == "gpu_rebalancer_predictions_total" and "result" in matchers:
+                assert set(matchers["result"].split("|")) <= set(PREDICTION_RESULTS)
 
 
 def write_rules(directory: Path) -> Path:
@@ -339,6 +354,9 @@ HEALTHY = [
         mode="live",
     ),
     series("DCGM_FI_DEV_GPU_UTIL", "50x300", {"Hostname": "gpu-a-1", "gpu": "0"}),
+    series(
+        "gpu_rebalancer_predictions_total", "0+1x300", strategy="gpu-consolidation", result="as-predicted"
+    ),
 ]
 
 
@@ -410,6 +428,57 @@ def alert_scenarios() -> list[dict[str, Any]]:
                 series("gpu_rebalancer_leaked_vram_bytes", "1073741824x200", STANDBY, node="gpu-b-7"),
             ],
             "tests": [firing("30m", alert("GpuRebalancerLeakedVram", node="gpu-b-7", **ns))],
+        },
+        {
+            "name": "replacements land elsewhere than predicted",
+            "input_series": [
+                *HEALTHY,
+                # 1 in 2 elsewhere: fires
+                series(
+                    "gpu_rebalancer_predictions_total",
+                    "0+1x300",
+                    strategy="gpu-consolidation",
+                    result="elsewhere",
+                ),
+                # 9 in 10 on the predicted or a tied node: quiet
+                series(
+                    "gpu_rebalancer_predictions_total",
+                    "0+5x300",
+                    strategy="topology-spread",
+                    result="as-predicted",
+                ),
+                series(
+                    "gpu_rebalancer_predictions_total",
+                    "0+4x300",
+                    strategy="topology-spread",
+                    result="equivalent",
+                ),
+                series(
+                    "gpu_rebalancer_predictions_total",
+                    "0+1x300",
+                    strategy="topology-spread",
+                    result="pending",
+                ),
+                # none as predicted at all (no such series): fires
+                series(
+                    "gpu_rebalancer_predictions_total", "0+1x300", strategy="gpu-affinity", result="pending"
+                ),
+                # two misses in six hours are too few to judge: quiet
+                series(
+                    "gpu_rebalancer_predictions_total",
+                    "0x100 1x100 2x100",
+                    strategy="idle-gpu",
+                    result="elsewhere",
+                ),
+            ],
+            "tests": [
+                quiet("20m"),
+                firing(
+                    "1h",
+                    alert("GpuRebalancerPredictionsMissed", strategy="gpu-consolidation", **ns),
+                    alert("GpuRebalancerPredictionsMissed", strategy="gpu-affinity", **ns),
+                ),
+            ],
         },
         {
             "name": "no DCGM telemetry",
@@ -495,6 +564,8 @@ def test_the_dashboard_has_the_panels_operators_need() -> None:
         "Idle GPUs by model",
         "Cycle duration",
         "Blocked by guard",
+        "Replacement landings by strategy and result",
+        "Landed as predicted (range)",
     ):
         assert wanted in titles
 
@@ -508,6 +579,8 @@ def test_the_dashboard_has_the_panels_operators_need() -> None:
     assert queried("Cycle duration") == {"gpu_rebalancer_cycle_duration_seconds"}
     assert queried("Nodes freed by GPU model") == {"gpu_rebalancer_nodes_freeable"}
     assert queried("Estimated savings per hour") == {"gpu_rebalancer_estimated_savings_per_hour"}
+    assert queried("Replacement landings by strategy and result") == {"gpu_rebalancer_predictions_total"}
+    assert queried("Landed as predicted (range)") == {"gpu_rebalancer_predictions_total"}
 
 
 def test_every_dashboard_metric_is_a_design_metric_the_sink_exports(
@@ -520,7 +593,7 @@ def test_every_dashboard_query_returns_data_from_a_real_scrape(promtool: str, tm
     """Each query, evaluated by Prometheus' engine over the sink's own exposition (leader and standby)."""
     loaded = load_policy(ROOT / "examples" / "demo-cluster" / "policy.yaml")
     snapshot = load_snapshot_dir(ROOT / "examples" / "demo-cluster", loaded)
-    report = run_cycle(snapshot, loaded, DryRunEvictor())
+    report = with_landings(run_cycle(snapshot, loaded, DryRunEvictor()))
     leader, standby = DaemonMetrics(), DaemonMetrics()
     leader.cycle_took(1.5)
     leader.publish(report)

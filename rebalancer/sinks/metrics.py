@@ -9,7 +9,9 @@ names) into counter increments and per-cycle gauges; the daemon adds the cycles 
   `proposals_total{strategy}` (one per proposal), `blocked_total{strategy,guard}` (one per pod the
   planner refused, labelled with the guard), `cycles_total{result}` (`success`, `error`, `standby`: not
   the leader, `skipped`: the previous cycle was still running), `policy_reload_errors_total`,
-  `notifications_total{sink,result}`;
+  `notifications_total{sink,result}`, `predictions_total{strategy,result}` (one per evicted pod whose
+  replacement's landing the cycle judged: `as-predicted`, `equivalent`: on a node tied with the
+  predicted one, `elsewhere`, `pending`: none placed `reschedule_timeout` after the eviction);
 - `cycle_duration_seconds` (histogram), `last_success_timestamp_seconds`, `policy_valid`, `leader`,
   `build_info{version,python}`;
 - per-cycle state, replaced whole at the end of every successful cycle so that a scrape never sees
@@ -227,6 +229,13 @@ class DaemonMetrics:
             ["sink", "result"],
             registry=reg,
         )
+        self.predictions = Counter(
+            f"{PREFIX}predictions",
+            "Evicted pods whose replacement landed as predicted, on an equivalent (tied) node, elsewhere, "
+            "or is still pending reschedule_timeout after the eviction.",
+            ["strategy", "result"],
+            registry=reg,
+        )
         self._state = _CycleStateCollector()
         reg.register(self._state)
 
@@ -238,8 +247,8 @@ class DaemonMetrics:
     # ---- one cycle
 
     def publish(self, report: CycleReport) -> None:
-        """Count a successful cycle's report: proposals, outcomes, refusals, the per-cycle gauges and the
-        time of its snapshot as the last success."""
+        """Count a successful cycle's report: proposals, outcomes, refusals, judged landings, the
+        per-cycle gauges and the time of its snapshot as the last success."""
         for strategy, count in report.proposals_by_strategy.items():
             self.proposals.labels(strategy=strategy).inc(count)
         for row in report.decisions:
@@ -247,6 +256,8 @@ class DaemonMetrics:
                 self.evictions.labels(strategy=row.strategy, result=row.outcome, mode=report.mode).inc()
             if row.action == "skip":
                 self.blocked.labels(strategy=row.strategy, guard=row.blocked_by or "unknown").inc()
+        for check in report.predictions:
+            self.predictions.labels(strategy=check.strategy, result=check.result).inc()
         self._state.set(cycle_state(report))
         self.cycles.labels(result="success").inc()
         self.last_success.set(report.now.timestamp())

@@ -1,13 +1,20 @@
 """Where a proposal's pods land: the simulation behind the planner's `no-fit` guard.
 
 Owns `land()`: on a copy of the cycle's simulated cluster, the proposal's pods are removed, a drained
-node is cordoned, and each pod goes to its predicted target. A pod whose target can no longer take it
-(an earlier approved proposal of the cycle used the room), and every pod without a target, then goes,
-largest GPU request first, to the packed scheduler's best node (`placement.ClusterState.best_node`)
-among the nodes that meet every rule its strategy carried on the proposal (`Proposal.destinations`),
-never the drained node. A pod with a target but no rules is not re-placed: its strategy said nothing
-about where else it may go. When no node remains, the misfit names the pod and the rule that left no
-node.
+node is cordoned, and each pod, largest GPU request first (the order the replay's scheduler model and
+the strategies place a group in), goes to its predicted target. In a node drain (its targets are the
+packed scheduler's plain choice, not a choice the scheduler makes under constraints placement does not
+model, such as topology spread or gang packing), a pod with destination rules
+(`Proposal.destinations`) whose target still has room but is no longer the packed scheduler's choice
+(the strategy assumed other nodes of the cycle drained that are not, or earlier pods of the cycle
+changed the scores) goes where the scheduler puts it, one of the top-scored nodes, when its rules
+admit one; else the proposal misfits, naming the scheduler's choice and the rule it breaks, since the
+scheduler does not know the rules. A pod whose target can no longer take it (an earlier approved
+proposal of the cycle used the room), and every pod without a target, then goes, largest GPU request
+first, to the packed scheduler's best node (`placement.ClusterState.best_node`) among the nodes that
+meet every rule its strategy carried on the proposal, never the drained node. A pod with a target but
+no rules is not re-placed: its strategy said nothing about where else it may go. When no node
+remains, the misfit names the pod and the rule that left no node.
 
 This module must stay pure: no I/O, no clock, and it never mutates the Snapshot, the proposal or the
 state it is given (it works on a copy). Guards, budgets and the order of proposals are the planner's.
@@ -32,6 +39,8 @@ class Landed:
     targets: dict[PodKey, str]
     # One line per pod sent elsewhere than its predicted target, for the decision's reason.
     replaced: tuple[str, ...] = ()
+    # The pods in the order they were placed.
+    order: tuple[PodKey, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +71,9 @@ def land(
         sim.cordon(drained)
     placed: dict[PodKey, str] = {}
     missed: dict[PodKey, tuple[str, str]] = {}  # pod -> its predicted target and why it cannot go there
-    for pod in pods:
+    replaced: list[str] = []
+    anywhere = _excluded((), snapshot, drained)
+    for pod in sorted(pods, key=placement_order):
         target = proposal.targets.get(pod.key)
         if target is None:
             continue
@@ -71,6 +82,23 @@ def land(
         if target == drained:
             return Misfit(pod, f"its predicted target node {target} is the node being drained")
         fit = sim.fits(pod, target)
+        assumed = proposal.destinations.get(pod.key)
+        if fit.ok and assumed is not None and drained is not None:
+            choice = sim.best_nodes(pod, exclude=anywhere)
+            if choice is not None and not choice.accepts(target):
+                # The packed scheduler prefers other nodes now (the strategy assumed nodes of this
+                # cycle drained that are not): the pod lands on one of them, if its rules admit one.
+                admitted = choice.tied - _excluded(assumed, snapshot, drained)
+                if not admitted:
+                    return Misfit(pod, _preferred(choice.chosen, target, assumed, choice.tied, snapshot))
+                preferred = min(admitted)
+                sim.place(pod, preferred)
+                placed[pod.key] = preferred
+                replaced.append(
+                    f"{pod.ref} re-placed on {preferred}: the packed scheduler prefers it to its predicted "
+                    f"target node {target}"
+                )
+                continue
         if fit.ok:
             sim.place(pod, target)
             placed[pod.key] = target
@@ -78,7 +106,6 @@ def land(
             missed[pod.key] = (target, fit.reason)
         else:
             return Misfit(pod, f"its predicted target node {target} cannot take it: {fit.reason}")
-    replaced: list[str] = []
     for pod in sorted((pod for pod in pods if pod.key not in placed), key=placement_order):
         rules = proposal.destinations.get(pod.key, ())
         best = sim.best_node(pod, exclude=_excluded(rules, snapshot, drained))
@@ -92,7 +119,7 @@ def land(
                 f"{pod.ref} re-placed on {best}: its predicted target node {miss[0]} cannot take it any "
                 f"more ({miss[1]})"
             )
-    return Landed(sim, {pod.key: placed[pod.key] for pod in pods}, tuple(replaced))
+    return Landed(sim, {pod.key: placed[pod.key] for pod in pods}, tuple(replaced), tuple(placed))
 
 
 def _excluded(rules: Sequence[DestinationRule], snapshot: Snapshot, drained: str | None) -> set[str]:
@@ -104,6 +131,19 @@ def _excluded(rules: Sequence[DestinationRule], snapshot: Snapshot, drained: str
         else:
             excluded.update(name for name in snapshot.nodes if name not in rule.nodes)
     return excluded
+
+
+def _preferred(
+    chosen: str, target: str, rules: Sequence[DestinationRule], tied: frozenset[str], snapshot: Snapshot
+) -> str:
+    """Why a pod that fits its predicted target still cannot land as the proposal assumed: the packed
+    scheduler prefers `tied`, and the first rule (in order) that admits none of them."""
+    failed = next(
+        (rule for index, rule in enumerate(rules) if tied <= _excluded(rules[: index + 1], snapshot, None)),
+        rules[-1] if rules else None,
+    )
+    text = f"the packed scheduler would put it on node {chosen}, not on its predicted target node {target}"
+    return text if failed is None else f"{text}, and that node is not one {failed.text}"
 
 
 def _nowhere(

@@ -3,7 +3,8 @@ node judges and scores one pod.
 
 Owns `Demand` (a pod's requests, GPU devices and non-zero cpu / memory, computed once per pod),
 `Holding` (what a placed pod takes on its node), `NodeState` (a node's free capacity, devices and
-accounted pods, cloned copy-on-write by `placement.ClusterState`) and the per-node rules: static
+accounted pods, cloned copy-on-write by `placement.ClusterState`), the devices a running pod's
+annotation says it was given (`assigned_devices`) and the per-node rules: static
 misfits (taints, cordons, selectors, required affinity), room, shortfall wording, and the score
 (`scoring`'s integer MostAllocated). It must not do I/O, read the clock, or know about more than one
 node at a time: choosing among nodes is `placement`'s.
@@ -43,6 +44,10 @@ CPU_RESOURCE = "cpu"
 MEMORY_RESOURCE = "memory"
 # The taint a cordoned (spec.unschedulable) node carries; tolerating it lets a pod on such a node.
 UNSCHEDULABLE_TAINT = Taint(key="node.kubernetes.io/unschedulable", effect="NoSchedule")
+# The GPU devices a GPU-sharing scheduler assigned to a pod, as the device indices joined by "-"
+# ("1", "0-2"): the annotation of Alibaba's GPU-sharing scheduler (and of the FGD simulator of its
+# trace), set when the pod is bound to a device.
+GPU_INDEX_ANNOTATION = "alibabacloud.com/gpu-index"
 
 
 class Demand(NamedTuple):
@@ -165,6 +170,22 @@ class NodeState:
             self.devices[index] += milli
         self.score_cpu -= sign * demand.score_cpu
         self.score_memory -= sign * demand.score_memory
+
+
+def assigned_devices(pod: Pod, demand: Demand, device_count: int) -> tuple[int, ...] | None:
+    """The devices the pod's `GPU_INDEX_ANNOTATION` says it holds, in increasing order: None when the
+    pod has none, or one that does not name `demand.gpu_count` distinct devices of the node (the caller
+    then infers the devices as for a pod without it)."""
+    text = pod.annotations.get(GPU_INDEX_ANNOTATION)
+    if text is None or not demand.gpu_count:
+        return None
+    parts = text.split("-")
+    if not all(part.isdigit() for part in parts):
+        return None
+    devices = tuple(sorted({int(part) for part in parts}))
+    if len(devices) != len(parts) or len(devices) != demand.gpu_count or devices[-1] >= device_count:
+        return None
+    return devices
 
 
 def existing_order(item: tuple[Demand, Pod]) -> tuple[bool, int, int, str, str]:

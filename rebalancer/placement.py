@@ -17,7 +17,9 @@ Model:
   at least `milli_per_device` free each, taken by best fit (least free that still fit), so whole-GPU
   pods take entirely free devices and shares pack together. A pod without `pod.gpu` but with a
   `nvidia.com/gpu` request needs that many whole devices. Running pods get devices when the state is
-  built: whole-GPU pods first, then shares largest first. An overcommitted node shows negative free.
+  built: the ones their `alibabacloud.com/gpu-index` annotation names (a GPU-sharing scheduler's
+  assignment), else, after those, by best fit: whole-GPU pods first, then shares largest first. An
+  overcommitted node shows negative free.
 - A pod is accounted on at most one node. `fits`, `score` and `best_node` judge a pod as a newcomer:
   capacity it already holds is not free for itself. `place` and `place_all` move a pod that is already
   accounted: what it held is released first (and taken back if the move fails).
@@ -53,6 +55,7 @@ from rebalancer.node_accounting import (
     Rank,
     RankingKey,
     StaticKey,
+    assigned_devices,
     could_ever_hold,
     demand_of,
     existing_order,
@@ -122,8 +125,17 @@ def _build(snapshot: Snapshot) -> _Built:
                 key = (pod.namespace, pod.name)
                 state.take(key, Holding(demand, ()))
                 home[key] = name
-        gpu_pods.sort(key=existing_order)
+        inferred: list[tuple[Demand, Pod]] = []
         for demand, pod in gpu_pods:
+            devices = assigned_devices(pod, demand, len(state.devices))
+            if devices is None:
+                inferred.append((demand, pod))
+                continue
+            key = (pod.namespace, pod.name)
+            state.take(key, Holding(demand, devices))
+            home[key] = name
+        inferred.sort(key=existing_order)
+        for demand, pod in inferred:
             key = (pod.namespace, pod.name)
             devices = devices_for_existing(state.devices, demand.gpu_count, demand.gpu_milli)
             state.take(key, Holding(demand, devices))

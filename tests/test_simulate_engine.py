@@ -18,9 +18,11 @@ from rebalancer.simulate.engine import EngineConfig, Replay, simulate
 from rebalancer.simulate.rebalancers import (
     PACKED_SCHEDULER,
     SIMULATION_POLICY,
+    Eviction,
     HighNodeUtilization,
     PolicyRebalancer,
     SnapshotBuilder,
+    TickPlan,
     build_pod,
 )
 from rebalancer.simulate.result import render
@@ -109,11 +111,9 @@ def test_consolidation_frees_exactly_one_node() -> None:
     assert on.ratio == pytest.approx((5 + 1 / 6) / 5)
 
 
-def test_drain_is_abandoned_when_the_predicted_room_is_not_there() -> None:
-    """The Snapshot carries no GPU device assignment, so placement re-derives shares largest first:
-    on t (2 devices) it sees 600 | 500 + 300, free [100, 500], while the real arrivals 300, 500, 600
-    left [200, 400]. The rebalancer predicts the 450 share on u fits t; it does not, nothing else has
-    room, so the drain is abandoned: u's taint comes off and the pod lands back on u."""
+def share_trace() -> tuple[list[TraceNode], list[Job]]:
+    """Shares 300, 500, 600 arrive on t (2 devices) in that order: best fit leaves its devices free
+    [200, 400] (600 | 300 + 500 would leave [100, 500]); a 450 share lands on u."""
     nodes = [TraceNode("t", 32000, 131072, 2, "S"), TraceNode("u", 32000, 131072, 2, "S")]
     jobs = [
         job(0, 0, 2 * HOUR, milli=300, cpu=100),
@@ -121,17 +121,68 @@ def test_drain_is_abandoned_when_the_predicted_room_is_not_there() -> None:
         job(2, 20, 2 * HOUR, milli=600, cpu=100),
         job(3, 30, 2 * HOUR, milli=450, cpu=100),
     ]
+    return nodes, jobs
+
+
+def test_the_snapshot_carries_the_gpu_devices_each_share_runs_on() -> None:
+    """Placement sees the devices the replay gave the shares (free [200, 400] on t), not shares
+    re-derived largest first ([100, 500]), so it never predicts that the 450 share on u fits t."""
+    nodes, jobs = share_trace()
     window = Window(0, 3900 + 100)
     replay = Replay(nodes, jobs, window, EngineConfig(rebalancer="on", check_invariants=True))
     result = replay.run()
     assert [replay.jobs[i].name for i in replay.cluster.nodes["t"].jobs] == ["j00", "j01", "j02"]
     assert replay.cluster.nodes["t"].devices == [200, 400]
-    assert result.evictions == 1  # at the 3900 s tick, the first where u (created at 30 s) is 1h old
+    state = ClusterState.from_snapshot(replay.builder.snapshot(replay.now, replay.cluster))
+    assert sorted(state.gpu_free_milli("t")) == [200, 400]
+    assert result.evictions == 0
+    assert result.misplaced_evictions == 0
+
+
+class _DrainU:
+    """A rebalancer that evicts u's share at its first tick (draining u unless `drain` is off),
+    predicting it lands on t, with the nodes `tied` with t."""
+
+    def __init__(self, *, drain: bool = True, tied: frozenset[str] = frozenset()) -> None:
+        self.ticks = 0
+        self.drain = ("u",) if drain else ()
+        self.tied = tied
+
+    def plan(self, now: float, cluster: SimCluster) -> TickPlan:
+        self.ticks += 1
+        if self.ticks > 1:
+            return TickPlan()
+        return TickPlan(evictions=(Eviction(job=3, target="t", tied=self.tied),), drain=self.drain)
+
+
+def test_drain_is_abandoned_when_the_predicted_room_is_not_there() -> None:
+    """The 450 share evicted from u fits no device of t (free [200, 400]) and nothing else has room, so
+    the drain is abandoned: u's taint comes off and the pod lands back on u, elsewhere than predicted."""
+    nodes, jobs = share_trace()
+    replay = Replay(nodes, jobs, Window(0, 400), EngineConfig(rebalancer="on", check_invariants=True))
+    replay.rebalancer = _DrainU()
+    result = replay.run()
+    assert result.evictions == 1
     assert result.misplaced_evictions == 1
+    assert result.equivalent_evictions == 0
     assert replay.cluster.location[3].name == "u"
     assert not replay.cluster.nodes["u"].draining
     assert result.pending_pod_hours == 0
-    assert result.lost_gpu_hours == pytest.approx(0.45 * (3900 - 30) / HOUR)
+    assert result.lost_gpu_hours == pytest.approx(0.45 * (300 - 30) / HOUR)
+
+
+@pytest.mark.parametrize(("tied", "equivalent"), [(frozenset({"t", "u"}), 1), (frozenset({"t"}), 0)])
+def test_a_pod_landing_on_a_node_tied_with_its_target_counts_as_equivalent(
+    tied: frozenset[str], equivalent: int
+) -> None:
+    nodes, jobs = share_trace()
+    replay = Replay(nodes, jobs, Window(0, 400), EngineConfig(rebalancer="on", check_invariants=True))
+    replay.rebalancer = _DrainU(drain=False, tied=tied)
+    result = replay.run()
+    assert replay.cluster.location[3].name == "u"
+    assert result.misplaced_evictions == 1
+    assert result.equivalent_evictions == equivalent
+    assert result_to_dict(result)["equivalent_evictions"] == equivalent
 
 
 # --------------------------------------------------------------------------- evictions and pending time

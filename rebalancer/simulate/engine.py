@@ -17,7 +17,9 @@ Owns when things happen and what they cost. Events, in time order; at one instan
 
 Metrics are accounted when spells end (a node's life, a job's run, a job's wait) and cut at the window
 end: node-hours, GPU-hours provisioned and used, pending pod-hours, evictions and `lost_gpu_hours`
-(per eviction, the evicted job's GPUs times the time since it last started). The lower bound is
+(per eviction, the evicted job's GPUs times the time since it last started), and the evicted jobs that
+landed elsewhere than predicted (`misplaced_evictions`; `equivalent_evictions` of them on a node the
+planner found tied with the predicted one). The lower bound is
 `bound.lower_bound_node_hours` over the same jobs.
 
 It must not read the clock (simulated seconds only), parse files or print: `run_simulation` in the
@@ -45,6 +47,7 @@ from rebalancer.simulate.cluster import (
 from rebalancer.simulate.rebalancers import (
     PACKED_SCHEDULER,
     SPREAD_SCHEDULER,
+    Eviction,
     HighNodeUtilization,
     PolicyRebalancer,
     Rebalancer,
@@ -141,6 +144,7 @@ class Replay:
         self.lost_milli_seconds = 0.0
         self.evictions = [0] * len(jobs)
         self.misplaced = 0
+        self.equivalent = 0  # misplaced, but on a node the planner found tied with the predicted one
         self.nodes_added = 0
         self.nodes_removed = 0
         self.peak_nodes = 0
@@ -256,7 +260,7 @@ class Replay:
         for node in drained:
             node.draining = True
         evicted: list[int] = []
-        targets: dict[int, str] = {}
+        targets: dict[int, Eviction] = {}
         for eviction in plan.evictions:
             job = self.jobs[eviction.job]
             if job.index not in cluster.location:
@@ -267,7 +271,7 @@ class Replay:
             self._enqueue(job)
             evicted.append(job.index)
             if eviction.target is not None:
-                targets[job.index] = eviction.target
+                targets[job.index] = eviction
         self._schedule()
         if drained and any(index in self.pending for index in evicted):
             # Some evicted pod found no room elsewhere: the drain is abandoned, the taints come off.
@@ -275,10 +279,12 @@ class Replay:
                 node.draining = False
                 self.freed.add(node.model)
             self._schedule()
-        for index, target in targets.items():
+        for index, eviction in targets.items():
             landed = cluster.location.get(index)
-            if landed is None or landed.name != target:
+            if landed is None or landed.name != eviction.target:
                 self.misplaced += 1
+                if landed is not None and landed.name in eviction.tied:
+                    self.equivalent += 1
 
     def _scale_down(self) -> None:
         heap = self.scale_down
@@ -344,6 +350,7 @@ class Replay:
             refused_proposals=dict(policy.refused) if policy is not None else {},
             skipped_strategies=dict(policy.skipped) if policy is not None else {},
             misplaced_evictions=self.misplaced,
+            equivalent_evictions=self.equivalent,
             nodes_added=self.nodes_added,
             nodes_removed=self.nodes_removed,
             peak_nodes=self.peak_nodes,

@@ -3,14 +3,15 @@
 Owns two things the engine calls with the simulated state and time, each answering "evict these jobs":
 
 - `PolicyRebalancer` (`--rebalancer on`): builds a Snapshot of the simulated cluster (nodes labelled
-  `nvidia.com/gpu.product` with allocatable cpu, memory, `nvidia.com/gpu` and pods; one Job-owned pod
-  per running job with its GPU request, cpu and memory, required node affinity on the GPU model from
-  `gpu_spec`, the scheduler that placed it, and its creation and start times), runs the REAL
-  `rebalancer.cycle.run_cycle` with the policy, the same memory of earlier cycles a live daemon keeps
+  `nvidia.com/gpu.product` with allocatable cpu, memory, `nvidia.com/gpu` and pods; one Job-owned pod per
+  running job with its GPU request, cpu and memory, the GPU devices it holds (annotation
+  `alibabacloud.com/gpu-index`, as a GPU-sharing scheduler records them), required node affinity on the
+  GPU model from `gpu_spec`, the scheduler that placed it, and its creation and start times), runs the
+  REAL `rebalancer.cycle.run_cycle` with the policy, the same memory of earlier cycles a live daemon keeps
   (`history.Memory`: cooldowns, the disruption budget) and an evictor that collects the pods of every
   approved decision, and the nodes it drains: like the live evictor, it taints them
-  `rebalancer.gpu/draining:NoSchedule` first so the evicted pods do not land back. `now` is the Unix
-  epoch plus the simulated seconds.
+  `rebalancer.gpu/draining:NoSchedule` first so the evicted pods do not land back. `now` is the Unix epoch
+  plus the simulated seconds.
 - `HighNodeUtilization` (`--rebalancer descheduler-hnu`): the upstream descheduler's plugin of that
   name, on GPU requests: nodes at or under 50 % of their GPUs requested are under-used (nothing happens
   when none is, or when all are); their pods are evicted, emptiest node first, while the GPUs left
@@ -49,6 +50,7 @@ from rebalancer.model import (
     Snapshot,
     Taint,
 )
+from rebalancer.node_accounting import GPU_INDEX_ANNOTATION
 from rebalancer.policy import LoadedPolicy, parse_policy
 from rebalancer.simulate.cluster import MIB, POD_SLOTS, SimCluster, SimNode
 from rebalancer.simulate.trace import Job
@@ -104,10 +106,12 @@ def sim_datetime(seconds: float) -> datetime:
 
 @dataclass(frozen=True, slots=True)
 class Eviction:
-    """One job to evict, and the node the rebalancer predicted it would land on (None: no prediction)."""
+    """One job to evict, the node the rebalancer predicted it would land on (None: no prediction) and
+    the nodes the planner found tied with that one (kube-scheduler picks among them at random)."""
 
     job: int
     target: str | None = None
+    tied: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +149,10 @@ def build_pod(
     scheduler_name: str,
     *,
     required_affinity: tuple[NodeSelectorTerm, ...] | None = None,
+    devices: tuple[int, ...] = (),
 ) -> Pod:
-    """The pod of a job as the Kubernetes model sees it: a Job's pod with the job's requests."""
+    """The pod of a job as the Kubernetes model sees it: a Job's pod with the job's requests, and the GPU
+    devices it runs on (`GPU_INDEX_ANNOTATION`, as the GPU-sharing scheduler records them)."""
     requests = {"cpu": job.cpu_milli, "memory": job.memory_mib * MIB}
     if job.gpu_milli >= MILLI_PER_GPU:
         requests[GPU_RESOURCE] = job.num_gpu
@@ -159,6 +165,7 @@ def build_pod(
         scheduler_name=scheduler_name,
         qos_class="Burstable",
         labels={"job-name": job.name},
+        annotations={GPU_INDEX_ANNOTATION: "-".join(map(str, devices))} if devices else {},
         owner=OwnerRef(kind="Job", name=job.name, api_version="batch/v1"),
         requests=requests,
         gpu=GpuRequest(count=job.num_gpu, milli_per_device=job.gpu_milli),
@@ -212,12 +219,17 @@ class SnapshotBuilder:
             self._affinity[models] = terms
         return terms
 
-    def _pod(self, job: Job, node: str, started: float) -> Pod:
+    def _pod(self, job: Job, node: str, started: float, devices: tuple[int, ...]) -> Pod:
         cached = self._pods.get(job.index)
         if cached is not None and cached[0] == node and cached[1] == started:
             return cached[2]
         built = build_pod(
-            job, node, started, self.scheduler_name, required_affinity=self._required_affinity(job.models)
+            job,
+            node,
+            started,
+            self.scheduler_name,
+            required_affinity=self._required_affinity(job.models),
+            devices=devices,
         )
         self._pods[job.index] = (node, started, built)
         self.index[built.key] = job.index
@@ -230,7 +242,10 @@ class SnapshotBuilder:
         for name, node in cluster.nodes.items():
             cached = self._on_node.get(name)
             if cached is None or cached[0] is not node or cached[1] != node.version:
-                held = tuple(self._pod(self.jobs[index], name, cluster.started[index]) for index in node.jobs)
+                held = tuple(
+                    self._pod(self.jobs[index], name, cluster.started[index], devices)
+                    for index, devices in node.jobs.items()
+                )
                 cached = (node, node.version, held)
                 self._on_node[name] = cached
             pods.extend(cached[2])
@@ -270,7 +285,9 @@ class _ReplayEvictor(UnframedEvictor):
             if index is None or index in self._seen or index not in self._cluster.location:
                 continue
             self._seen.add(index)
-            self.evictions.append(Eviction(job=index, target=targets.get(pod.key)))
+            target = targets.get(pod.key)
+            tied = decision.tied.get(pod.key, frozenset()) if target is not None else frozenset()
+            self.evictions.append(Eviction(job=index, target=target, tied=tied))
         return tuple(Outcome(p.namespace, p.name, "evicted") for p in proposal.pods)
 
     def end_cycle(self, decisions: Sequence[Decision], *, completed: bool) -> tuple[Finding, ...]:

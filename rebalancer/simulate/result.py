@@ -42,6 +42,8 @@ class SimulationResult:
     refused_proposals: Mapping[str, int] = field(default_factory=dict)
     skipped_strategies: Mapping[str, int] = field(default_factory=dict)
     misplaced_evictions: int = 0
+    # Of those, the ones that landed on a node the planner found tied with the predicted one.
+    equivalent_evictions: int = 0
     nodes_added: int = 0
     nodes_removed: int = 0
     peak_nodes: int = 0
@@ -103,6 +105,7 @@ def result_to_dict(result: SimulationResult) -> dict[str, Any]:
         "refused_proposals": dict(sorted(result.refused_proposals.items())),
         "skipped_strategies": dict(sorted(result.skipped_strategies.items())),
         "misplaced_evictions": result.misplaced_evictions,
+        "equivalent_evictions": result.equivalent_evictions,
         "nodes_added": result.nodes_added,
         "nodes_removed": result.nodes_removed,
         "peak_nodes": result.peak_nodes,

@@ -52,7 +52,7 @@ from kubernetes.client.exceptions import ApiException
 from rebalancer import rfc3339
 from rebalancer.checkpoints import CheckpointRequester
 from rebalancer.evictor import REQUESTER, KubeEvictor
-from rebalancer.fence import UNFENCED, Fence, WriteFence
+from rebalancer.fence import UNFENCED, Fence, RequestTimeout, WriteFence
 from rebalancer.guards import (
     CHECKPOINT_PENDING,
 )
@@ -95,7 +95,6 @@ _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 log = logging.getLogger(__name__)
 
-RequestTimeout = float | tuple[float, float]
 # Why a pod's annotations could not be patched.
 
 
@@ -404,15 +403,7 @@ class ClusterActuator:
                 continue
             pods = plural(len(busy), "pod")
             why = f"drain interrupted (restart or leader change) with {pods} still on the node"
-            change = self._untaint(node.name, why)
-            self._drain_notes.append(
-                Finding(
-                    kind=DRAIN_INTERRUPTED,
-                    node=node.name,
-                    detail=f"drain mark removed: {why}"
-                    + ("" if change.ok else f"; removing it failed ({change.detail})"),
-                )
-            )
+            change = self._lift(node.name, DRAIN_INTERRUPTED, why)
             if change.ok:
                 done.add(node.name)
         return done
@@ -445,15 +436,7 @@ class ClusterActuator:
                 assert since is not None
                 self._marked[node.name] = since
                 continue
-            change = self._untaint(node.name, why)
-            self._drain_notes.append(
-                Finding(
-                    kind=DRAIN_TIMEOUT if expired else DRAIN_INTERRUPTED,
-                    node=node.name,
-                    detail=f"drain mark removed: {why}"
-                    + ("" if change.ok else f"; removing it failed ({change.detail})"),
-                )
-            )
+            self._lift(node.name, DRAIN_TIMEOUT if expired else DRAIN_INTERRUPTED, why)
 
     def _pending_from(self, snapshot: Snapshot) -> dict[str, str]:
         """The nodes pods were evicted from whose workload keeps the circuit open (its new pods Pending),
@@ -491,6 +474,13 @@ class ClusterActuator:
             log.info("node %s marked draining (cycle %s)", node, self._cycle_id)
         else:
             log.warning("cannot mark node %s draining: %s", node, change.detail)
+        return change
+
+    def _lift(self, node: str, kind: str, why: str) -> TaintChange:
+        """Unmark `node` for `why`, noted as a finding of `kind` (saying so when the write failed)."""
+        change = self._untaint(node, why)
+        failed = "" if change.ok else f"; removing it failed ({change.detail})"
+        self._drain_notes.append(Finding(kind=kind, node=node, detail=f"drain mark removed: {why}{failed}"))
         return change
 
     def _untaint(self, node: str, why: str) -> TaintChange:

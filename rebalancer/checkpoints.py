@@ -25,7 +25,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rebalancer import rfc3339
-from rebalancer.fence import UNFENCED, Fence, FenceLost, clip_timeout
+from rebalancer.fence import UNFENCED, Fence, FenceLost, RequestTimeout, clip_timeout
 from rebalancer.guards import (
     CHECKPOINT_ANNOTATION,
     CHECKPOINT_DONE_ANNOTATION,
@@ -54,8 +54,6 @@ _MERGE_PATCH = "application/merge-patch+json"
 _PatchProblem = Literal["gone", "forbidden", "error"]
 
 log = logging.getLogger("rebalancer.actuator")
-
-RequestTimeout = float | tuple[float, float]
 
 
 class CheckpointRequester:

@@ -49,7 +49,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from rebalancer.fence import UNFENCED, Fence, FenceLost, clip_timeout
+from rebalancer.fence import UNFENCED, Fence, FenceLost, RequestTimeout, clip_timeout
 from rebalancer.kubeapi import (
     Backoff,
     describe_answer,
@@ -114,8 +114,6 @@ def _may_have_landed(exc: BaseException) -> bool:
 _WENT_THROUGH = "the eviction request got no final answer but went through"
 
 log = logging.getLogger(__name__)
-
-RequestTimeout = float | tuple[float, float]
 
 
 class Evictor(Protocol):

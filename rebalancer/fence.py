@@ -24,11 +24,21 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["MIN_WRITE_SECONDS", "UNFENCED", "Fence", "FenceLost", "WriteFence", "clip_timeout"]
+__all__ = [
+    "MIN_WRITE_SECONDS",
+    "UNFENCED",
+    "Fence",
+    "FenceLost",
+    "RequestTimeout",
+    "WriteFence",
+    "clip_timeout",
+]
 
 # A write needs at least this long to be worth starting: a request clipped to less would time out.
 MIN_WRITE_SECONDS = 0.2
 
+# What every Kubernetes request of the project takes as `_request_timeout`: seconds in total, or
+# (connect, read).
 RequestTimeout = float | tuple[float, float]
 
 

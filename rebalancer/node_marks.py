@@ -21,7 +21,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from rebalancer.fence import UNFENCED, Fence, FenceLost, clip_timeout
+from rebalancer.fence import UNFENCED, Fence, FenceLost, RequestTimeout, clip_timeout
 from rebalancer.kubeapi import (
     Backoff,
     describe_answer,
@@ -34,8 +34,6 @@ from rebalancer.kubeapi import (
 __all__ = ["DRAINING_TAINT_KEY", "DryRunTainter", "KubeTainter", "NodeTainter", "TaintChange"]
 
 DRAINING_TAINT_KEY = "rebalancer.gpu/draining"
-
-RequestTimeout = float | tuple[float, float]
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rebalancer import rfc3339
-from rebalancer.fence import UNFENCED, Fence, FenceLost, clip_timeout
+from rebalancer.fence import UNFENCED, Fence, FenceLost, RequestTimeout, clip_timeout
 from rebalancer.history import NO_HISTORY, DisruptionHistory
 from rebalancer.kubeapi import Backoff, describe_answer, read_json, read_or_none, with_retries
 
@@ -63,7 +63,6 @@ _MERGE_PATCH = "application/merge-patch+json"
 
 log = logging.getLogger(__name__)
 
-RequestTimeout = float | tuple[float, float]
 _T = TypeVar("_T")
 
 
@@ -309,7 +308,7 @@ class ConfigMapStateStore:
             return None
         if not isinstance(doc, dict):
             return None
-        self._version = str((doc.get("metadata") or {}).get("resourceVersion") or "") or None
+        self._version = _version_of(doc)
         return doc
 
     def _state_of(self, doc: Mapping[str, Any]) -> ActuatorState | None:
@@ -391,8 +390,7 @@ class ConfigMapStateStore:
         self._remember_version(response)
 
     def _remember_version(self, response: urllib3.BaseHTTPResponse) -> None:
-        doc = read_json(response)
-        self._version = str((doc.get("metadata") or {}).get("resourceVersion") or "") or None
+        self._version = _version_of(read_json(response))
 
     def _attempt(self, what: str, request: Callable[[], _T]) -> _T:
         """`request()` with the retry rule; a failure that remains is logged and raised as _NotSaved
@@ -412,6 +410,10 @@ class _Conflict(Exception):
 
 class _NotSaved(Exception):
     """A request failed after its retries (already logged)."""
+
+
+def _version_of(doc: Mapping[str, Any]) -> str | None:
+    return str((doc.get("metadata") or {}).get("resourceVersion") or "") or None
 
 
 def _term_of(doc: Mapping[str, Any]) -> int | None:

@@ -100,11 +100,11 @@ class Served:
         return f"http://127.0.0.1:{self.port}"
 
 
-@contextmanager
-def serving(api: FakeApiServer, tmp_path: Path, *options: str) -> Iterator[Served]:
-    """`rebalancer run` as a process against the fake, ready (a first cycle done); stopped with SIGTERM,
-    which must end it with exit code 0."""
-    served = Served(free_port())
+def start_run(
+    api: FakeApiServer, tmp_path: Path, policy_file: Path, *options: str
+) -> subprocess.Popen[bytes]:
+    """`rebalancer run` as a process against the fake with `policy_file`, JSON logs, the Lease and state in
+    STATE_NS, out of any pod's environment; `options` add or set the rest."""
     command = [
         sys.executable,
         "-m",
@@ -113,11 +113,7 @@ def serving(api: FakeApiServer, tmp_path: Path, *options: str) -> Iterator[Serve
         "--kubeconfig",
         str(kubeconfig(tmp_path / "kubeconfig", api.url)),
         "--policy",
-        str(policy(tmp_path / "policy.yaml")),
-        "--listen",
-        f"127.0.0.1:{served.port}",
-        "--report-listen",  # /report on the same server, so the tests read it where they read the rest
-        f"127.0.0.1:{served.port}",
+        str(policy_file),
         "--log-format",
         "json",
         "--lease-namespace",
@@ -125,7 +121,18 @@ def serving(api: FakeApiServer, tmp_path: Path, *options: str) -> Iterator[Serve
         *options,
     ]
     env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "POD_NAMESPACE")}
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+@contextmanager
+def serving(api: FakeApiServer, tmp_path: Path, *options: str) -> Iterator[Served]:
+    """`rebalancer run` as a process against the fake, ready (a first cycle done); stopped with SIGTERM,
+    which must end it with exit code 0."""
+    served = Served(free_port())
+    address = f"127.0.0.1:{served.port}"
+    # /report on the same server, so the tests read it where they read the rest.
+    listen = ("--listen", address, "--report-listen", address)
+    process = start_run(api, tmp_path, policy(tmp_path / "policy.yaml"), *listen, *options)
     try:
         deadline = time.monotonic() + 15
         while get(f"{served.url}/readyz")[0] != 200:

@@ -11,10 +11,8 @@ middle of a node drain.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,7 +22,7 @@ import pytest
 from rebalancer.node_marks import DRAINING_TAINT_KEY
 from rebalancer.state import STATE_CONFIGMAP, STATE_KEY
 from tests.fake_apiserver import FakeApiServer
-from tests.test_daemon_cli import FAST_ELECTION, ROOT, STATE_NS, free_port, kubeconfig
+from tests.test_daemon_cli import FAST_ELECTION, STATE_NS, free_port, start_run
 from tests.test_fencing import eight_pod_drain
 
 EVICTIONS = "/api/v1/namespaces/*/pods/*/eviction"
@@ -52,30 +50,8 @@ def api() -> Iterator[FakeApiServer]:
 def _start(api: FakeApiServer, tmp_path: Path, identity: str, *options: str) -> subprocess.Popen[bytes]:
     policy = tmp_path / "policy.yaml"
     policy.write_text(json.dumps(LIVE_POLICY), encoding="utf-8")
-    command = [
-        sys.executable,
-        "-m",
-        "rebalancer.cli",
-        "run",
-        "--kubeconfig",
-        str(kubeconfig(tmp_path / "kubeconfig", api.url)),
-        "--policy",
-        str(policy),
-        "--listen",
-        f"127.0.0.1:{free_port()}",
-        "--report-listen",
-        "off",
-        "--log-format",
-        "json",
-        "--lease-namespace",
-        STATE_NS,
-        "--identity",
-        identity,
-        *FAST_ELECTION,
-        *options,
-    ]
-    env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "POD_NAMESPACE")}
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    listen = ("--listen", f"127.0.0.1:{free_port()}", "--report-listen", "off")
+    return start_run(api, tmp_path, policy, *listen, "--identity", identity, *FAST_ELECTION, *options)
 
 
 def _wait(predicate: Callable[[], bool], timeout: float, what: str, process: subprocess.Popen[bytes]) -> None:

@@ -32,6 +32,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rebalancer.fence import RequestTimeout
 from rebalancer.kubeapi import describe_transport_error
 from rebalancer.model import CycleReport, ReportedDecision
 from rebalancer.redaction import redact
@@ -44,8 +45,6 @@ NODE_EVENT_NAMESPACE = "default"
 MAX_MESSAGE_CHARS = 1024
 
 log = logging.getLogger(__name__)
-
-RequestTimeout = float | tuple[float, float]
 
 
 class EventsSinkError(Exception):

@@ -71,7 +71,7 @@ def verify_signature(
     secret: str, body: bytes, header: str | None, *, now: float, tolerance: float = REPLAY_WINDOW
 ) -> bool:
     """A receiver's check of `X-Rebalancer-Signature-V1`: True only when `header` carries a timestamp
-    within `tolerance` seconds of `now` (the receiver's `time.time()`) and a `v1` HMAC of
+    within `tolerance` seconds of `now` (the receiver's clock, Unix seconds) and a `v1` HMAC of
     `"<t>.<body>"` that matches, compared in constant time. `body` is the raw request body, as received.
 
     Then reject a `delivery_id` (in the body) already seen within the window: that is a replay.

@@ -37,6 +37,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rebalancer.errors import Problems
+from rebalancer.fence import RequestTimeout
 from rebalancer.kubeapi import Backoff, describe_error, exponential_backoff, load_api_client, with_retries
 from rebalancer.model import NO_TELEMETRY, Finding, Node, Pdb, Pod, Snapshot, Telemetry
 from rebalancer.policy import LoadedPolicy
@@ -52,7 +53,6 @@ DEFAULT_PAGE_SIZE = 500
 # (connect, read) seconds for one list page.
 DEFAULT_TIMEOUT: tuple[float, float] = (5.0, 60.0)
 
-RequestTimeout = float | tuple[float, float]
 JsonObj = Mapping[str, Any]
 
 

@@ -1,30 +1,24 @@
 """Consolidation-quality and speed benchmark of `rebalancer simulate` on the Alibaba v2023 GPU trace.
 
-Runs the table of bench/README.md: for each scenario (pod list, replicas, seed, compression) the
-configurations packed/off, spread/off, packed/on, packed/descheduler-hnu and packed/on@defaults (the
-simulation policy with gpu-consolidation's default arguments and no disruption budget, the
-defaults), one after the other in this process
-(so `wall_seconds` is one replay on one core), and prints a markdown table plus, with `--json`, one
-JSON object per run. The goals it reports against are in bench/README.md; nothing here
-is a pass/fail test. Wall time is measured here, at the edge, around `run_simulation`.
+Runs the table of bench/README.md: for each scenario (pod list, replicas, compression) and seed, the
+configurations packed/off, spread/off, packed/on (the shipped default policy, or `--policy`) and
+packed/descheduler-hnu, one after the other in this process (so `wall_seconds` is one replay on one
+core), and prints a markdown table plus, with `--json`, one JSON object per run. The goals it reports
+against are in bench/README.md; nothing here is a pass/fail test. Wall time is measured here, at the
+edge, around `run_simulation`.
 
-    .venv/bin/python bench/simulate_bench.py                      # the full table
-    .venv/bin/python bench/simulate_bench.py --scenario gpuspec33 --mode packed/on
-    .venv/bin/python bench/simulate_bench.py --scenario gpuspec33 --mode 'packed/on@defaults'
+    .venv/bin/python bench/simulate_bench.py                      # the full table, seed 1
+    .venv/bin/python bench/simulate_bench.py --scenario gpuspec33 --mode packed/on --seed 1 --seed 2
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-import yaml
 
 from rebalancer.simulate import (
     SimulationInputError,
@@ -33,21 +27,10 @@ from rebalancer.simulate import (
     result_to_dict,
     run_simulation,
 )
-from rebalancer.simulate.rebalancers import SIMULATION_POLICY
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "alibaba-gpu-v2023" / "csv"
 NODES = "openb_node_list_gpu_node.csv"
-# packed/on with the simulation policy but gpu-consolidation's own defaults for the arguments that
-# policy sets for the trace (threshold and node-size rules); telemetry stays off.
-SHIPPED_THRESHOLD = "packed/on@defaults"
-TRACE_TUNED_ARGS = (
-    "max_allocated_percent",
-    "move_to_smaller_nodes",
-    "drain_onto_larger_nodes",
-    "peer_pods_to_make_room",
-)
-TRACE_TUNED_GUARDS = ("max_disruptions_per_workload", "disruption_window")
 
 
 @dataclass(frozen=True)
@@ -55,7 +38,6 @@ class Scenario:
     name: str
     pods: str
     replicas: int = 10
-    seed: int = 1
     compress: float = 1.0
 
 
@@ -65,60 +47,44 @@ SCENARIOS = (
     Scenario("gpuspec33-compress10", "openb_pod_list_gpuspec33.csv", compress=10.0),
     Scenario("default-compress10", "openb_pod_list_default.csv", compress=10.0),
 )
-MODES = ("packed/off", "spread/off", "packed/on", "packed/descheduler-hnu", SHIPPED_THRESHOLD)
+MODES = ("packed/off", "spread/off", "packed/on", "packed/descheduler-hnu")
 
 
-def shipped_threshold_policy(folder: Path) -> Path:
-    """The simulation policy with the threshold, node-size rules and disruption budget back at their
-    defaults."""
-    document = copy.deepcopy(SIMULATION_POLICY)
-    strategies = document["strategies"]
-    assert isinstance(strategies, list)
-    for name in TRACE_TUNED_ARGS:
-        strategies[0]["args"].pop(name, None)
-    guards = document["guards"]
-    assert isinstance(guards, dict)
-    for name in TRACE_TUNED_GUARDS:
-        guards.pop(name, None)
-    path = folder / "policy-defaults.yaml"
-    path.write_text(yaml.safe_dump(document), encoding="utf-8")
-    return path
-
-
-def run(data: Path, scenario: Scenario, mode: str, policy: Path | None, interval: float) -> SimulationResult:
+def run(
+    data: Path, scenario: Scenario, seed: int, mode: str, *, policy: Path | None, interval: float
+) -> SimulationResult:
     scheduler, rebalancer = mode.split("/", 1)
-    with tempfile.TemporaryDirectory() as folder:
-        if mode == SHIPPED_THRESHOLD:
-            rebalancer, policy = "on", shipped_threshold_policy(Path(folder))
-        options = SimulationOptions(
-            nodes=data / NODES,
-            pods=data / scenario.pods,
-            replicas=scenario.replicas,
-            seed=scenario.seed,
-            compress=scenario.compress,
-            scheduler=scheduler,  # type: ignore[arg-type]
-            rebalancer=rebalancer,  # type: ignore[arg-type]
-            policy=policy if rebalancer == "on" else None,
-            interval=interval,
-        )
-        started = time.perf_counter()
-        result = run_simulation(options)
-        return replace(result, wall_seconds=time.perf_counter() - started)
+    options = SimulationOptions(
+        nodes=data / NODES,
+        pods=data / scenario.pods,
+        replicas=scenario.replicas,
+        seed=seed,
+        compress=scenario.compress,
+        scheduler=scheduler,  # type: ignore[arg-type]
+        rebalancer=rebalancer,  # type: ignore[arg-type]
+        policy=policy if rebalancer == "on" else None,
+        interval=interval,
+    )
+    started = time.perf_counter()
+    result = run_simulation(options)
+    return replace(result, wall_seconds=time.perf_counter() - started)
 
 
-def row(scenario: Scenario, mode: str, result: SimulationResult) -> str:
+def row(scenario: Scenario, seed: int, mode: str, result: SimulationResult) -> str:
     ratio = f"{result.ratio:.3f}" if result.ratio is not None else "-"
+    misplaced = f"{result.misplaced_evictions / result.evictions:.1%}" if result.evictions else "-"
     return (
-        f"| {scenario.name} | {mode} | {result.node_hours:,.0f} | {result.lower_bound_node_hours:,.0f} | "
-        f"{ratio} | {result.evictions_per_pod:.3f} | {result.max_evictions_per_pod} | "
-        f"{result.lost_gpu_hours:,.0f} | {result.pending_pod_hours:,.1f} | {result.wall_seconds or 0:.1f} |"
+        f"| {scenario.name} | {seed} | {mode} | {result.node_hours:,.0f} | "
+        f"{result.lower_bound_node_hours:,.0f} | {ratio} | {result.evictions_per_pod:.3f} | "
+        f"{result.max_evictions_per_pod} | {misplaced} | {result.lost_gpu_hours:,.0f} | "
+        f"{result.pending_pod_hours:,.1f} | {result.wall_seconds or 0:.1f} |"
     )
 
 
 HEADER = (
-    "| scenario | scheduler/rebalancer | node_hours | lower bound | ratio | evictions_per_pod | "
-    "max evictions | lost_gpu_hours | pending_pod_hours | wall_seconds |\n"
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "| scenario | seed | scheduler/rebalancer | node_hours | lower bound | ratio | evictions_per_pod | "
+    "max evictions | misplaced | lost_gpu_hours | pending_pod_hours | wall_seconds |\n"
+    "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
@@ -127,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of the v2023 trace CSVs")
     parser.add_argument("--scenario", action="append", choices=[s.name for s in SCENARIOS])
     parser.add_argument("--mode", action="append", choices=MODES)
-    parser.add_argument("--policy", type=Path, help="policy for packed/on (default: the simulation policy)")
+    parser.add_argument("--seed", type=int, action="append", help="seed of the copies' shifts (default 1)")
+    parser.add_argument(
+        "--policy", type=Path, help="policy for packed/on (default: the shipped default policy)"
+    )
     parser.add_argument("--interval", type=float, default=300.0, help="seconds between rebalancer cycles")
     parser.add_argument("--json", type=Path, help="also write one JSON object per run to this file")
     args = parser.parse_args(argv)
@@ -137,15 +106,16 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER, flush=True)
     records = []
     for scenario in scenarios:
-        for mode in modes:
-            try:
-                result = run(args.data, scenario, mode, args.policy, args.interval)
-            except SimulationInputError as exc:
-                for problem in exc.problems:
-                    print(f"simulate_bench: {problem}", file=sys.stderr)
-                return 2
-            print(row(scenario, mode, result), flush=True)
-            records.append({"scenario": scenario.name, "mode": mode, **result_to_dict(result)})
+        for seed in args.seed or [1]:
+            for mode in modes:
+                try:
+                    result = run(args.data, scenario, seed, mode, policy=args.policy, interval=args.interval)
+                except SimulationInputError as exc:
+                    for problem in exc.problems:
+                        print(f"simulate_bench: {problem}", file=sys.stderr)
+                    return 2
+                print(row(scenario, seed, mode, result), flush=True)
+                records.append({"scenario": scenario.name, "mode": mode, **result_to_dict(result)})
     if args.json is not None:
         args.json.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
     return 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -32,6 +32,16 @@ class StrategyArgs(BaseModel):
 
     def needs_telemetry(self) -> bool:
         return self.requires_telemetry
+
+    def without_telemetry(self) -> tuple[Self, str | None]:
+        """These arguments for a run that has no telemetry at all (a trace replay), and a sentence on how
+        their telemetry thresholds are treated there; None when they read no telemetry. By default a
+        strategy that needs telemetry keeps its arguments and the cycle skips it: nothing is ever judged
+        idle or under-used without evidence. A strategy whose judgement stands on allocation alone when
+        its telemetry threshold is dropped overrides this."""
+        if not self.needs_telemetry():
+            return self, None
+        return self, "not run: it needs GPU telemetry to judge anything"
 
 
 @dataclass(frozen=True, slots=True)

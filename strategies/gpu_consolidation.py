@@ -45,7 +45,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from itertools import islice
-from typing import Annotated
+from typing import Annotated, Self
 
 from pydantic import Field, model_validator
 
@@ -123,6 +123,17 @@ class GpuConsolidationArgs(StrategyArgs):
 
     def needs_telemetry(self) -> bool:
         return self.max_utilization_percent is not None
+
+    def without_telemetry(self) -> tuple[Self, str | None]:
+        """Allocation alone: the utilisation threshold is treated as met, so the run drains at most what
+        the live daemon would drain when every candidate's GPUs are below the threshold."""
+        if self.max_utilization_percent is None:
+            return self, None
+        threshold = _pct(self.max_utilization_percent)
+        return self.model_copy(update={"max_utilization_percent": None}), (
+            f"max_utilization_percent {threshold} treated as met: nodes judged on allocated GPUs alone "
+            f"(live, a node is drained only when its GPUs also average below {threshold})"
+        )
 
 
 # --------------------------------------------------------------------------- GPU accounting

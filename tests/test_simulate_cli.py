@@ -78,15 +78,46 @@ def test_simulate_bad_input_exits_2_with_one_line_per_problem(
     assert "--interval" in capsys.readouterr().err
 
 
-def test_a_policy_needing_telemetry_is_reported_as_skipped(
+def test_the_default_policy_is_replayed_on_allocation_and_says_how(
+    trace: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --policy the replay runs the shipped default policy. The trace has no telemetry: the
+    consolidation's utilisation threshold is treated as met, idle-gpu cannot judge anything, and the
+    report says both, and that dry_run is not honoured."""
+    nodes, pods = trace
+    argv = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--rebalancer", "on"]
+    assert main([*argv, "--output", "json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["policy"] == "<default policy>"
+    notes = payload["policy_notes"]
+    assert notes == [
+        "dry_run: true not honoured: the replay acts out every approved eviction",
+        "idle-gpu (no telemetry in the trace): not run: it needs GPU telemetry to judge anything",
+        "gpu-consolidation (no telemetry in the trace): max_utilization_percent 30% treated as met: "
+        "nodes judged on allocated GPUs alone (live, a node is drained only when its GPUs also average "
+        "below 30%)",
+    ]
+    (reason,) = payload["skipped_strategies"]
+    assert reason.startswith("idle-gpu: needs GPU telemetry")
+    assert main([*argv, "--output", "text"]) == 0
+    text = capsys.readouterr().out
+    rows = [[cell.strip() for cell in line.split("  ") if cell.strip()] for line in text.splitlines()]
+    assert ["policy", "<default policy>"] in rows
+    assert ["as replayed", notes[2]] in rows
+
+
+def test_a_policy_file_is_named_and_only_its_telemetry_thresholds_noted(
     trace: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     nodes, pods = trace
     policy = tmp_path / "policy.yaml"
-    policy.write_text("strategies:\n  - name: gpu-consolidation\n")  # utilisation threshold by default
+    policy.write_text(
+        "dry_run: false\nstrategies:\n  - name: gpu-consolidation\n"
+        "    args: {max_utilization_percent: null}\n"
+    )
     argv = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--rebalancer", "on"]
     assert main([*argv, "--policy", str(policy), "--output", "json"]) == 0
     payload = json.loads(capsys.readouterr().out)
-    (reason,) = payload["skipped_strategies"]
-    assert reason.startswith("gpu-consolidation: needs GPU telemetry")
-    assert payload["skipped_strategies"][reason] == payload["rebalancer_cycles"] > 0
+    assert payload["policy"] == str(policy)
+    assert payload["policy_notes"] == []
+    assert payload["skipped_strategies"] == {}

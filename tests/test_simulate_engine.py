@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 from dataclasses import replace
@@ -17,7 +16,6 @@ from rebalancer.simulate.cluster import InvariantViolation, SimCluster
 from rebalancer.simulate.engine import EngineConfig, Replay, simulate
 from rebalancer.simulate.rebalancers import (
     PACKED_SCHEDULER,
-    SIMULATION_POLICY,
     Eviction,
     HighNodeUtilization,
     PolicyRebalancer,
@@ -336,8 +334,15 @@ def test_the_real_rebalancer_spends_each_workloads_disruption_budget() -> None:
     cluster.place(jobs[0], lone, 0)
     for filler in jobs[1:]:
         cluster.place(filler, busy, 0)
-    document = copy.deepcopy(SIMULATION_POLICY)
-    document["guards"] = {"min_pod_age": 0, "cooldown": 0, "max_disruptions_per_workload": 2}
+    document = {
+        "strategies": [{"name": "gpu-consolidation", "args": {"max_utilization_percent": None}}],
+        "guards": {
+            "min_pod_age": 0,
+            "cooldown": 0,
+            "max_disruptions_per_workload": 2,
+            "disruption_window": "24h",
+        },
+    }
     rebalancer = PolicyRebalancer(parse_policy(document), SnapshotBuilder(jobs, PACKED_SCHEDULER))
 
     # The cluster is left as it is, so each tick proposes the same drain: twice a day at most.

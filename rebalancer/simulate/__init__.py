@@ -30,7 +30,7 @@ from rebalancer.errors import InputError
 from rebalancer.policy import LoadedPolicy, PolicyError, load_policy
 from rebalancer.simulate.cluster import SchedulerModel
 from rebalancer.simulate.engine import DEFAULT_INTERVAL, EngineConfig, RebalancerMode, simulate
-from rebalancer.simulate.rebalancers import simulation_policy
+from rebalancer.simulate.rebalancers import default_policy, replay_policy
 from rebalancer.simulate.result import (
     ResultFormat,
     SimulationResult,
@@ -45,12 +45,13 @@ __all__ = [
     "SimulationInputError",
     "SimulationOptions",
     "SimulationResult",
+    "default_policy",
     "load_prices",
     "render",
     "render_text",
+    "replay_policy",
     "result_to_dict",
     "run_simulation",
-    "simulation_policy",
 ]
 
 

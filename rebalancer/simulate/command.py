@@ -37,7 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="divide inter-arrival times by C, keeping durations (default 1)",
     )
     parser.add_argument(
-        "--policy", metavar="FILE", help="policy for --rebalancer on (default: the simulation policy)"
+        "--policy",
+        metavar="FILE",
+        help="policy for --rebalancer on (default: the shipped default policy, policies/default.yaml)",
     )
     parser.add_argument("--scheduler", choices=("packed", "spread"), default="packed")
     parser.add_argument("--rebalancer", choices=("on", "off", "descheduler-hnu"), default="off")

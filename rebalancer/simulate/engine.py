@@ -52,7 +52,8 @@ from rebalancer.simulate.rebalancers import (
     PolicyRebalancer,
     Rebalancer,
     SnapshotBuilder,
-    simulation_policy,
+    default_policy,
+    replay_policy,
 )
 from rebalancer.simulate.result import SimulationResult
 from rebalancer.simulate.trace import Job, TraceNode, Window
@@ -70,7 +71,7 @@ class EngineConfig:
     rebalancer: RebalancerMode = "off"
     interval: float = DEFAULT_INTERVAL
     scale_down_after: float = SCALE_DOWN_AFTER
-    policy: LoadedPolicy | None = None  # `on` only; None = `simulation_policy()`
+    policy: LoadedPolicy | None = None  # `on` only; None = `default_policy()`
     prices: Mapping[str, float] = field(default_factory=dict)  # per GPU-hour, per model
     check_invariants: bool = False
     # Copied into the result, for the record.
@@ -119,8 +120,12 @@ class Replay:
         self.policy_rebalancer: PolicyRebalancer | None = None
         self.hnu: HighNodeUtilization | None = None
         self.rebalancer: Rebalancer | None = None
+        self.policy_source: str | None = None
+        self.policy_notes: tuple[str, ...] = ()
         if config.rebalancer == "on":
-            self.policy_rebalancer = PolicyRebalancer(config.policy or simulation_policy(), self.builder)
+            loaded, self.policy_notes = replay_policy(config.policy or default_policy())
+            self.policy_source = loaded.source
+            self.policy_rebalancer = PolicyRebalancer(loaded, self.builder)
             self.rebalancer = self.policy_rebalancer
         elif config.rebalancer == "descheduler-hnu":
             self.hnu = HighNodeUtilization(jobs)
@@ -349,6 +354,8 @@ class Replay:
             approved_proposals=policy.approved if policy is not None else 0,
             refused_proposals=dict(policy.refused) if policy is not None else {},
             skipped_strategies=dict(policy.skipped) if policy is not None else {},
+            policy=self.policy_source,
+            policy_notes=self.policy_notes,
             misplaced_evictions=self.misplaced,
             equivalent_evictions=self.equivalent,
             nodes_added=self.nodes_added,

@@ -18,8 +18,10 @@ Owns two things the engine calls with the simulated state and time, each answeri
   free on the other nodes, summed over them, stay positive. No placement simulation, no per-node
   reservations, no cooldown, no taint.
 
-Also `simulation_policy()`, the policy `on` uses unless `--policy` gives one. This module must not
-read the clock, move jobs itself or decide when ticks happen: the engine applies the evictions.
+Also `default_policy()`, the policy `on` uses unless `--policy` gives one (the shipped defaults), and
+`replay_policy()`, how a policy is run without telemetry, with a line per difference from a live run.
+This module must not read the clock, move jobs itself or decide when ticks happen: the engine applies
+the evictions.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from rebalancer.model import (
     Taint,
 )
 from rebalancer.node_accounting import GPU_INDEX_ANNOTATION
-from rebalancer.policy import LoadedPolicy, parse_policy
+from rebalancer.policy import ConfiguredStrategy, LoadedPolicy, parse_policy
 from rebalancer.simulate.cluster import MIB, POD_SLOTS, SimCluster, SimNode
 from rebalancer.simulate.trace import Job
 
@@ -63,40 +65,32 @@ HNU_THRESHOLD_PERCENT = 50.0
 # The taint the live evictor puts on a node before draining it, so evicted pods do not land back.
 DRAINING_TAINT = Taint(key="rebalancer.gpu/draining", value="simulation", effect="NoSchedule")
 
-SIMULATION_POLICY: dict[str, object] = {
-    "dry_run": False,
-    "strategies": [
-        {
-            "name": "gpu-consolidation",
-            # The replay has no DCGM telemetry: consolidate on allocated GPUs alone. The trace mixes
-            # 2-, 4- and 8-GPU nodes of several models: pods only move to nodes at least as large,
-            # fuller nodes are drained too when part of their pods can move up to larger nodes, and
-            # such a drain may lift one pod of a peer to make room for the pods bound to its size.
-            "args": {
-                "max_utilization_percent": None,
-                "max_allocated_percent": 50,
-                "move_to_smaller_nodes": False,
-                "drain_onto_larger_nodes": True,
-                "peer_pods_to_make_room": 1,
-            },
-        }
-    ],
-    # Every simulated pod is a Job's pod started by the trace: no pod is too young to move. Upward
-    # drains move pods more often: no workload more than 3 times a day.
-    "guards": {"min_pod_age": 0, "max_disruptions_per_workload": 3, "disruption_window": "24h"},
-    # A drained node's pods all move at once, so no per-node or per-namespace cap; keep a cycle cap.
-    "limits": {"max_per_node": None, "max_per_namespace": None, "max_per_cycle": 100},
-    "telemetry": None,
-}
+
+def default_policy() -> LoadedPolicy:
+    """The built-in defaults, which policies/default.yaml writes out: what `on` runs without `--policy`."""
+    return parse_policy({}, "<default policy>")
 
 
-def simulation_policy() -> LoadedPolicy:
-    """gpu-consolidation on allocation alone (nodes under 50 % of their GPUs allocated, and fuller ones
-    whose pods partly move up to larger nodes, lifting at most one peer pod to make room; never onto
-    smaller nodes), min_pod_age 0, no telemetry, no per-node or per-namespace cap, at most 100
-    evictions per cycle, at most 3 disruptions of a workload a day; other settings (min_node_age 1h,
-    cooldown 30m, 3 nodes per cycle) are the defaults."""
-    return parse_policy(SIMULATION_POLICY, "<simulation policy>")
+def replay_policy(loaded: LoadedPolicy) -> tuple[LoadedPolicy, tuple[str, ...]]:
+    """The policy as the replay runs it, and one line per way that differs from a live run of it.
+
+    The trace has no GPU telemetry: each strategy's `without_telemetry()` says how its telemetry
+    thresholds are treated (gpu-consolidation's utilisation threshold as met, idle-gpu not run). The
+    replay acts out every approved eviction whatever `dry_run` says: it measures what the policy would
+    do live. Everything else (guards, limits, cooldowns, the disruption budget) applies as written.
+    """
+    notes: list[str] = []
+    if loaded.policy.dry_run:
+        notes.append("dry_run: true not honoured: the replay acts out every approved eviction")
+    strategies: list[ConfiguredStrategy] = []
+    for configured in loaded.strategies:
+        args, note = configured.args.without_telemetry()
+        if note is not None:
+            notes.append(f"{configured.name} (no telemetry in the trace): {note}")
+        strategies.append(
+            configured if args is configured.args else configured.model_copy(update={"args": args})
+        )
+    return loaded.model_copy(update={"strategies": tuple(strategies)}), tuple(notes)
 
 
 def sim_datetime(seconds: float) -> datetime:

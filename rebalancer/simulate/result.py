@@ -41,6 +41,9 @@ class SimulationResult:
     approved_proposals: int = 0
     refused_proposals: Mapping[str, int] = field(default_factory=dict)
     skipped_strategies: Mapping[str, int] = field(default_factory=dict)
+    # `on`: the policy's source, and how the replay runs it differently from a live daemon.
+    policy: str | None = None
+    policy_notes: tuple[str, ...] = ()
     misplaced_evictions: int = 0
     # Of those, the ones that landed on a node the planner found tied with the predicted one.
     equivalent_evictions: int = 0
@@ -104,6 +107,8 @@ def result_to_dict(result: SimulationResult) -> dict[str, Any]:
         "approved_proposals": result.approved_proposals,
         "refused_proposals": dict(sorted(result.refused_proposals.items())),
         "skipped_strategies": dict(sorted(result.skipped_strategies.items())),
+        "policy": result.policy,
+        "policy_notes": list(result.policy_notes),
         "misplaced_evictions": result.misplaced_evictions,
         "equivalent_evictions": result.equivalent_evictions,
         "nodes_added": result.nodes_added,
@@ -152,6 +157,9 @@ def render_text(result: SimulationResult) -> str:
             f"{result.nodes_added} / {result.nodes_removed} / {result.peak_nodes}",
         ),
     ]
+    if result.policy is not None:
+        rows.append(("policy", result.policy))
+    rows.extend(("  as replayed", note) for note in result.policy_notes)
     for reason, cycles in sorted(result.skipped_strategies.items()):
         rows.append(("skipped strategy", f"{reason} ({cycles} cycles)"))
     if result.unplaceable_pods:

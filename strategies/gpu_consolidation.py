@@ -102,15 +102,15 @@ class GpuConsolidationArgs(StrategyArgs):
     min_samples: int = Field(default=10, ge=1)
     # false: a drained node's pods never go to nodes with fewer GPUs than it (small GPU shapes, often
     # a scarce model, stay free for the pods that can run nowhere else).
-    move_to_smaller_nodes: bool = True
+    move_to_smaller_nodes: bool = False
     # true: a node at or above `max_allocated_percent` is drained too when the packed scheduler puts
     # part of its pods on nodes with more GPUs, none on smaller nodes, and the rest fill no more GPUs
     # on nodes of its own size than the node leaves free (the utilisation threshold still applies).
-    drain_onto_larger_nodes: bool = False
+    drain_onto_larger_nodes: bool = True
     # With drain_onto_larger_nodes: when the pods of such a node that must stay on its size lack room
     # on its peers (same GPU model and size), the same proposal may also move up to this many peer
     # pods that the packed scheduler puts on nodes with more GPUs, to make that room (0: never).
-    peer_pods_to_make_room: int = Field(default=0, ge=0)
+    peer_pods_to_make_room: int = Field(default=1, ge=0)
 
     @model_validator(mode="after")
     def _room_needs_upward_drains(self) -> GpuConsolidationArgs:

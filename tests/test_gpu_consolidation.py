@@ -27,7 +27,14 @@ from rebalancer.registry import Refusal, StrategyContext, get_strategy
 from strategies.gpu_consolidation import GpuConsolidationArgs, gpu_consolidation
 from tests.builders import A100, H100, L4, gpu_sample, node, pod, snapshot, telemetry
 
-ALLOCATION_ONLY = GpuConsolidationArgs(max_utilization_percent=None)
+# The plainest profile the rules below are read against: allocation alone, node sizes ignored (the
+# defaults keep drains monotone in node size; the tests of those rules switch them on by name).
+ALLOCATION_ONLY = GpuConsolidationArgs(
+    max_utilization_percent=None,
+    move_to_smaller_nodes=True,
+    drain_onto_larger_nodes=False,
+    peer_pods_to_make_room=0,
+)
 PodKey = tuple[str, str]
 
 
@@ -96,8 +103,10 @@ def test_args_defaults_registration_and_telemetry_needs() -> None:
     assert (args.window, args.min_node_age, args.max_telemetry_age) == (3600, 3600, 300)
     assert args.max_nodes_per_cycle == 3
     assert args.packed_schedulers == ("gpu-packed-scheduler",)
-    assert args.move_to_smaller_nodes
-    assert not args.drain_onto_larger_nodes
+    # Drains are monotone in node size by default: never onto smaller nodes, fuller nodes lifted up.
+    assert not args.move_to_smaller_nodes
+    assert args.drain_onto_larger_nodes
+    assert args.peer_pods_to_make_room == 1
     assert args.needs_telemetry()
     assert args.telemetry_windows() == frozenset({3600})
     assert not ALLOCATION_ONLY.needs_telemetry()
@@ -105,6 +114,17 @@ def test_args_defaults_registration_and_telemetry_needs() -> None:
     spec = get_strategy("gpu-consolidation")
     assert spec is not None
     assert spec.args_model is GpuConsolidationArgs
+
+
+def test_without_telemetry_the_utilisation_threshold_is_treated_as_met_and_said_so() -> None:
+    args, note = GpuConsolidationArgs().without_telemetry()
+    assert args.max_utilization_percent is None
+    assert not args.needs_telemetry()
+    assert args.model_dump(exclude={"max_utilization_percent"}) == GpuConsolidationArgs().model_dump(
+        exclude={"max_utilization_percent"}
+    )
+    assert note is not None and note.startswith("max_utilization_percent 30% treated as met")
+    assert ALLOCATION_ONLY.without_telemetry() == (ALLOCATION_ONLY, None)
 
 
 def test_args_parse_durations_and_reject_bad_values() -> None:
@@ -753,9 +773,17 @@ def test_room_takes_no_more_peer_pods_than_the_policy_allows() -> None:
     assert_plan_fits(snap, result)
 
 
+def test_the_defaults_are_the_room_making_profile() -> None:
+    # What the shipped policy drains on a mixed-size cluster, telemetry aside: the case above.
+    assert GpuConsolidationArgs(max_utilization_percent=None) == MAKE_ROOM
+    nodes, pods, _ = room_cluster()
+    _, result = run(nodes, pods, GpuConsolidationArgs(max_utilization_percent=None))
+    assert drained(result) == ["gpu-l4-1"]
+
+
 def test_making_room_needs_upward_drains() -> None:
     with pytest.raises(ValidationError, match="peer_pods_to_make_room needs drain_onto_larger_nodes: true"):
-        GpuConsolidationArgs(peer_pods_to_make_room=1)
+        GpuConsolidationArgs(drain_onto_larger_nodes=False, peer_pods_to_make_room=1)
     with pytest.raises(ValidationError):
         UPWARD.model_validate({**UPWARD.model_dump(), "peer_pods_to_make_room": -1})
 

@@ -18,7 +18,12 @@ TRAINER = Workload("ml", "ReplicaSet", "trainer-abc")
 RELAXED = parse_policy(
     {
         "telemetry": None,
-        "guards": {"min_pod_age": 0, "cooldown": "30m", "max_disruptions_per_workload": 3},
+        "guards": {
+            "min_pod_age": 0,
+            "cooldown": "30m",
+            "max_disruptions_per_workload": 3,
+            "disruption_window": "24h",
+        },
         "limits": {"max_per_node": None, "max_per_namespace": None, "max_per_cycle": None},
     }
 )
@@ -69,7 +74,9 @@ def test_pruning_keeps_only_what_a_guard_can_still_refuse_with() -> None:
     pruned = history.pruned(NOW, RELAXED.policy)
     assert pruned.nodes == {"n2": recent}
     assert pruned.disruptions == {TRAINER: (recent,)}
-    without_budget = history.pruned(NOW, parse_policy({"telemetry": None}).policy)
+    without_budget = history.pruned(
+        NOW, parse_policy({"telemetry": None, "guards": {"max_disruptions_per_workload": None}}).policy
+    )
     assert without_budget.disruptions == {}
 
 

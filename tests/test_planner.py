@@ -314,7 +314,7 @@ def test_a_workload_disrupted_too_often_in_the_window_is_refused() -> None:
     key = ("ml", "StatefulSet", "trainer")
     hours = (2, 9, 20)
     three = DisruptionHistory(disruptions={key: tuple(NOW - timedelta(hours=h) for h in hours)})
-    budget = Policy(guards=GuardsConfig(max_disruptions_per_workload=3))
+    budget = Policy(guards=GuardsConfig(max_disruptions_per_workload=3, disruption_window=86400))
     decision = plan([proposal(p)], snap, budget, history=three)[0]
     assert decision.blocked_by == "disruption-budget"
     assert decision.blocked_pod == p.key
@@ -325,11 +325,14 @@ def test_a_workload_disrupted_too_often_in_the_window_is_refused() -> None:
     # One of them older than the window (24h): two left, under the budget.
     older = DisruptionHistory(disruptions={key: (NOW - timedelta(hours=25), *three.disruptions[key][1:])})
     assert plan([proposal(p)], snap, budget, history=older)[0].approved
-    # Another workload's disruptions do not count; no budget (the default) lifts the limit.
+    # Another workload's disruptions do not count; no budget lifts the limit.
     other = DisruptionHistory(disruptions={("ml", "StatefulSet", "other"): three.disruptions[key]})
     assert plan([proposal(p)], snap, budget, history=other)[0].approved
-    assert POLICY.guards.max_disruptions_per_workload is None
-    assert plan([proposal(p)], snap, POLICY, history=three)[0].approved
+    unlimited = Policy(guards=GuardsConfig(max_disruptions_per_workload=None))
+    assert plan([proposal(p)], snap, unlimited, history=three)[0].approved
+    # The default: 3 within a week, so the one 25h ago still counts.
+    assert (POLICY.guards.max_disruptions_per_workload, POLICY.guards.disruption_window) == (3, 7 * 86400)
+    assert plan([proposal(p)], snap, POLICY, history=older)[0].blocked_by == "disruption-budget"
 
 
 # --------------------------------------------------------------------------- pdb

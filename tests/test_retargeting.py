@@ -163,9 +163,13 @@ def test_the_same_drain_moves_to_the_smaller_node_when_smaller_nodes_are_allowed
         node("gpu-c", gpus=4),
     ]
     snap = snapshot(nodes, [taker, *busy("gpu-t", 3), pod("lonely", "gpu-c")])
-    [drain] = gpu_consolidation(
-        snap, GpuConsolidationArgs(max_utilization_percent=None), StrategyContext()
-    ).proposals
+    anywhere = GpuConsolidationArgs(
+        max_utilization_percent=None,
+        move_to_smaller_nodes=True,
+        drain_onto_larger_nodes=False,
+        peer_pods_to_make_room=0,
+    )
+    [drain] = gpu_consolidation(snap, anywhere, StrategyContext()).proposals
 
     _, second = plan([earlier, drain], snap, NO_LIMITS)
 

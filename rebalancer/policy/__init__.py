@@ -149,9 +149,10 @@ class GuardsConfig(StrictModel):
     evict_bare_pods: bool = False
     cooldown: Duration = 1800
     # At most this many disruptions of one workload (cycles that evicted pods of its controller) within
-    # `disruption_window`; null: no limit beyond the cooldown.
-    max_disruptions_per_workload: int | None = Field(default=None, ge=1)
-    disruption_window: Annotated[Duration, Field(gt=0)] = 86400
+    # `disruption_window`; null: no limit beyond the cooldown. The default bounds churn: no workload is
+    # moved more than 3 times a week, whatever the strategies find.
+    max_disruptions_per_workload: int | None = Field(default=3, ge=1)
+    disruption_window: Annotated[Duration, Field(gt=0)] = 7 * 86400
 
 
 class LimitsConfig(StrictModel):

@@ -77,7 +77,8 @@ def replay_policy(loaded: LoadedPolicy) -> tuple[LoadedPolicy, tuple[str, ...]]:
     The trace has no GPU telemetry: each strategy's `without_telemetry()` says how its telemetry
     thresholds are treated (gpu-consolidation's utilisation threshold as met, idle-gpu not run). The
     replay acts out every approved eviction whatever `dry_run` says: it measures what the policy would
-    do live. Everything else (guards, limits, cooldowns, the disruption budget) applies as written.
+    do live. Everything else (guards, limits, cooldowns, the disruption budget) applies as written;
+    the per-namespace limit is noted, since every replayed pod is in one namespace.
     """
     notes: list[str] = []
     if loaded.policy.dry_run:
@@ -89,6 +90,12 @@ def replay_policy(loaded: LoadedPolicy) -> tuple[LoadedPolicy, tuple[str, ...]]:
             notes.append(f"{configured.name} (no telemetry in the trace): {note}")
         strategies.append(
             configured if args is configured.args else configured.model_copy(update={"args": args})
+        )
+    per_namespace = loaded.policy.limits.max_per_namespace
+    if per_namespace is not None:
+        notes.append(
+            f"limits.max_per_namespace {per_namespace}: the trace has no namespaces, every pod is in "
+            f"{NAMESPACE!r}, so it caps every cycle at {per_namespace} evictions"
         )
     return loaded.model_copy(update={"strategies": tuple(strategies)}), tuple(notes)
 

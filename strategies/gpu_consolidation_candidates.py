@@ -1,0 +1,146 @@
+"""Candidates of `gpu-consolidation`: which GPU nodes could be drained, and in which order to try them.
+
+Owns the node-level rules: a candidate is a schedulable GPU node, not opted out, older than
+`min_node_age` (an unknown creation time counts as young), with pods to move, strictly less than
+`max_allocated_percent` of its GPU capacity allocated (or at or above it with `drain_onto_larger_nodes`,
+then drained only by lifting pods onto larger nodes) and, when `max_utilization_percent` is set, fresh
+telemetry averaging strictly below it. What would move is every non-DaemonSet pod of the node plus every
+member of a gang one of them belongs to, wherever that member runs. Candidates are tried fewest evictions
+first (pods, then GPUs held), then the most expensive node, then the most GPUs. Also owns the static
+blocks: a static pod, or a pod the per-pod guards (`StrategyContext.refusal`) would refuse, means the
+node can never be drained whole, which a `consolidation-blocked` finding says.
+
+This module must stay pure: no I/O, no clock (`snapshot.now` is the time), no cluster or Prometheus
+clients. It must not simulate placements (the entry module does) nor apply PDBs, budgets or cooldowns
+(the planner's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from rebalancer.guards import node_refusal
+from rebalancer.model import Finding, Node, Pod, Snapshot, TelemetryWindow
+from rebalancer.registry import StrategyContext
+from strategies.gpu_consolidation_accounting import node_capacity_gpus, pod_gpus
+from strategies.gpu_consolidation_telemetry import node_utilisation
+
+if TYPE_CHECKING:
+    from strategies.gpu_consolidation import GpuConsolidationArgs
+
+__all__ = ["BLOCKED_FINDING", "Candidate", "blocked", "has_mirror_pod", "node_candidate", "static_block"]
+
+BLOCKED_FINDING = "consolidation-blocked"
+
+PodKey = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A node that passed the node-level rules, and everything its drain would move."""
+
+    node: Node
+    allocated: float  # GPU-equivalents allocated
+    capacity: float
+    utilisation: float | None
+    pods: tuple[Pod, ...]  # everything that would move: the node's pods plus gang members elsewhere
+    on_node: frozenset[PodKey]  # the node's own non-DaemonSet pods
+    price: float  # hourly price of the whole node, 0 when unknown
+    # At or above `max_allocated_percent`: drained only by lifting pods onto nodes with more GPUs.
+    needs_larger: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def moved_gpus(self) -> float:
+        return sum(pod_gpus(pod) for pod in self.pods)
+
+    def order(self) -> tuple[int, float, float, float, str]:
+        """Fewest evictions (pods, then GPUs held) first, then the priciest node, then more GPUs."""
+        return (len(self.pods), self.moved_gpus, -self.price, -self.capacity, self.name)
+
+
+def node_candidate(
+    node: Node,
+    snapshot: Snapshot,
+    args: GpuConsolidationArgs,
+    ctx: StrategyContext,
+    *,
+    window: TelemetryWindow | None,
+    findings: list[Finding],
+) -> Candidate | None:
+    """The node as a candidate when it passes the node-level rules (pods are judged later)."""
+    if not node.is_gpu_node or node.unschedulable or node_refusal(node) is not None:
+        return None
+    if node.created is None or snapshot.now - node.created < timedelta(seconds=args.min_node_age):
+        return None
+    movable = [pod for pod in snapshot.pods_on(node.name) if not pod.is_daemonset]
+    if not movable:
+        return None  # nothing to move: the node is already free for the autoscaler
+    capacity = node_capacity_gpus(node)
+    if capacity <= 0:
+        return None
+    allocated = sum(pod_gpus(pod) for pod in snapshot.pods_on(node.name))
+    needs_larger = allocated / capacity * 100 >= args.max_allocated_percent
+    if needs_larger and not args.drain_onto_larger_nodes:
+        return None
+    utilisation: float | None = None
+    if window is not None and args.max_utilization_percent is not None:
+        measured = node_utilisation(node, window, args, snapshot)
+        if isinstance(measured, Finding):
+            findings.append(measured)
+            return None
+        if measured >= args.max_utilization_percent:
+            return None
+        utilisation = measured
+    moving: dict[PodKey, Pod] = {pod.key: pod for pod in movable}
+    for pod in movable:
+        if pod.gang is not None:
+            for member in snapshot.gangs.get(pod.gang, ()):
+                moving.setdefault(member.key, member)
+    price = ctx.price_per_gpu_hour(node.gpu_model) or 0.0
+    return Candidate(
+        node=node,
+        allocated=allocated,
+        capacity=capacity,
+        utilisation=utilisation,
+        pods=tuple(sorted(moving.values(), key=lambda p: p.key)),
+        on_node=frozenset(pod.key for pod in movable),
+        price=capacity * price,
+        needs_larger=needs_larger,
+    )
+
+
+def static_block(candidate: Candidate, ctx: StrategyContext) -> Finding | None:
+    """A finding when some pod to move (a gang member elsewhere included) may never be evicted."""
+    for pod in candidate.pods:
+        if pod.is_mirror:
+            return blocked(candidate, pod, "is a static pod")
+        refusal = ctx.refusal(pod)
+        if refusal is not None:
+            return blocked(candidate, pod, f"may not be evicted ({refusal.guard}: {refusal.reason})")
+    return None
+
+
+def has_mirror_pod(candidate: Candidate) -> bool:
+    """Whether a static pod pins the node itself: it can never be freed."""
+    return any(pod.is_mirror and pod.key in candidate.on_node for pod in candidate.pods)
+
+
+def blocked(candidate: Candidate, pod: Pod | None, why: str) -> Finding:
+    """The finding that the under-used node cannot be drained because of `pod` (None: of its pods)."""
+    subject = f"{pod.ref} " if pod is not None else ""
+    elsewhere = ""
+    if pod is not None and pod.key not in candidate.on_node:
+        elsewhere = f" (gang {pod.gang} member on {pod.node_name})"
+    return Finding(
+        kind=BLOCKED_FINDING,
+        node=candidate.name,
+        namespace=pod.namespace if pod is not None else None,
+        pod=pod.name if pod is not None else None,
+        detail=f"node {candidate.name} is under-used but {subject}{why}{elsewhere}",
+    )

@@ -1,0 +1,285 @@
+"""Node sizes in `gpu-consolidation`: where a drain's pods may land by GPUs per node, and room on peers.
+
+Node sizes (GPUs per node) matter where GPU models are mixed: pods that may run on any model fill the
+small nodes of a scarce model first (MostAllocated prefers the node that is fullest after placement),
+and the pods that can run nowhere else then need new small nodes. Two options keep the moves monotone
+in size: with `move_to_smaller_nodes: false` no drain puts a pod on a node with fewer GPUs than the
+one it leaves, and with `drain_onto_larger_nodes: true` a node at or above `max_allocated_percent`
+is still drained when part of its pods go to nodes with more GPUs and the rest fill no more GPUs on
+nodes of its own size than it leaves free. A pod moved that way only ever climbs in size, and such a
+drain takes no more free room on nodes of its size than it gives up, so it does not ping-pong the way
+a higher `max_allocated_percent` does (nodes drained onto peers, then needed again). When the pods
+bound to its size would take more than that, `peer_pods_to_make_room: N` lets the same proposal lift
+up to N pods of its peers (same GPU model and size) onto larger nodes to make the room: the node
+frees, its bound pods take the peers' room, and pods that may run anywhere climb out of the scarce
+pool. Those pods come first in the proposal, so the room exists before the drain's pods need it.
+
+Owns those size rules (`size_rules_allow`), judged on where the packed scheduler would put the pods
+(they never steer it), the room-making (`with_room_made`), and the rules any other destination of a
+drain's pods must meet should an earlier proposal of the cycle fill the predicted one
+(`destination_rules`: the size rules pod by pod, and no node the drain frees). Also the `Run` the
+candidates of one run share.
+
+This module must stay pure: no I/O, no clock, no cluster or Prometheus clients. It must not choose
+which candidate to drain nor emit findings (the entry module does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from rebalancer.model import DestinationRule, Pod, Snapshot
+from rebalancer.placement import ClusterState
+from rebalancer.registry import StrategyContext
+from rebalancer.selectors import node_selector_matches, required_affinity_matches, untolerated_taints
+from strategies.gpu_consolidation_accounting import format_gpus, largest_first, node_capacity_gpus, pod_gpus
+from strategies.gpu_consolidation_candidates import Candidate
+
+if TYPE_CHECKING:
+    from strategies.gpu_consolidation import GpuConsolidationArgs
+
+__all__ = [
+    "Landing",
+    "Run",
+    "Sizes",
+    "destination_rules",
+    "landing_of",
+    "may_drain_upward",
+    "size_rules_allow",
+    "with_room_made",
+]
+
+PodKey = tuple[str, str]
+
+# Float sums of GPU shares and MIG slices are compared with this slack.
+_EPSILON = 1e-9
+
+
+class Sizes:
+    """GPUs per node (GPU-equivalents, as candidates count them), and which pods could ever run on a
+    node larger than a given size."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+        self._of: dict[str, float] = {}
+        self._larger: dict[tuple[object, ...], bool] = {}
+        self._by_size: dict[tuple[float, bool], frozenset[str]] = {}
+
+    def of(self, node: str) -> float:
+        size = self._of.get(node)
+        if size is None:
+            size = node_capacity_gpus(self._snapshot.nodes[node])
+            self._of[node] = size
+        return size
+
+    def at_least(self, size: float) -> frozenset[str]:
+        """The nodes with at least `size` GPUs (cached)."""
+        return self._nodes_by_size(size, larger_only=False)
+
+    def more_than(self, size: float) -> frozenset[str]:
+        """The nodes with more than `size` GPUs (cached)."""
+        return self._nodes_by_size(size, larger_only=True)
+
+    def _nodes_by_size(self, size: float, *, larger_only: bool) -> frozenset[str]:
+        key = (size, larger_only)
+        nodes = self._by_size.get(key)
+        if nodes is None:
+            low = size + _EPSILON if larger_only else size - _EPSILON
+            nodes = frozenset(name for name in self._snapshot.nodes if self.of(name) > low)
+            self._by_size[key] = nodes
+        return nodes
+
+    def could_go_larger(self, pod: Pod, size: float) -> bool:
+        """Whether a schedulable node with more GPUs than `size` admits the pod by its labels, affinity
+        and taints (what is free aside). A necessary condition for a placement there, nothing more."""
+        key = (pod.required_affinity, tuple(sorted(pod.node_selector.items())), pod.tolerations, size)
+        known = self._larger.get(key)
+        if known is None:
+            known = any(
+                node.is_gpu_node
+                and not node.unschedulable
+                and self.of(name) > size
+                and required_affinity_matches(pod, node)
+                and node_selector_matches(pod, node)
+                and not untolerated_taints(pod, node)
+                for name, node in self._snapshot.nodes.items()
+            )
+            self._larger[key] = known
+        return known
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """What one run of the strategy shares between its candidates."""
+
+    snapshot: Snapshot
+    args: GpuConsolidationArgs
+    ctx: StrategyContext
+    sizes: Sizes
+    moved: set[PodKey] = field(default_factory=set)  # pods already in a proposal of this run
+    done: set[str] = field(default_factory=set)  # nodes freed in this run
+
+
+def may_drain_upward(candidate: Candidate, sizes: Sizes, args: GpuConsolidationArgs) -> bool:
+    """Cheap necessary condition for a node at or above the threshold: some pod could go to a larger
+    node, and the pods that cannot fit in the GPUs the node leaves free (unless room may be made on
+    its peers)."""
+    free = candidate.capacity - candidate.allocated
+    stuck = 0.0
+    lifts = False
+    for pod in candidate.pods:
+        if sizes.could_go_larger(pod, candidate.capacity):
+            lifts = True
+        else:
+            stuck += pod_gpus(pod)
+    return lifts and (args.peer_pods_to_make_room > 0 or stuck <= free + _EPSILON)
+
+
+@dataclass(frozen=True, slots=True)
+class Landing:
+    """Where a drain's pods land, by the size of their destination against the drained node's."""
+
+    lifted: float = 0.0  # GPUs onto nodes with more GPUs
+    same: float = 0.0  # GPUs onto nodes of the same size
+    lifts: bool = False  # some pod goes to a node with more GPUs
+    smaller: bool = False  # some pod goes to a node with fewer GPUs
+
+
+def landing_of(candidate: Candidate, targets: Mapping[PodKey, str], sizes: Sizes) -> Landing:
+    lifted = same = 0.0
+    lifts = smaller = False
+    for pod in candidate.pods:
+        size = sizes.of(targets[pod.key])
+        if size > candidate.capacity:
+            lifted += pod_gpus(pod)
+            lifts = True
+        elif size < candidate.capacity:
+            smaller = True
+        else:
+            same += pod_gpus(pod)
+    return Landing(lifted=lifted, same=same, lifts=lifts, smaller=smaller)
+
+
+def size_rules_allow(
+    candidate: Candidate, landing: Landing, args: GpuConsolidationArgs, room_made: float = 0.0
+) -> bool:
+    """The size rules: no pod onto a smaller node (when not allowed, and never from a node at or above
+    the threshold); for a node at or above the threshold, also some pod onto a larger node, and no more
+    GPUs onto nodes of its own size than it leaves free plus the room made there on its peers."""
+    if landing.smaller and (candidate.needs_larger or not args.move_to_smaller_nodes):
+        return False
+    if not candidate.needs_larger:
+        return True
+    free = candidate.capacity - candidate.allocated + room_made
+    return landing.lifts and landing.same <= free + _EPSILON
+
+
+def destination_rules(
+    candidate: Candidate,
+    targets: Mapping[PodKey, str],
+    makers: Sequence[Pod],
+    freed: Sequence[str],
+    run: Run,
+) -> dict[PodKey, tuple[DestinationRule, ...]]:
+    """What this drain assumed of each pod's destination, should its predicted target fill up first:
+    not another node it frees, and the size rules (`size_rules_allow`) pod by pod: a pod lifted onto
+    a larger node (a room maker, or a pod of a node at or above the threshold) stays on a larger node,
+    and no pod goes to a smaller node where smaller nodes are ruled out."""
+    common: list[DestinationRule] = []
+    if len(freed) > 1:
+        others = f"{'node' if len(freed) == 2 else 'nodes'} {', '.join(freed[1:])}"
+        common.append(
+            DestinationRule(f"other than {others}, freed with it", frozenset(freed[1:]), outside=True)
+        )
+    size, sizes = candidate.capacity, run.sizes
+
+    def larger() -> DestinationRule:
+        return DestinationRule(
+            f"with more than {format_gpus(size)} GPUs (moved up a size)", sizes.more_than(size)
+        )
+
+    def no_smaller() -> DestinationRule:
+        return DestinationRule(
+            f"with at least {format_gpus(size)} GPUs (no smaller nodes)", sizes.at_least(size)
+        )
+
+    rules: dict[PodKey, tuple[DestinationRule, ...]] = {}
+    for pod in makers:
+        rules[pod.key] = (*common, larger())
+    for pod in candidate.pods:
+        if candidate.needs_larger and sizes.of(targets[pod.key]) > size + _EPSILON:
+            rules[pod.key] = (*common, larger())
+        elif candidate.needs_larger or not run.args.move_to_smaller_nodes:
+            rules[pod.key] = (*common, no_smaller())
+        else:
+            rules[pod.key] = tuple(common)
+    return rules
+
+
+def _room_makers(candidate: Candidate, run: Run) -> list[Pod]:
+    """Pods of the candidate's peers (schedulable nodes of its GPU model and size) that could run on a
+    larger node and may be moved: placed by a packed scheduler, evictable, in no gang, not yet moving."""
+    packed = set(run.args.packed_schedulers)
+    makers: list[Pod] = []
+    for name, node in run.snapshot.nodes.items():
+        if (
+            name == candidate.name
+            or name in run.done
+            or node.unschedulable
+            or node.gpu_model != candidate.node.gpu_model
+            or run.sizes.of(name) != candidate.capacity
+        ):
+            continue
+        makers.extend(
+            pod
+            for pod in run.snapshot.pods_on(name)
+            if not pod.is_daemonset
+            and not pod.is_mirror
+            and pod.gang is None
+            and pod.scheduler_name in packed
+            and pod.key not in run.moved
+            and pod_gpus(pod) > 0
+            and run.sizes.could_go_larger(pod, candidate.capacity)
+            and run.ctx.refusal(pod) is None
+        )
+    return makers
+
+
+def _fewest_covering(pods: Sequence[Pod], needed: float) -> list[Pod]:
+    """Few pods holding at least `needed` GPUs: the smallest single pod that does, else the largest
+    pods first; empty when all of them together hold less."""
+    singles = [pod for pod in pods if pod_gpus(pod) >= needed - _EPSILON]
+    if singles:
+        return [min(singles, key=lambda p: (pod_gpus(p), p.key))]
+    chosen: list[Pod] = []
+    held = 0.0
+    for pod in largest_first(pods):
+        chosen.append(pod)
+        held += pod_gpus(pod)
+        if held >= needed - _EPSILON:
+            return chosen
+    return []
+
+
+def with_room_made(
+    candidate: Candidate, shortfall: float, state: ClusterState, exclude: Collection[str], run: Run
+) -> tuple[ClusterState, list[Pod], dict[PodKey, str], Landing] | None:
+    """The drain of a node at or above the threshold whose pods bound to its size lack `shortfall`
+    GPUs of room on its peers, together with peer pods that the packed scheduler puts on larger nodes,
+    enough of them to make that room; None when no such set of pods does it."""
+    if shortfall <= _EPSILON:
+        return None
+    makers = _fewest_covering(_room_makers(candidate, run), shortfall)
+    if not makers or len(makers) > run.args.peer_pods_to_make_room:
+        return None
+    trial = state.copy()
+    targets = trial.place_all([*makers, *candidate.pods], exclude=exclude)
+    if targets is None or any(run.sizes.of(targets[pod.key]) <= candidate.capacity for pod in makers):
+        return None
+    landing = landing_of(candidate, targets, run.sizes)
+    room = sum(pod_gpus(pod) for pod in makers)
+    if not size_rules_allow(candidate, landing, run.args, room_made=room):
+        return None
+    return trial, makers, targets, landing

@@ -327,7 +327,7 @@ class ClusterActuator:
             )
         if self._snapshot is None:
             raise RuntimeError("ClusterActuator.evict() called outside begin_cycle() / end_cycle()")
-        pods = decision.proposal.pods
+        pods = decision.pods_in_order
         if self._halted is not None:
             return tuple(
                 Outcome(p.namespace, p.name, "error", f"{NOT_ATTEMPTED}{self._halted}") for p in pods

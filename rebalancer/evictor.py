@@ -153,7 +153,7 @@ def _approved_pods(decision: Decision) -> tuple[Pod, ...]:
         raise ValueError(
             f"refused decision handed to an evictor ({decision.proposal.strategy}: {decision.blocked_by})"
         )
-    return decision.proposal.pods
+    return decision.pods_in_order
 
 
 class DryRunEvictor(UnframedEvictor):

@@ -443,6 +443,19 @@ class Decision:
     # Per pod of `targets`, the nodes tied with its target when the planner placed it (the target among
     # them): the packed scheduler may pick any of them. A pod without an entry: its target alone.
     tied: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+    # The pods in the order the planner placed them (largest GPU request first): the order to evict
+    # them in. kube-scheduler queues pods of equal priority first in, first out, so the replacements
+    # are then scheduled in the order the prediction assumed. Empty: the proposal's order.
+    order: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def pods_in_order(self) -> tuple[Pod, ...]:
+        """The proposal's pods in `order`; any it does not list follow in the proposal's order."""
+        if not self.order:
+            return self.proposal.pods
+        rank = {key: position for position, key in enumerate(self.order)}
+        last = len(rank)
+        return tuple(sorted(self.proposal.pods, key=lambda pod: rank.get(pod.key, last)))
 
 
 # How the detail of an Outcome that was never tried begins ("not attempted: <why>").

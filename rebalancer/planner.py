@@ -495,7 +495,14 @@ def decide(
     tied = _tied(ctx, landed)
     ledger.commit(pods, landed.targets, landed.state)
     reason = "; ".join(landed.replaced)
-    return Decision(proposal=proposal, approved=True, targets=landed.targets, reason=reason, tied=tied)
+    return Decision(
+        proposal=proposal,
+        approved=True,
+        targets=landed.targets,
+        reason=reason,
+        tied=tied,
+        order=landed.order,
+    )
 
 
 def _tied(ctx: _Context, landed: Landed) -> dict[PodKey, frozenset[str]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -100,6 +101,16 @@ def test_evicted_with_uid_precondition_and_annotations(
         "preconditions": {"uid": "uid-ml-train"},
         "gracePeriodSeconds": 30,
     }
+
+
+def test_pods_are_evicted_in_the_order_the_planner_placed_them(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    first, second = _add_pods(api, "a", "b")
+    decision = replace(_decision(first, second, kind="node"), order=(second.key, first.key))
+    outcomes = _evictor(api_client).evict(decision)
+    assert [o.pod for o in outcomes] == ["b", "a"]
+    assert [request.path.split("/")[-2] for request in _evictions(api)] == ["b", "a"]
 
 
 def test_server_dry_run_leaves_pods_in_place(api: FakeApiServer, api_client: client.ApiClient) -> None:

@@ -175,3 +175,28 @@ def test_the_same_drain_moves_to_the_smaller_node_when_smaller_nodes_are_allowed
 
     assert second.approved
     assert second.targets == {("ml", "lonely"): "gpu-small"}
+
+
+# --------------------------------------------------------------------------- eviction order
+
+
+def test_a_decision_evicts_its_pods_in_the_order_the_planner_placed_them() -> None:
+    """kube-scheduler queues replacements first in, first out (equal priorities): evicting in the
+    order the prediction placed the pods (largest GPU request first) lets them land as predicted."""
+    nodes = [node("gpu-old", gpus=8), node("gpu-a", gpus=8)]
+    small, large = pod("a-small", "gpu-old", gpus=1), pod("z-large", "gpu-old", gpus=4)
+    snap = snapshot(nodes, [small, large, *busy("gpu-a", 2)])
+    proposal = Proposal(
+        strategy="gpu-consolidation",
+        kind="node",
+        pods=(small, large),
+        reason="drain",
+        node="gpu-old",
+        targets={small.key: "gpu-a", large.key: "gpu-a"},
+    )
+    [decision] = plan([proposal], snap, NO_LIMITS)
+    assert decision.approved
+    assert decision.order == (large.key, small.key)
+    assert decision.pods_in_order == (large, small)
+    outcomes = DryRunEvictor().evict(decision)
+    assert [outcome.pod for outcome in outcomes] == ["z-large", "a-small"]

@@ -183,6 +183,38 @@ def test_a_pod_landing_on_a_node_tied_with_its_target_counts_as_equivalent(
     assert result_to_dict(result)["equivalent_evictions"] == equivalent
 
 
+class _EvictInOrder:
+    """At its first tick, evicts j02 then j03, predicting j02 lands on x and j03 on y."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    def plan(self, now: float, cluster: SimCluster) -> TickPlan:
+        self.ticks += 1
+        if self.ticks > 1:
+            return TickPlan()
+        return TickPlan(evictions=(Eviction(job=2, target="x"), Eviction(job=3, target="y")))
+
+
+def test_evicted_pods_are_re_placed_first_in_first_out_as_kube_schedulers_queue_does() -> None:
+    """Replacements reach kube-scheduler's queue in eviction order, and pods of equal priority are
+    scheduled first in, first out: j02 (evicted first) takes x's one free GPU although j03 asks for
+    more cpu, which would put it first in a pass of waiting pods."""
+    nodes = [g2("x"), g2("y")]
+    jobs = [
+        job(0, 0, HOUR, gpus=7),  # x: 7 of 8 GPUs
+        job(1, 0, HOUR, gpus=4),  # y: 4 of 8
+        job(2, 0, HOUR, cpu=1000),
+        job(3, 0, HOUR, cpu=8000),  # at t=0 the larger cpu goes first: j03 on x, j02 on y
+    ]
+    replay = Replay(nodes, jobs, Window(0, 400), EngineConfig(rebalancer="on", check_invariants=True))
+    replay.rebalancer = _EvictInOrder()
+    result = replay.run()
+    assert result.evictions == 2
+    assert (replay.cluster.location[2].name, replay.cluster.location[3].name) == ("x", "y")
+    assert result.misplaced_evictions == 0
+
+
 # --------------------------------------------------------------------------- evictions and pending time
 
 

@@ -12,8 +12,9 @@ Owns when things happen and what they cost. Events, in time order; at one instan
    (ready at once); a job with no pool left stays pending;
 5. a rebalancer tick, every `interval` after the window start: the nodes it drains are tainted (the
    scheduler model skips them), its evictions send jobs back to pending (keeping their end time), and a
-   scheduling pass re-places them right away; when an evicted job finds no room, the drain is abandoned
-   (taints removed) and the pass runs again.
+   scheduling pass re-places them right away, in eviction order after anything that was already waiting
+   (kube-scheduler's queue: equal priorities, first in, first out); when an evicted job finds no room,
+   the drain is abandoned (taints removed) and the pass runs again.
 
 Metrics are accounted when spells end (a node's life, a job's run, a job's wait) and cut at the window
 end: node-hours, GPU-hours provisioned and used, pending pod-hours, evictions and `lost_gpu_hours`
@@ -221,20 +222,31 @@ class Replay:
             )
         return node
 
-    def _schedule(self) -> None:
-        """Place what is pending and may fit now; the autoscaler adds nodes for what fits nowhere."""
+    def _schedule(self, evicted: Sequence[int] = ()) -> None:
+        """Place what is pending and may fit now; the autoscaler adds nodes for what fits nowhere.
+
+        The pods just `evicted` (in eviction order) come last and first in, first out, as their
+        replacements reach kube-scheduler's queue (equal priorities: oldest first); the others waited
+        longer and go first, largest GPU request first.
+        """
         if not self.pending or not (self.fresh or self.freed):
             self.freed.clear()
             return
         freed = self.freed
+        queued = set(evicted)
         candidates = [
             job
             for job in self.pending.values()
-            if job.index in self.fresh or (freed and (job.models is None or not job.models.isdisjoint(freed)))
+            if job.index not in queued
+            and (
+                job.index in self.fresh
+                or (freed and (job.models is None or not job.models.isdisjoint(freed)))
+            )
         ]
         self.fresh = set()
         self.freed = set()
         candidates.sort(key=_pass_order)
+        candidates.extend(self.pending[index] for index in evicted if index in self.pending)
         failed: set[tuple[_ModelsKey, int, int, int, int]] = set()
         cluster = self.cluster
         for job in candidates:
@@ -277,13 +289,13 @@ class Replay:
             evicted.append(job.index)
             if eviction.target is not None:
                 targets[job.index] = eviction
-        self._schedule()
+        self._schedule(evicted)
         if drained and any(index in self.pending for index in evicted):
             # Some evicted pod found no room elsewhere: the drain is abandoned, the taints come off.
             for node in drained:
                 node.draining = False
                 self.freed.add(node.model)
-            self._schedule()
+            self._schedule(evicted)
         for index, eviction in targets.items():
             landed = cluster.location.get(index)
             if landed is None or landed.name != eviction.target:

@@ -281,7 +281,7 @@ class _ReplayEvictor(UnframedEvictor):
                 n for n in dict.fromkeys((proposal.node, *proposal.nodes_freed)) if n not in self.drain
             )
         targets = decision.targets or proposal.targets
-        for pod in proposal.pods:
+        for pod in decision.pods_in_order:
             index = self._builder.index.get(pod.key)
             if index is None or index in self._seen or index not in self._cluster.location:
                 continue
@@ -289,7 +289,7 @@ class _ReplayEvictor(UnframedEvictor):
             target = targets.get(pod.key)
             tied = decision.tied.get(pod.key, frozenset()) if target is not None else frozenset()
             self.evictions.append(Eviction(job=index, target=target, tied=tied))
-        return tuple(Outcome(p.namespace, p.name, "evicted") for p in proposal.pods)
+        return tuple(Outcome(p.namespace, p.name, "evicted") for p in decision.pods_in_order)
 
     def end_cycle(self, decisions: Sequence[Decision], *, completed: bool) -> tuple[Finding, ...]:
         for decision in decisions:

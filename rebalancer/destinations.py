@@ -1,8 +1,10 @@
 """Where a proposal's pods land: the simulation behind the planner's `no-fit` guard.
 
 Owns `land()`: on a copy of the cycle's simulated cluster, the proposal's pods are removed, a drained
-node is cordoned, and each pod, largest GPU request first (the order the replay's scheduler model and
-the strategies place a group in), goes to its predicted target. In a node drain (its targets are the
+node is cordoned, and each pod, in `landing_order` (in a drain, pods on other nodes, the room made on
+peers, first; then largest GPU request first, the order the strategies place a group in), goes to its
+predicted target. That order is also the order the pods are evicted in (`Decision.order`), since
+kube-scheduler queues replacements of equal priority first in, first out. In a node drain (its targets are the
 packed scheduler's plain choice, not a choice the scheduler makes under constraints placement does not
 model, such as topology spread or gang packing), a pod with destination rules
 (`Proposal.destinations`) whose target still has room but is no longer the packed scheduler's choice
@@ -39,7 +41,7 @@ class Landed:
     targets: dict[PodKey, str]
     # One line per pod sent elsewhere than its predicted target, for the decision's reason.
     replaced: tuple[str, ...] = ()
-    # The pods in the order they were placed.
+    # The pods in the order they were placed (`landing_order`, re-placed pods last): the eviction order.
     order: tuple[PodKey, ...] = ()
 
 
@@ -60,6 +62,15 @@ def placement_order(pod: Pod) -> tuple[int, int, str, str]:
     return (-gpu_milli, -pod.requests.get("cpu", 0), pod.namespace, pod.name)
 
 
+def landing_order(pods: Sequence[Pod], drained: str | None) -> list[Pod]:
+    """The order `land` places a proposal's pods in, and so the order they are evicted in: in a drain,
+    the pods on other nodes first (room made on peers, gang members elsewhere), so the room exists
+    before the drained node's pods need it; within each part, `placement_order`."""
+    return sorted(
+        pods, key=lambda pod: (drained is not None and pod.node_name == drained, placement_order(pod))
+    )
+
+
 def land(
     proposal: Proposal, pods: Sequence[Pod], snapshot: Snapshot, state: ClusterState, drained: str | None
 ) -> Landed | Misfit:
@@ -73,7 +84,8 @@ def land(
     missed: dict[PodKey, tuple[str, str]] = {}  # pod -> its predicted target and why it cannot go there
     replaced: list[str] = []
     anywhere = _excluded((), snapshot, drained)
-    for pod in sorted(pods, key=placement_order):
+    ordered = landing_order(pods, drained)
+    for pod in ordered:
         target = proposal.targets.get(pod.key)
         if target is None:
             continue
@@ -106,7 +118,7 @@ def land(
             missed[pod.key] = (target, fit.reason)
         else:
             return Misfit(pod, f"its predicted target node {target} cannot take it: {fit.reason}")
-    for pod in sorted((pod for pod in pods if pod.key not in placed), key=placement_order):
+    for pod in (pod for pod in ordered if pod.key not in placed):
         rules = proposal.destinations.get(pod.key, ())
         best = sim.best_node(pod, exclude=_excluded(rules, snapshot, drained))
         miss = missed.get(pod.key)

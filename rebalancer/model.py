@@ -443,9 +443,10 @@ class Decision:
     # Per pod of `targets`, the nodes tied with its target when the planner placed it (the target among
     # them): the packed scheduler may pick any of them. A pod without an entry: its target alone.
     tied: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
-    # The pods in the order the planner placed them (largest GPU request first): the order to evict
-    # them in. kube-scheduler queues pods of equal priority first in, first out, so the replacements
-    # are then scheduled in the order the prediction assumed. Empty: the proposal's order.
+    # The pods in the order the planner placed them (room made on other nodes first, then largest GPU
+    # request first): the order to evict them in. kube-scheduler queues pods of equal priority first
+    # in, first out, so the replacements are scheduled in the order the prediction assumed. Empty: the
+    # proposal's order.
     order: tuple[tuple[str, str], ...] = ()
 
     @property

@@ -20,7 +20,8 @@ a node already chosen as a destination this cycle cannot be drained), and last `
 pod that asked to checkpoint first has not answered yet; the live evictor asks it, and the history says
 in which namespaces it could not: those pods are held, never evicted unasked). An approved decision
 also says, per pod, the nodes tied with its target (`Decision.tied`: kube-scheduler picks among equal
-top scores at random), so that where the replacement lands can be judged. `plan()` judges a
+top scores at random), so that where the replacement lands can be judged, and the order it placed the
+pods in (`Decision.order`), which the evictors follow. `plan()` judges a
 whole cycle; `decide()` one proposal against a caller's `Ledger`.
 
 This module must stay pure: no I/O, no clock (`snapshot.now` is the time), no evictions, and it never

@@ -200,3 +200,23 @@ def test_a_decision_evicts_its_pods_in_the_order_the_planner_placed_them() -> No
     assert decision.pods_in_order == (large, small)
     outcomes = DryRunEvictor().evict(decision)
     assert [outcome.pod for outcome in outcomes] == ["z-large", "a-small"]
+
+
+def test_room_made_on_another_node_is_evicted_first_whatever_its_size() -> None:
+    """A drain that lifts a peer's pod to make room evicts that pod first, so the room exists when
+    the drained node's replacements are scheduled; then largest GPU request first."""
+    nodes = [node("gpu-old", gpus=8), node("gpu-peer", gpus=8), node("gpu-a", gpus=8)]
+    maker = pod("maker", "gpu-peer", gpus=1)
+    small, large = pod("a-small", "gpu-old", gpus=1), pod("z-large", "gpu-old", gpus=4)
+    snap = snapshot(nodes, [maker, small, large, *busy("gpu-peer", 6), *busy("gpu-a", 2)])
+    proposal = Proposal(
+        strategy="gpu-consolidation",
+        kind="node",
+        pods=(small, large, maker),
+        reason="drain",
+        node="gpu-old",
+        targets={maker.key: "gpu-a", small.key: "gpu-peer", large.key: "gpu-a"},
+    )
+    [decision] = plan([proposal], snap, NO_LIMITS)
+    assert decision.approved
+    assert decision.order == (maker.key, large.key, small.key)

@@ -96,8 +96,10 @@ def test_the_default_policy_is_replayed_on_allocation_and_says_how(
         "gpu-consolidation (no telemetry in the trace): max_utilization_percent 30% treated as met: "
         "nodes judged on allocated GPUs alone (live, a node is drained only when its GPUs also average "
         "below 30%)",
-        "limits.max_per_namespace 5: the trace has no namespaces, every pod is in 'trace', so it caps "
-        "every cycle at 5 evictions",
+        "limits.max_per_namespace 5: the trace has no namespaces, every pod is in 'trace', so no "
+        "cycle evicts more than 5 pods",
+        "guards.max_disruptions_per_workload 3: every trace pod is its own workload (a Job), so the "
+        "budget is per pod; live, the replicas of one controller share it",
     ]
     (reason,) = payload["skipped_strategies"]
     assert reason.startswith("idle-gpu: needs GPU telemetry")
@@ -116,6 +118,7 @@ def test_a_policy_file_is_named_and_only_its_telemetry_thresholds_noted(
     policy.write_text(
         "dry_run: false\nstrategies:\n  - name: gpu-consolidation\n"
         "    args: {max_utilization_percent: null}\nlimits: {max_per_namespace: null}\n"
+        "guards: {max_disruptions_per_workload: null}\n"
     )
     argv = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--rebalancer", "on"]
     assert main([*argv, "--policy", str(policy), "--output", "json"]) == 0

@@ -22,6 +22,8 @@ from rebalancer.simulate.rebalancers import (
     SnapshotBuilder,
     TickPlan,
     build_pod,
+    default_policy,
+    replay_policy,
 )
 from rebalancer.simulate.result import render
 from rebalancer.simulate.trace import Job, TraceNode, Window
@@ -381,6 +383,23 @@ def test_the_real_rebalancer_spends_each_workloads_disruption_budget() -> None:
     moved = [bool(rebalancer.plan(t * HOUR, cluster).evictions) for t in (1, 2, 3, 24, 25.5, 26)]
     assert moved == [True, True, False, False, True, True]
     assert rebalancer.refused == {"disruption-budget": 2}
+
+
+def test_the_default_policy_drains_in_a_replay_evicting_in_the_order_it_placed_the_pods() -> None:
+    # g2-a holds j00 (1 GPU) and j01 (2 GPUs), under half allocated; g2-b has room for both.
+    cluster = SimCluster([g2("g2-a"), g2("g2-b")])
+    (pool,) = cluster.pools
+    lone, busy = cluster.add_node(pool, 0), cluster.add_node(pool, 0)
+    jobs = [job(0, 0, 48 * HOUR), job(1, 0, 48 * HOUR, gpus=2), *(job(i, 0, 48 * HOUR) for i in range(2, 6))]
+    cluster.place(jobs[0], lone, 0)
+    cluster.place(jobs[1], lone, 0)
+    for filler in jobs[2:]:
+        cluster.place(filler, busy, 0)
+    loaded, _ = replay_policy(default_policy())
+    rebalancer = PolicyRebalancer(loaded, SnapshotBuilder(jobs, PACKED_SCHEDULER))
+    tick = rebalancer.plan(2 * HOUR, cluster)
+    assert tick.drain == ("g2-a",)
+    assert [(e.job, e.target) for e in tick.evictions] == [(1, "g2-b"), (0, "g2-b")]
 
 
 # --------------------------------------------------------------------------- invariants

@@ -187,7 +187,7 @@ class GatedEvictor:
         if self.stopped is not None:
             self.not_attempted += len(decision.proposal.pods)
             detail = f"not attempted: {self.stopped}"
-            return tuple(Outcome(p.namespace, p.name, "error", detail) for p in decision.proposal.pods)
+            return tuple(Outcome(p.namespace, p.name, "error", detail) for p in decision.pods_in_order)
         outcomes = self._inner.evict(decision)
         if any(o.result == "error" for o in outcomes):  # a write fence may have closed mid-decision
             self.stopped = self._gate()

@@ -78,7 +78,8 @@ def replay_policy(loaded: LoadedPolicy) -> tuple[LoadedPolicy, tuple[str, ...]]:
     thresholds are treated (gpu-consolidation's utilisation threshold as met, idle-gpu not run). The
     replay acts out every approved eviction whatever `dry_run` says: it measures what the policy would
     do live. Everything else (guards, limits, cooldowns, the disruption budget) applies as written;
-    the per-namespace limit is noted, since every replayed pod is in one namespace.
+    the per-namespace limit and the disruption budget are noted, since every replayed pod is in one
+    namespace and is its own workload.
     """
     notes: list[str] = []
     if loaded.policy.dry_run:
@@ -95,7 +96,13 @@ def replay_policy(loaded: LoadedPolicy) -> tuple[LoadedPolicy, tuple[str, ...]]:
     if per_namespace is not None:
         notes.append(
             f"limits.max_per_namespace {per_namespace}: the trace has no namespaces, every pod is in "
-            f"{NAMESPACE!r}, so it caps every cycle at {per_namespace} evictions"
+            f"{NAMESPACE!r}, so no cycle evicts more than {per_namespace} pods"
+        )
+    budget = loaded.policy.guards.max_disruptions_per_workload
+    if budget is not None:
+        notes.append(
+            f"guards.max_disruptions_per_workload {budget}: every trace pod is its own workload (a Job), "
+            "so the budget is per pod; live, the replicas of one controller share it"
         )
     return loaded.model_copy(update={"strategies": tuple(strategies)}), tuple(notes)
 

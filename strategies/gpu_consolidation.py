@@ -114,7 +114,9 @@ class GpuConsolidationArgs(StrategyArgs):
 
     @model_validator(mode="after")
     def _room_needs_upward_drains(self) -> GpuConsolidationArgs:
-        if self.peer_pods_to_make_room and not self.drain_onto_larger_nodes:
+        # Only when asked for: turning upward drains off leaves the default room making unused.
+        asked = "peer_pods_to_make_room" in self.model_fields_set
+        if asked and self.peer_pods_to_make_room and not self.drain_onto_larger_nodes:
             raise ValueError("peer_pods_to_make_room needs drain_onto_larger_nodes: true")
         return self
 

@@ -784,6 +784,8 @@ def test_the_defaults_are_the_room_making_profile() -> None:
 def test_making_room_needs_upward_drains() -> None:
     with pytest.raises(ValidationError, match="peer_pods_to_make_room needs drain_onto_larger_nodes: true"):
         GpuConsolidationArgs(drain_onto_larger_nodes=False, peer_pods_to_make_room=1)
+    # Turning upward drains off is enough: the default room making then has nothing to act on.
+    assert GpuConsolidationArgs(drain_onto_larger_nodes=False).peer_pods_to_make_room == 1
     with pytest.raises(ValidationError):
         UPWARD.model_validate({**UPWARD.model_dump(), "peer_pods_to_make_room": -1})
 

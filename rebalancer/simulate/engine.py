@@ -82,8 +82,8 @@ class EngineConfig:
 
 
 def _pass_order(job: Job) -> tuple[int, int, str, int]:
-    """Largest GPU request first, then larger cpu, then by name: how `ClusterState.place_all` orders a
-    group, so evicted pods land where the rebalancer predicted when nothing else interferes."""
+    """Largest GPU request first, then larger cpu, then by name: the order waiting pods are tried in
+    (pods a tick just evicted come after them, in eviction order: `Replay._schedule`)."""
     return (-job.gpu_demand_milli, -job.cpu_milli, job.name, job.index)
 
 

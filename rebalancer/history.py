@@ -238,7 +238,8 @@ class DisruptionHistory:
         disruptions = {
             k: kept
             for k, times in self.disruptions.items()
-            if (kept := tuple(t for t in times if now - t < window))
+            # Times are in order: most workloads keep all of theirs, and their tuple as it is.
+            if (kept := times if now - times[0] < window else tuple(t for t in times if now - t < window))
         }
         failed = {n: f for n, f in self.failed_drains.items() if now - f.last < FAILED_DRAIN_MEMORY}
         return replace(self, nodes=nodes, workloads=workloads, disruptions=disruptions, failed_drains=failed)

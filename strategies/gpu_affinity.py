@@ -145,14 +145,20 @@ def _old_enough(pod: Pod, snapshot: Snapshot, args: GpuAffinityArgs) -> bool:
     return start is not None and snapshot.now - start >= timedelta(seconds=args.min_pod_age)
 
 
-def _candidates(snapshot: Snapshot, args: GpuAffinityArgs) -> Iterable[tuple[Pod, Node]]:
+def _placed(snapshot: Snapshot) -> Iterable[tuple[Pod, Node]]:
+    """Active pods on a node of the snapshot, with their node."""
     for pod in snapshot.pods:
         if not pod.is_active or pod.node_name is None or pod.terminating:
             continue
         node = snapshot.nodes.get(pod.node_name)
-        if node is None or not _old_enough(pod, snapshot, args):
-            continue
-        yield pod, node
+        if node is not None:
+            yield pod, node
+
+
+def _candidates(snapshot: Snapshot, args: GpuAffinityArgs) -> Iterable[tuple[Pod, Node]]:
+    for pod, node in _placed(snapshot):
+        if _old_enough(pod, snapshot, args):
+            yield pod, node
 
 
 def _finding(violation: _Violation, detail: str) -> Finding:
@@ -222,7 +228,11 @@ def _required(
     snapshot: Snapshot, args: GpuAffinityArgs, state: ClusterState
 ) -> tuple[list[Proposal], list[Finding], set[tuple[str, str]]]:
     """Proposals and findings for required violations, and the pods they cover."""
-    violations = [v for pod, node in _candidates(snapshot, args) if (v := _violation(pod, node)) is not None]
+    violations = [
+        v
+        for pod, node in _placed(snapshot)
+        if (v := _violation(pod, node)) is not None and _old_enough(pod, snapshot, args)
+    ]
     by_gang: dict[str, list[_Violation]] = {}
     for v in violations:
         if v.pod.gang is not None:

@@ -60,10 +60,11 @@ class TopologySpreadArgs(StrategyArgs):
     "gangs onto fewer nodes",
 )
 def topology_spread(snapshot: Snapshot, args: TopologySpreadArgs, ctx: StrategyContext) -> StrategyResult:
+    groups = spread_groups(snapshot, args.include_soft)
+    if not groups and not (args.compact_gangs and snapshot.gangs):
+        return StrategyResult()  # no constraint to repair, no gang to pack: nothing to index
     run = Run(snapshot=snapshot, args=args, ctx=ctx, state=ClusterState.from_snapshot(snapshot))
-    hints = [
-        hint for group in spread_groups(snapshot, args.include_soft) if (hint := repair_group(run, group))
-    ]
+    hints = [hint for group in groups if (hint := repair_group(run, group))]
     if args.compact_gangs:
         for gang, members in sorted(snapshot.gangs.items()):
             compact_gang(run, gang, members)

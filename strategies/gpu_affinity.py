@@ -231,7 +231,10 @@ def _required(
     violations = [
         v
         for pod, node in _placed(snapshot)
-        if (v := _violation(pod, node)) is not None and _old_enough(pod, snapshot, args)
+        # A pod without a nodeSelector or required affinity matches every node: skip the matching.
+        if (pod.node_selector or pod.required_affinity)
+        and (v := _violation(pod, node)) is not None
+        and _old_enough(pod, snapshot, args)
     ]
     by_gang: dict[str, list[_Violation]] = {}
     for v in violations:

@@ -145,7 +145,7 @@ class UnframedEvictor:
 
 
 def not_attempted(after: Pod, result: OutcomeResult) -> str:
-    return f"not attempted: plan stopped after {after.ref} {result}"
+    return f"{NOT_ATTEMPTED}plan stopped after {after.ref} {result}"
 
 
 def _approved_pods(decision: Decision) -> tuple[Pod, ...]:
@@ -229,7 +229,7 @@ class KubeEvictor(UnframedEvictor):
                 outcome = self._evict_pod(pod, reason)
             except FenceLost as lost:  # no write may start: neither this one nor the rest of the plan
                 log.warning("evictions stopped before %s: %s", pod.ref, lost.reason)
-                detail = f"not attempted: {lost.reason}"
+                detail = f"{NOT_ATTEMPTED}{lost.reason}"
                 outcomes.extend(Outcome(p.namespace, p.name, "error", detail) for p in pods[index:])
                 break
             log.info("eviction %s %s %s", pod.ref, outcome.result, outcome.detail)

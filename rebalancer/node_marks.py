@@ -30,6 +30,7 @@ from rebalancer.kubeapi import (
     read_json,
     with_retries,
 )
+from rebalancer.model import NOT_ATTEMPTED
 
 __all__ = ["DRAINING_TAINT_KEY", "DryRunTainter", "KubeTainter", "NodeTainter", "TaintChange"]
 
@@ -206,7 +207,7 @@ class KubeTainter:
                 attempt, retries=self._retries, backoff=self._backoff, sleep=self._sleep, retry_if=_retry_mark
             )
         except FenceLost as lost:
-            return TaintChange(node, ok=False, detail=f"not attempted: {lost.reason}")
+            return TaintChange(node, ok=False, detail=f"{NOT_ATTEMPTED}{lost.reason}")
         except ApiException as exc:
             if exc.status == 404:
                 return TaintChange(node, ok=missing_ok, detail="node no longer exists")

@@ -52,7 +52,7 @@ from rebalancer.errors import Problems
 from rebalancer.evictor import DryRunEvictor, Evictor
 from rebalancer.fence import FenceLost, WriteFence
 from rebalancer.history import Memory
-from rebalancer.model import CycleReport, Decision, Finding, Mode, Outcome, Snapshot
+from rebalancer.model import NOT_ATTEMPTED, CycleReport, Decision, Finding, Mode, Outcome, Snapshot
 from rebalancer.policy import LoadedPolicy, NotifyConfig, format_duration
 from rebalancer.sinks.log import LogSink
 from rebalancer.sinks.metrics import DaemonMetrics
@@ -186,13 +186,13 @@ class GatedEvictor:
                 log.warning("evictions stopped for this cycle", reason=self.stopped)
         if self.stopped is not None:
             self.not_attempted += len(decision.proposal.pods)
-            detail = f"not attempted: {self.stopped}"
+            detail = f"{NOT_ATTEMPTED}{self.stopped}"
             return tuple(Outcome(p.namespace, p.name, "error", detail) for p in decision.pods_in_order)
         outcomes = self._inner.evict(decision)
         if any(o.result == "error" for o in outcomes):  # a write fence may have closed mid-decision
             self.stopped = self._gate()
             if self.stopped is not None:
-                cut = f"not attempted: {self.stopped}"
+                cut = f"{NOT_ATTEMPTED}{self.stopped}"
                 self.not_attempted += sum(1 for o in outcomes if o.detail.startswith(cut))
         return outcomes
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -56,7 +56,7 @@ from rebalancer.fence import UNFENCED, Fence, RequestTimeout, WriteFence
 from rebalancer.guards import (
     CHECKPOINT_PENDING,
 )
-from rebalancer.history import DisruptionHistory, Workload, open_circuits
+from rebalancer.history import DisruptionHistory, EvictionRecord, Workload, open_circuits
 from rebalancer.kubeapi import (
     Backoff,
 )
@@ -112,11 +112,11 @@ class _StoredMemory:
     def history(self) -> DisruptionHistory:
         return self._actuator.history
 
-    def begin(self, snapshot: Snapshot, policy: Policy) -> DisruptionHistory:
+    def begin(
+        self, snapshot: Snapshot, policy: Policy, judged: Collection[EvictionRecord] | None = None
+    ) -> DisruptionHistory:
         actuator = self._actuator
-        history = actuator.history.pruned(snapshot.now, policy).settled(
-            snapshot, policy.eviction.reschedule_timeout
-        )
+        history = actuator.history.for_cycle(snapshot, policy, judged)
         actuator.remember(history)
         return history
 

@@ -16,7 +16,7 @@ the sinks it is given are the edges. Dry-run is the choice of a DryRunEvictor, n
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Protocol
@@ -26,7 +26,15 @@ from rebalancer.evictor import Evictor
 from rebalancer.gcpause import collector_paused
 from rebalancer.guards import CIRCUIT_OPEN as CIRCUIT_OPEN_FINDING
 from rebalancer.guards import pod_refusal
-from rebalancer.history import NO_HISTORY, DisruptionHistory, Landings, Memory, judge_landings, open_circuits
+from rebalancer.history import (
+    NO_HISTORY,
+    DisruptionHistory,
+    EvictionRecord,
+    Landings,
+    Memory,
+    judge_landings,
+    open_circuits,
+)
 from rebalancer.model import (
     CycleReport,
     Decision,
@@ -60,7 +68,11 @@ class CycleMemory(Protocol):
         """What it knows now."""
         ...
 
-    def begin(self, snapshot: Snapshot, policy: Policy) -> DisruptionHistory: ...
+    def begin(
+        self, snapshot: Snapshot, policy: Policy, judged: Collection[EvictionRecord] | None = None
+    ) -> DisruptionHistory:
+        """The history to plan with on `snapshot` (`judged`: the landings already judged on it)."""
+        ...
 
     def record(self, decision: Decision, outcomes: Sequence[Outcome], now: datetime) -> None: ...
 
@@ -315,7 +327,7 @@ def run_cycle(
     evictor.begin_cycle(snapshot, cycle_id or cycle_id_for(snapshot.now))
     # Judged on the history before `begin`, which drops what is judged here.
     landings = judge_landings(snapshot, memory.history, loaded.policy.eviction.reschedule_timeout)
-    history = memory.begin(snapshot, loaded.policy)
+    history = memory.begin(snapshot, loaded.policy, landings.judged)
     evaluation: Evaluation | None = None
     completed = False
     try:

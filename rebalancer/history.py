@@ -23,15 +23,16 @@ across restarts by the state store) and the trace replay:
 
 `recorded` adds one decision's outcomes (only pods that were really `evicted` count: a dry run changes
 nothing), `pruned` drops what no guard can refuse with any more, `settled` drops the evictions whose
-workloads are placed again and the landings judged, `open_circuits` says which workloads keep the
-circuit open, and `judge_landings` which awaited landings are in, and how they went. It also
-reads and writes the history as JSON for the state store. It must stay pure: no I/O, no clock.
+workloads are placed again and the landings judged (`for_cycle`: both, what a cycle plans with),
+`open_circuits` says which workloads keep the circuit open, and `judge_landings` which awaited
+landings are in, and how they went. It also reads and writes the history as JSON for the state
+store. It must stay pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -244,13 +245,24 @@ class DisruptionHistory:
         failed = {n: f for n, f in self.failed_drains.items() if now - f.last < FAILED_DRAIN_MEMORY}
         return replace(self, nodes=nodes, workloads=workloads, disruptions=disruptions, failed_drains=failed)
 
-    def settled(self, snapshot: Snapshot, reschedule_timeout: int) -> DisruptionHistory:
+    def for_cycle(
+        self, snapshot: Snapshot, policy: Policy, judged: Collection[EvictionRecord] | None = None
+    ) -> DisruptionHistory:
+        """The history a cycle on `snapshot` plans with: pruned, then settled (`judged`: the landings
+        the caller already judged on this snapshot, see `settled`)."""
+        return self.pruned(snapshot.now, policy).settled(snapshot, policy.eviction.reschedule_timeout, judged)
+
+    def settled(
+        self, snapshot: Snapshot, reschedule_timeout: int, judged: Collection[EvictionRecord] | None = None
+    ) -> DisruptionHistory:
         """Without the evictions the circuit breaker no longer needs: those of a workload whose pods are
         placed `reschedule_timeout` after its oldest watched eviction (younger ones stay watched); and
-        without the awaited landings `judge_landings` judges on this snapshot."""
+        without the awaited landings `judge_landings` judges on this snapshot (`judged`, when the caller
+        judged them already)."""
         history = self
         if self.awaiting:
-            judged = judge_landings(snapshot, self, reschedule_timeout).judged
+            if judged is None:
+                judged = judge_landings(snapshot, self, reschedule_timeout).judged
             if judged:
                 history = replace(self, awaiting=tuple(r for r in self.awaiting if r not in judged))
         return history._settled_evictions(snapshot, reschedule_timeout)
@@ -559,11 +571,11 @@ class Memory:
     def __init__(self, history: DisruptionHistory = NO_HISTORY) -> None:
         self.history = history
 
-    def begin(self, snapshot: Snapshot, policy: Policy) -> DisruptionHistory:
-        """The history a cycle on `snapshot` plans with: pruned and settled."""
-        self.history = self.history.pruned(snapshot.now, policy).settled(
-            snapshot, policy.eviction.reschedule_timeout
-        )
+    def begin(
+        self, snapshot: Snapshot, policy: Policy, judged: Collection[EvictionRecord] | None = None
+    ) -> DisruptionHistory:
+        """The history a cycle on `snapshot` plans with (`DisruptionHistory.for_cycle`)."""
+        self.history = self.history.for_cycle(snapshot, policy, judged)
         return self.history
 
     def record(self, decision: Decision, outcomes: Sequence[Outcome], now: datetime) -> None:

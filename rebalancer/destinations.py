@@ -4,19 +4,22 @@ Owns `land()`: on a copy of the cycle's simulated cluster, the proposal's pods a
 node is cordoned, and each pod, in `landing_order` (in a drain, pods on other nodes, the room made on
 peers, first; then largest GPU request first, the order the strategies place a group in), goes to its
 predicted target. That order is also the order the pods are evicted in (`Decision.order`), since
-kube-scheduler queues replacements of equal priority first in, first out. In a node drain (its targets are the
-packed scheduler's plain choice, not a choice the scheduler makes under constraints placement does not
-model, such as topology spread or gang packing), a pod with destination rules
-(`Proposal.destinations`) whose target still has room but is no longer the packed scheduler's choice
-(the strategy assumed other nodes of the cycle drained that are not, or earlier pods of the cycle
-changed the scores) goes where the scheduler puts it, one of the top-scored nodes, when its rules
-admit one; else the proposal misfits, naming the scheduler's choice and the rule it breaks, since the
-scheduler does not know the rules. A pod whose target can no longer take it (an earlier approved
-proposal of the cycle used the room), and every pod without a target, then goes, largest GPU request
-first, to the packed scheduler's best node (`placement.ClusterState.best_node`) among the nodes that
-meet every rule its strategy carried on the proposal, never the drained node. A pod with a target but
-no rules is not re-placed: its strategy said nothing about where else it may go. When no node
-remains, the misfit names the pod and the rule that left no node.
+kube-scheduler queues replacements of equal priority first in, first out. Just before placing each
+pod it notes the nodes tied with where the pod goes (`Landed.tied`: kube-scheduler picks among equal
+top scores at random), so where the replacement lands can be judged.
+
+In a node drain (its targets are the packed scheduler's plain choice, not a choice the scheduler makes
+under constraints placement does not model, such as topology spread or gang packing), a pod with
+destination rules (`Proposal.destinations`) whose target still has room but is no longer the packed
+scheduler's choice (the strategy assumed other nodes of the cycle drained that are not, or earlier
+pods of the cycle changed the scores) goes where the scheduler puts it, one of the top-scored nodes,
+when its rules admit one; else the proposal misfits, naming the scheduler's choice and the rule it
+breaks, since the scheduler does not know the rules. A pod whose target can no longer take it (an
+earlier approved proposal of the cycle used the room), and every pod without a target, then goes, in
+the same order, to the packed scheduler's best node (`placement.ClusterState.best_node`) among the
+nodes that meet every rule its strategy carried on the proposal, never the drained node. A pod with a
+target but no rules is not re-placed: its strategy said nothing about where else it may go. When no
+node remains, the misfit names the pod and the rule that left no node.
 
 This module must stay pure: no I/O, no clock, and it never mutates the Snapshot, the proposal or the
 state it is given (it works on a copy). Guards, budgets and the order of proposals are the planner's.
@@ -25,7 +28,7 @@ state it is given (it works on a copy). Guards, budgets and the order of proposa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rebalancer.model import GPU_RESOURCE, MILLI_PER_GPU, DestinationRule, Pod, Proposal, Snapshot
 from rebalancer.placement import ClusterState
@@ -43,6 +46,9 @@ class Landed:
     replaced: tuple[str, ...] = ()
     # The pods in the order they were placed (`landing_order`, re-placed pods last): the eviction order.
     order: tuple[PodKey, ...] = ()
+    # Per pod, the nodes tied with where it went as the packed scheduler saw the simulation just before
+    # placing it (the target alone when it was not a top-scored node): kube-scheduler may pick any.
+    tied: dict[PodKey, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +87,17 @@ def land(
     if drained is not None and drained in snapshot.nodes:
         sim.cordon(drained)
     placed: dict[PodKey, str] = {}
+    tied: dict[PodKey, frozenset[str]] = {}
     missed: dict[PodKey, tuple[str, str]] = {}  # pod -> its predicted target and why it cannot go there
     replaced: list[str] = []
+
+    def put(pod: Pod, node: str) -> None:
+        prediction = sim.best_nodes(pod)
+        accepted = prediction is not None and prediction.accepts(node)
+        tied[pod.key] = prediction.tied if prediction is not None and accepted else frozenset({node})
+        sim.place(pod, node)
+        placed[pod.key] = node
+
     anywhere = _excluded((), snapshot, drained)
     ordered = landing_order(pods, drained)
     for pod in ordered:
@@ -104,16 +119,14 @@ def land(
                 if not admitted:
                     return Misfit(pod, _preferred(choice.chosen, target, assumed, choice.tied, snapshot))
                 preferred = min(admitted)
-                sim.place(pod, preferred)
-                placed[pod.key] = preferred
+                put(pod, preferred)
                 replaced.append(
                     f"{pod.ref} re-placed on {preferred}: the packed scheduler prefers it to its predicted "
                     f"target node {target}"
                 )
                 continue
         if fit.ok:
-            sim.place(pod, target)
-            placed[pod.key] = target
+            put(pod, target)
         elif pod.key in proposal.destinations:
             missed[pod.key] = (target, fit.reason)
         else:
@@ -124,14 +137,13 @@ def land(
         miss = missed.get(pod.key)
         if best is None:
             return Misfit(pod, _nowhere(sim, pod, rules, snapshot=snapshot, drained=drained, miss=miss))
-        sim.place(pod, best)
-        placed[pod.key] = best
+        put(pod, best)
         if miss is not None:
             replaced.append(
                 f"{pod.ref} re-placed on {best}: its predicted target node {miss[0]} cannot take it any "
                 f"more ({miss[1]})"
             )
-    return Landed(sim, {pod.key: placed[pod.key] for pod in pods}, tuple(replaced), tuple(placed))
+    return Landed(sim, {pod.key: placed[pod.key] for pod in pods}, tuple(replaced), tuple(placed), tied)
 
 
 def _excluded(rules: Sequence[DestinationRule], snapshot: Snapshot, drained: str | None) -> set[str]:

@@ -493,7 +493,6 @@ def decide(
     waiting = _checkpoint(ctx)
     if waiting is not None:
         return _refused(proposal, waiting)
-    tied = _tied(ctx, landed)
     ledger.commit(pods, landed.targets, landed.state)
     reason = "; ".join(landed.replaced)
     return Decision(
@@ -501,31 +500,9 @@ def decide(
         approved=True,
         targets=landed.targets,
         reason=reason,
-        tied=tied,
+        tied=landed.tied,
         order=landed.order,
     )
-
-
-def _tied(ctx: _Context, landed: Landed) -> dict[PodKey, frozenset[str]]:
-    """Per pod, the nodes tied with its target as the packed scheduler sees the cluster when the pod is
-    placed (the ledger's cluster, the proposal's pods removed, the drained node cordoned, the pods placed
-    before it reserved, in `land`'s order); the target alone when it is not a top-scored node."""
-    sim = ctx.ledger.state.copy()
-    for pod in ctx.pods:
-        sim.remove(pod)
-    drained = ctx.drained
-    if drained is not None and drained in ctx.snapshot.nodes:
-        sim.cordon(drained)
-    by_key = {pod.key: pod for pod in ctx.pods}
-    tied: dict[PodKey, frozenset[str]] = {}
-    for pod in (by_key[key] for key in landed.order):
-        target = landed.targets[pod.key]
-        prediction = sim.best_nodes(pod)
-        accepted = prediction is not None and prediction.accepts(target)
-        tied[pod.key] = prediction.tied if prediction is not None and accepted else frozenset({target})
-        if sim.fits(pod, target).ok:
-            sim.place(pod, target)
-    return tied
 
 
 def plan(

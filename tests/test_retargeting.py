@@ -126,7 +126,9 @@ def test_a_spread_fix_whose_only_allowed_domain_is_full_is_refused_naming_the_do
     assert second.reason.endswith("), and no node in zone b can take it")
 
 
-def test_a_drain_whose_pods_could_only_go_to_smaller_nodes_is_refused_naming_no_smaller_nodes() -> None:
+def last_gpu_of_gpu_t() -> tuple[Pod, Proposal, Snapshot]:
+    """4-GPU gpu-t has one GPU free, which an earlier proposal takes (`taker`); gpu-c's one pod would
+    be drained onto gpu-t, and the only other room is a 2-GPU node."""
     taker, earlier = taking("gpu-t")
     nodes = [
         node("gpu-old", gpus=4, unschedulable=True),
@@ -134,7 +136,11 @@ def test_a_drain_whose_pods_could_only_go_to_smaller_nodes_is_refused_naming_no_
         node("gpu-small", gpus=2),
         node("gpu-c", gpus=4),
     ]
-    snap = snapshot(nodes, [taker, *busy("gpu-t", 3), pod("lonely", "gpu-c")])
+    return taker, earlier, snapshot(nodes, [taker, *busy("gpu-t", 3), pod("lonely", "gpu-c")])
+
+
+def test_a_drain_whose_pods_could_only_go_to_smaller_nodes_is_refused_naming_no_smaller_nodes() -> None:
+    taker, earlier, snap = last_gpu_of_gpu_t()
     args = GpuConsolidationArgs(max_utilization_percent=None, move_to_smaller_nodes=False)
     [drain] = gpu_consolidation(snap, args, StrategyContext()).proposals
     assert drain.targets == {("ml", "lonely"): "gpu-t"}
@@ -155,14 +161,7 @@ def test_a_drain_whose_pods_could_only_go_to_smaller_nodes_is_refused_naming_no_
 
 
 def test_the_same_drain_moves_to_the_smaller_node_when_smaller_nodes_are_allowed() -> None:
-    taker, earlier = taking("gpu-t")
-    nodes = [
-        node("gpu-old", gpus=4, unschedulable=True),
-        node("gpu-t", gpus=4),
-        node("gpu-small", gpus=2),
-        node("gpu-c", gpus=4),
-    ]
-    snap = snapshot(nodes, [taker, *busy("gpu-t", 3), pod("lonely", "gpu-c")])
+    _, earlier, snap = last_gpu_of_gpu_t()
     anywhere = GpuConsolidationArgs(
         max_utilization_percent=None,
         move_to_smaller_nodes=True,

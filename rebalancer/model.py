@@ -141,6 +141,37 @@ class OwnerRef:
 
 
 @dataclass(frozen=True, slots=True)
+class Controller:
+    """A controller object the source read (ReplicaSet, Deployment, StatefulSet, Job, JobSet, Notebook...):
+    what re-creates pods, and where a reclaim's state lives (its annotations).
+
+    `owner` is its own controller (a ReplicaSet's Deployment), `replicas` its `spec.replicas` for kinds
+    that scale (None otherwise), `suspended` its `spec.suspend` for kinds that suspend (None otherwise).
+    """
+
+    namespace: str
+    kind: str
+    name: str
+    api_version: str = ""
+    uid: str = ""
+    resource_version: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    owner: OwnerRef | None = None
+    replicas: int | None = None
+    suspended: bool | None = None
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """(namespace, kind, name): the same shape as `history.Workload`."""
+        return (self.namespace, self.kind, self.name)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.kind}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
 class Volume:
     name: str
     kind: str  # emptyDir | hostPath | persistentVolumeClaim | configMap | secret | projected | ...
@@ -360,6 +391,9 @@ class Snapshot:
     telemetry: Telemetry = NO_TELEMETRY
     # Problems the source met while building the snapshot (pods on unknown nodes, bad samples...).
     findings: tuple[Finding, ...] = ()
+    # The controllers of GPU pods and their own controllers, by (namespace, kind, name): what
+    # `rebalancer.workloads` resolves a pod's workload with. Empty when the source read none.
+    controllers: Mapping[tuple[str, str, str], Controller] = field(default_factory=dict)
 
     @cached_property
     def pods_by_node(self) -> Mapping[str, tuple[Pod, ...]]:

@@ -9,6 +9,7 @@ from rebalancer.model import (
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
     NO_TELEMETRY,
+    Controller,
     GpuRequest,
     GpuTelemetry,
     LabelSelector,
@@ -175,12 +176,42 @@ def telemetry(gpus: Iterable[GpuTelemetry], *windows_seconds: int) -> Telemetry:
     )
 
 
+def controller(
+    kind: str,
+    name: str,
+    *,
+    namespace: str = "ml",
+    owner: OwnerRef | None = None,
+    annotations: Mapping[str, str] | None = None,
+    replicas: int | None = None,
+    suspended: bool | None = None,
+) -> Controller:
+    """A controller object; scalable kinds default to 1 replica, suspendable ones to not suspended."""
+    if replicas is None and kind in ("Deployment", "StatefulSet", "ReplicaSet", "LeaderWorkerSet"):
+        replicas = 1
+    if suspended is None and kind in ("Job", "JobSet"):
+        suspended = False
+    return Controller(
+        namespace=namespace,
+        kind=kind,
+        name=name,
+        uid=f"uid-{namespace}-{kind}-{name}",
+        resource_version="1",
+        annotations=dict(annotations or {}),
+        owner=owner,
+        replicas=replicas,
+        suspended=suspended,
+    )
+
+
 def snapshot(
     nodes: Iterable[Node],
     pods: Iterable[Pod] = (),
     pdbs: Iterable[Pdb] = (),
     telemetry: Telemetry = NO_TELEMETRY,
     now: datetime = NOW,
+    *,
+    controllers: Iterable[Controller] = (),
 ) -> Snapshot:
     return Snapshot(
         now=now,
@@ -188,4 +219,5 @@ def snapshot(
         pods=tuple(pods),
         pdbs=tuple(pdbs),
         telemetry=telemetry,
+        controllers={c.key: c for c in controllers},
     )

@@ -1,0 +1,167 @@
+"""Workloads: which object a person manages behind each GPU pod, and how a reclaim frees its GPUs.
+
+Owns the table of controller kinds the product knows (`KINDS`: API group, version, resource, and how
+a reclaim frees the GPUs: scale to zero, suspend, stop), the annotations that carry a reclaim's state
+on the workload, and `resolve()`: walking each pod's controller ownerReferences up the controllers the
+snapshot holds to the workload a person manages:
+
+- ReplicaSet -> Deployment -> KServe InferenceService (raw-deployment mode);
+- StatefulSet -> LeaderWorkerSet or Kubeflow Notebook; a LeaderWorkerSet's worker StatefulSet is owned
+  by its leader pod, which is followed to the leader's StatefulSet;
+- Job -> JobSet. A Job of a CronJob stays the workload: each run holds the GPUs, suspending it frees
+  them, and the CronJob's next run is a workload of its own (`Resolved.parent` names the CronJob);
+- any other controller kind is the workload itself, and no reclaim knows how to free it.
+
+A controller the snapshot lacks (not listed, kind not installed, no permission) ends the walk there,
+with `Resolved.controller` None: such a workload is reported, never acted on, since its state cannot be
+read.
+
+This module must stay pure: no I/O, no clock. It decides nothing: strategies judge, the planner guards,
+the actuator writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from rebalancer.history import Workload
+from rebalancer.model import Controller, OwnerRef, Pod, Snapshot
+
+__all__ = [
+    "ANNOTATION_PREFIX",
+    "IDLE_SINCE",
+    "KINDS",
+    "KUBEFLOW_STOPPED",
+    "RECLAIMED_AT",
+    "RECLAIMED_BY",
+    "RECLAIM_REASON",
+    "SCALED_DOWN_FROM",
+    "SNOOZE_UNTIL",
+    "Kind",
+    "ReclaimHow",
+    "Resolved",
+    "resolve",
+]
+
+ANNOTATION_PREFIX = "rebalancer.gpu/"
+# When the workload was first found idle and its owner told (RFC 3339); the grace period runs from it.
+IDLE_SINCE = ANNOTATION_PREFIX + "idle-since"
+# Set by the owner (RFC 3339): no reclaim before then.
+SNOOZE_UNTIL = ANNOTATION_PREFIX + "snooze-until"
+# What a reclaim did, so that `rebalancer restore` (or kubectl) can undo it.
+SCALED_DOWN_FROM = ANNOTATION_PREFIX + "scaled-down-from"
+RECLAIMED_AT = ANNOTATION_PREFIX + "reclaimed-at"
+RECLAIMED_BY = ANNOTATION_PREFIX + "reclaimed-by"
+RECLAIM_REASON = ANNOTATION_PREFIX + "reclaim-reason"
+# Kubeflow's own: the Notebook controller scales the notebook's StatefulSet to 0 while it is set.
+KUBEFLOW_STOPPED = "kubeflow-resource-stopped"
+
+# How a reclaim frees a workload's GPUs: the `scale` subresource to 0 replicas, `spec.suspend: true`,
+# Kubeflow's stop annotation, or (a bare pod, which nothing re-creates) an eviction.
+ReclaimHow = Literal["scale", "suspend", "stop", "evict"]
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """A controller kind: where the API serves it, and how a reclaim frees its GPUs (None: it cannot)."""
+
+    kind: str
+    group: str
+    version: str
+    resource: str
+    reclaim: ReclaimHow | None
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+KINDS: Mapping[str, Kind] = {
+    k.kind: k
+    for k in (
+        Kind("ReplicaSet", "apps", "v1", "replicasets", "scale"),
+        Kind("Deployment", "apps", "v1", "deployments", "scale"),
+        Kind("StatefulSet", "apps", "v1", "statefulsets", "scale"),
+        Kind("Job", "batch", "v1", "jobs", "suspend"),
+        Kind("JobSet", "jobset.x-k8s.io", "v1alpha2", "jobsets", "suspend"),
+        Kind("LeaderWorkerSet", "leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "scale"),
+        Kind("Notebook", "kubeflow.org", "v1", "notebooks", "stop"),
+        Kind("InferenceService", "serving.kserve.io", "v1beta1", "inferenceservices", None),
+    )
+}
+
+# Owner kinds a walk continues into from each kind; any other owner ends it (CronJob: see above).
+_WALKS_INTO: Mapping[str, frozenset[str]] = {
+    "ReplicaSet": frozenset({"Deployment"}),
+    "Deployment": frozenset({"InferenceService"}),
+    "StatefulSet": frozenset({"LeaderWorkerSet", "Notebook", "Pod"}),
+    "Job": frozenset({"JobSet"}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """A pod's workload: its key (a bare pod is its own), the controller object when the snapshot has
+    it, and the kind of a parent the walk stopped below on purpose (a Job's CronJob)."""
+
+    key: Workload
+    controller: Controller | None
+    parent: OwnerRef | None = None
+
+    @property
+    def kind(self) -> Kind | None:
+        return KINDS.get(self.key.kind)
+
+    @property
+    def ref(self) -> str:
+        """`namespace/Kind/name`, as `rebalancer restore` takes it."""
+        return f"{self.key.namespace}/{self.key.kind}/{self.key.name}"
+
+    @property
+    def bare(self) -> bool:
+        return self.key.kind == "Pod"
+
+    @property
+    def reclaim(self) -> ReclaimHow | None:
+        """How a reclaim frees it: evict a bare pod, else its kind's way; None when it cannot."""
+        if self.bare:
+            return "evict"
+        kind = self.kind
+        return kind.reclaim if kind is not None and self.controller is not None else None
+
+
+def resolve(snapshot: Snapshot) -> Mapping[tuple[str, str], Resolved]:
+    """Every pod's workload, by pod key."""
+    pods = snapshot.pods_by_key
+    return {pod.key: _resolve(pod, snapshot.controllers, pods) for pod in snapshot.pods}
+
+
+def _resolve(
+    pod: Pod,
+    controllers: Mapping[tuple[str, str, str], Controller],
+    pods: Mapping[tuple[str, str], Pod],
+) -> Resolved:
+    if pod.owner is None:
+        return Resolved(Workload(pod.namespace, "Pod", pod.name), None)
+    key = Workload(pod.namespace, pod.owner.kind, pod.owner.name)
+    seen = {key}
+    while True:
+        found = controllers.get(key)
+        if found is None:
+            return Resolved(key, None)
+        up = found.owner
+        if up is None or up.kind not in _WALKS_INTO.get(key.kind, frozenset()):
+            return Resolved(key, found, up)
+        if up.kind == "Pod":
+            # A LeaderWorkerSet's worker StatefulSet is owned by the leader pod: go on from its owner.
+            leader = pods.get((key.namespace, up.name))
+            if leader is None or leader.owner is None:
+                return Resolved(key, found, up)
+            up = leader.owner
+        nxt = Workload(key.namespace, up.kind, up.name)
+        if nxt in seen:  # an ownership loop: stop where it closes
+            return Resolved(key, found)
+        seen.add(nxt)
+        key = nxt

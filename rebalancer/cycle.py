@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Literal, Protocol
 
 from rebalancer import rfc3339
 from rebalancer.evictor import Evictor
@@ -193,6 +193,10 @@ def execute(
 
 
 _DONE = frozenset({"evicted", "would-evict"})
+# A workload's GPUs given back (or that would be): scaled to 0, suspended, stopped, a bare pod evicted.
+_RECLAIMED = frozenset(
+    {"scaled", "would-scale", "suspended", "would-suspend", "stopped", "would-stop", *_DONE}
+)
 
 
 def _rows(decisions: Iterable[Decision], outcomes: dict[tuple[str, str], Outcome]) -> list[ReportedDecision]:
@@ -213,16 +217,24 @@ def _rows(decisions: Iterable[Decision], outcomes: dict[tuple[str, str], Outcome
                     namespace=pod.namespace,
                     pod=pod.name,
                     node=pod.node_name,
-                    action="evict" if decision.approved else "skip",
+                    action=_action(decision),
                     outcome=outcome.result if outcome is not None else None,
                     reason=reason,
                     blocked_by=decision.blocked_by,
                     group=proposal.group or pod.gang,
                     target_node=(decision.targets or proposal.targets).get(pod.key),
                     uid=pod.uid,
+                    workload=proposal.action.ref if proposal.action is not None else None,
                 )
             )
     return rows
+
+
+def _action(decision: Decision) -> Literal["evict", "skip", "notify", "reclaim", "clear"]:
+    if not decision.approved:
+        return "skip"
+    action = decision.proposal.action
+    return action.verb if action is not None else "evict"
 
 
 def assemble_report(
@@ -245,6 +257,16 @@ def assemble_report(
         ):
             freed.extend(n for n in proposal.nodes_freed if n in snapshot.nodes)
     gpus_freed = sum(snapshot.nodes[n].gpu_count for n in freed)
+    reclaimed = [
+        action
+        for decision in evaluation.decisions
+        if decision.approved
+        and (action := decision.proposal.action) is not None
+        and action.verb == "reclaim"
+        and any(
+            (o := outcomes.get(p.key)) is not None and o.result in _RECLAIMED for p in decision.proposal.pods
+        )
+    ]
     prices = loaded.policy.prices
     savings: float | None = None
     if prices.per_gpu_hour or prices.default_per_gpu_hour is not None:
@@ -266,6 +288,8 @@ def assemble_report(
         nodes_freed=len(freed),
         gpus_freed=gpus_freed,
         estimated_savings_per_hour=savings,
+        reclaims=len(reclaimed),
+        gpus_reclaimed=round(sum(action.gpus for action in reclaimed), 3),
     )
     findings = tuple(_with_vram(f, snapshot) for f in (*evaluation.findings, *extra_findings))
     named = {*freed, *(f.node for f in findings if f.node is not None)}

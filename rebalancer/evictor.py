@@ -2,7 +2,8 @@
 
 Owns talking to the Eviction API and turning its answers into Outcomes:
 
-- `DryRunEvictor`: no I/O at all; every pod `would-evict`. Dry-run is this choice of evictor.
+- `DryRunEvictor`: no I/O at all; every pod `would-evict` (a workload action's pods `would-notify`,
+  `would-scale`...). Dry-run is this choice of evictor.
 - `KubeEvictor`: POSTs a policy/v1 Eviction per pod with `deleteOptions.preconditions.uid` (a re-created
   pod of the same name is never evicted), an optional grace period, and `rebalancer.gpu/requested-by` /
   `rebalancer.gpu/reason` annotations. Optionally server-side dry-run (`dryRun=All`): the API server runs
@@ -30,6 +31,9 @@ a pod of the decision is covered by a PDB already exhausted this cycle, nothing 
 attempted.
 
 Node drain marks (the taint that keeps evicted pods from landing back) are rebalancer.node_marks'.
+A workload action (`Proposal.action`: tell an idle workload's owner, scale it to 0, suspend or stop it)
+writes the workload, not the Eviction API: `KubeEvictor` hands it to rebalancer.reclaim's
+`WorkloadWriter`, under the same fence; a bare pod's reclaim is an eviction like any other.
 
 It must not plan: no choosing, ordering or re-checking of guards and budgets beyond the API server's
 verdicts (the planner's ledger is the client-side PDB check). It never reads the clock except to sleep
@@ -43,6 +47,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Protocol, cast
 
 import urllib3
@@ -72,9 +77,11 @@ from rebalancer.model import (
     Pod,
     Snapshot,
 )
+from rebalancer.reclaim import WorkloadWriter
 from rebalancer.selectors import label_selector_matches
 from rebalancer.sources.kube_objects import pdb_from_json
 from rebalancer.sources.object_fields import ObjectError
+from rebalancer.workloads import result_of
 
 __all__ = [
     "PDB_EXHAUSTED",
@@ -162,7 +169,10 @@ class DryRunEvictor(UnframedEvictor):
     mode: Mode = "dry-run"
 
     def evict(self, decision: Decision) -> tuple[Outcome, ...]:
-        return tuple(Outcome(p.namespace, p.name, "would-evict") for p in _approved_pods(decision))
+        pods = _approved_pods(decision)
+        action = decision.proposal.action
+        result = result_of(action, dry_run=True) if action is not None else "would-evict"
+        return tuple(Outcome(p.namespace, p.name, result) for p in pods)
 
 
 class KubeEvictor(UnframedEvictor):
@@ -200,11 +210,21 @@ class KubeEvictor(UnframedEvictor):
         self._known: dict[tuple[str, str], Pdb] = {}
         self._exhausted: dict[tuple[str, str], Pdb] = {}
         self.mode: Mode = "dry-run" if server_dry_run else "live"
+        self._workloads = WorkloadWriter(
+            api_client,
+            server_dry_run=server_dry_run,
+            retries=retries,
+            backoff=self._backoff,
+            sleep=sleep,
+            request_timeout=request_timeout,
+        )
+        self._now: datetime | None = None
 
     def begin_cycle(self, snapshot: Snapshot, cycle_id: str = "") -> None:
         """Forget the PDBs exhausted last cycle; the snapshot's PDBs save a lookup after a 429."""
         self._exhausted.clear()
         self._known = {p.key: p for p in snapshot.pdbs}
+        self._now = snapshot.now
 
     @property
     def exhausted_pdbs(self) -> tuple[tuple[str, str], ...]:
@@ -213,6 +233,12 @@ class KubeEvictor(UnframedEvictor):
 
     def evict(self, decision: Decision) -> tuple[Outcome, ...]:
         pods = _approved_pods(decision)
+        action = decision.proposal.action
+        if action is not None and action.how != "evict":
+            if self._now is None:
+                raise RuntimeError("KubeEvictor.evict() of a workload action before begin_cycle()")
+            self._workloads.fence = self.fence
+            return self._workloads.apply(decision, self._now)
         blocked = next((p for p in pods if self._covered_by_exhausted_pdb(p)), None)
         if blocked is not None:
             stop = not_attempted(blocked, "blocked-by-pdb")

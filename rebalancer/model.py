@@ -27,8 +27,33 @@ MILLI_PER_GPU = 1000
 
 # `checkpoint-pending` (added with the live actuator): the pod, or its plan, waits for a checkpoint
 # before eviction (see docs/checkpoint-protocol.md); nothing was evicted.
-OutcomeResult = Literal["would-evict", "evicted", "blocked-by-pdb", "gone", "error", "checkpoint-pending"]
-ProposalKind = Literal["pod", "gang", "node"]
+# A workload's own object changed instead of a pod evicted (`WorkloadAction`), by verb: the owner told
+# (`notify`), its GPUs reclaimed (`scale` to 0, `suspend`, `stop`), its idle mark lifted (`clear`).
+OutcomeResult = Literal[
+    "would-evict",
+    "evicted",
+    "blocked-by-pdb",
+    "gone",
+    "error",
+    "checkpoint-pending",
+    "would-notify",
+    "notified",
+    "would-scale",
+    "scaled",
+    "would-suspend",
+    "suspended",
+    "would-stop",
+    "stopped",
+    "would-clear",
+    "cleared",
+]
+# `workload`: a change to the workload's own object (`Proposal.action`), not an eviction.
+ProposalKind = Literal["pod", "gang", "node", "workload"]
+# How a reclaim frees a workload's GPUs: the `scale` subresource to 0 replicas, `spec.suspend: true`,
+# Kubeflow's stop annotation, or (a bare pod, which nothing re-creates) an eviction.
+ReclaimHow = Literal["scale", "suspend", "stop", "evict"]
+# What a workload proposal does: tell the owner, reclaim the GPUs, or lift the idle mark.
+WorkloadVerb = Literal["notify", "reclaim", "clear"]
 Mode = Literal["dry-run", "live"]
 # Where an evicted pod's replacement landed, against the planner's prediction: on the predicted node, on a
 # node tied with it when the planner decided (kube-scheduler picks among those at random), elsewhere, or
@@ -370,6 +395,9 @@ class Finding:
     detail: str = ""
     # leaked-vram: the framebuffer in use on that GPU (and pod), MiB, as the telemetry's newest sample.
     fb_used_mib: float | None = None
+    # idle-gpu: the workload (`namespace/Kind/name`) and the GPU-equivalents it holds idle.
+    workload: str | None = None
+    gpus: float | None = None
 
     @classmethod
     def about(cls, kind: str, pod: Pod, detail: str) -> Finding:
@@ -440,6 +468,31 @@ class DestinationRule:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkloadAction:
+    """What a `workload` proposal changes on the workload's own object (`rebalancer.workloads`).
+
+    `workload` is (namespace, kind, name); `controller` the object as the snapshot read it (None for a
+    bare pod, which is evicted). `gpus` are the GPU-equivalents its pods hold, `idle_since` when it was
+    first found idle, `grace_until` when a reclaim may follow a notification, `cost_per_hour` their
+    price (None: unknown).
+    """
+
+    verb: WorkloadVerb
+    workload: tuple[str, str, str]
+    controller: Controller | None
+    how: ReclaimHow | None = None
+    gpus: float = 0.0
+    idle_since: datetime | None = None
+    grace_until: datetime | None = None
+    cost_per_hour: float | None = None
+
+    @property
+    def ref(self) -> str:
+        namespace, kind, name = self.workload
+        return f"{namespace}/{kind}/{name}"
+
+
+@dataclass(frozen=True, slots=True)
 class Proposal:
     """A strategy's wish: move these pods (one pod, a whole gang, or a whole node's pods), all or none.
 
@@ -461,6 +514,8 @@ class Proposal:
     targets: Mapping[tuple[str, str], str] = field(default_factory=dict)
     nodes_freed: tuple[str, ...] = ()
     destinations: Mapping[tuple[str, str], tuple[DestinationRule, ...]] = field(default_factory=dict)
+    # For `kind == "workload"`: the change to make instead of evicting `pods` (its pods, all of them).
+    action: WorkloadAction | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -531,13 +586,16 @@ class ReportedDecision:
     namespace: str
     pod: str
     node: str | None
-    action: Literal["evict", "skip"]
+    # `notify` / `reclaim` / `clear`: an approved workload action (`Proposal.action`), not an eviction.
+    action: Literal["evict", "skip", "notify", "reclaim", "clear"]
     outcome: OutcomeResult | None
     reason: str
     blocked_by: str | None
     group: str | None
     target_node: str | None
     uid: str = ""  # the pod's, so an Event on it matches `kubectl describe`
+    # `namespace/Kind/name` of the workload a workload action changes; None for evictions.
+    workload: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -551,6 +609,9 @@ class Summary:
     nodes_freed: int
     gpus_freed: int
     estimated_savings_per_hour: float | None
+    # Idle workloads whose GPUs were given back (or would be, in a dry run), and those GPU-equivalents.
+    reclaims: int = 0
+    gpus_reclaimed: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,9 @@ earlier approval used that room or it has none, on the packed scheduler's best n
 strategy's destination rules allow, refused only when none remains, naming the rule that left none;
 a node already chosen as a destination this cycle cannot be drained), and last `checkpoint-pending` (a
 pod that asked to checkpoint first has not answered yet; the live evictor asks it, and the history says
-in which namespaces it could not: those pods are held, never evicted unasked). An approved decision
+in which namespaces it could not: those pods are held, never evicted unasked). A `workload` proposal
+(tell an idle workload's owner, reclaim its GPUs, lift its idle mark) places nothing and runs only the
+guards that bear on that change (`_WORKLOAD_CHECKS`). An approved decision
 also says, per pod, the nodes tied with its target (`Decision.tied`: kube-scheduler picks among equal
 top scores at random), so that where the replacement lands can be judged, and the order it placed the
 pods in (`Decision.order`), which the evictors follow. `plan()` judges a
@@ -398,6 +400,49 @@ _CHECKS = (
 )
 
 
+# A workload proposal changes the workload's object instead of moving pods: nothing is placed, and
+# only the guards that mean something for that change run. Telling the owner passes the static
+# per-pod guards (a pod that may not be disrupted is not threatened with it); a reclaim takes the
+# pods away, so the budgets count it too, and the PDBs when it is an eviction (a bare pod); lifting
+# the idle mark undoes only the rebalancer's own annotation.
+_WORKLOAD_CHECKS: Mapping[tuple[str, bool], tuple[Callable[[_Context], _Block | None], ...]] = {
+    ("notify", False): (_static,),
+    ("reclaim", False): (
+        _static,
+        _gang,
+        _cooldown,
+        _disruption_budget,
+        _limit_cycle,
+        _limit_namespace,
+        _limit_node,
+    ),
+    ("reclaim", True): (
+        _static,
+        _gang,
+        _cooldown,
+        _disruption_budget,
+        _limit_cycle,
+        _limit_namespace,
+        _limit_node,
+        _pdb,
+    ),
+    ("clear", False): (),
+}
+
+
+def _decide_workload(ctx: _Context) -> Decision:
+    action = ctx.proposal.action
+    if action is None:
+        raise ValueError(f"{ctx.proposal.strategy}: a workload proposal without its action")
+    for check in _WORKLOAD_CHECKS[(action.verb, action.how == "evict")]:
+        block = check(ctx)
+        if block is not None:
+            return _refused(ctx.proposal, block)
+    if action.verb == "reclaim":
+        ctx.ledger.commit(ctx.pods, {}, ctx.ledger.state)
+    return Decision(proposal=ctx.proposal, approved=True)
+
+
 def _checkpoint(ctx: _Context) -> _Block | None:
     """Last of all, once every other guard approves: a pod that asked to checkpoint before eviction
     (docs/checkpoint-protocol.md) holds its whole plan until it answers or `checkpoint_timeout` passes."""
@@ -483,6 +528,8 @@ def decide(
             ),
         )
     ctx = _Context(proposal, pods, snapshot, policy, history, ledger)
+    if proposal.kind == "workload":
+        return _decide_workload(ctx)
     for check in _CHECKS:
         block = check(ctx)
         if block is not None:

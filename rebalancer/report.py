@@ -36,6 +36,8 @@ def to_dict(report: CycleReport) -> dict[str, Any]:
             "nodes_freed": s.nodes_freed,
             "gpus_freed": s.gpus_freed,
             "estimated_savings_per_hour": s.estimated_savings_per_hour,
+            "reclaims": s.reclaims,
+            "gpus_reclaimed": s.gpus_reclaimed,
         },
         "decisions": [
             {
@@ -49,6 +51,7 @@ def to_dict(report: CycleReport) -> dict[str, Any]:
                 "blocked_by": d.blocked_by,
                 "group": d.group,
                 "target_node": d.target_node,
+                "workload": d.workload,
             }
             for d in report.decisions
         ],
@@ -60,6 +63,8 @@ def to_dict(report: CycleReport) -> dict[str, Any]:
                 "namespace": f.namespace,
                 "pod": f.pod,
                 "detail": f.detail,
+                "workload": f.workload,
+                "gpus": f.gpus,
             }
             for f in report.findings
         ],
@@ -131,6 +136,9 @@ def _summary_lines(report: CycleReport) -> list[str]:
         + (f" ({', '.join(report.freed_nodes)})" if report.freed_nodes else "")
         + f"   GPUs freed: {s.gpus_freed}   estimated savings: {_money(s.estimated_savings_per_hour)}",
     ]
+    if s.reclaims:
+        verb = "would be reclaimed" if report.mode == "dry-run" else "reclaimed"
+        lines.append(f"idle workloads {verb}: {s.reclaims} ({s.gpus_reclaimed:g} GPUs)")
     if report.predictions or report.predictions_awaiting:
         lines.append(f"landings: {_landings_text(report)}")
     if report.findings:

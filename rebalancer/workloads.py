@@ -24,10 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
 
 from rebalancer.history import Workload
-from rebalancer.model import Controller, OwnerRef, Pod, Snapshot
+from rebalancer.model import Controller, OutcomeResult, OwnerRef, Pod, ReclaimHow, Snapshot, WorkloadAction
 
 __all__ = [
     "ANNOTATION_PREFIX",
@@ -37,12 +36,13 @@ __all__ = [
     "RECLAIMED_AT",
     "RECLAIMED_BY",
     "RECLAIM_REASON",
+    "RESULTS",
     "SCALED_DOWN_FROM",
     "SNOOZE_UNTIL",
     "Kind",
-    "ReclaimHow",
     "Resolved",
     "resolve",
+    "result_of",
 ]
 
 ANNOTATION_PREFIX = "rebalancer.gpu/"
@@ -58,9 +58,23 @@ RECLAIM_REASON = ANNOTATION_PREFIX + "reclaim-reason"
 # Kubeflow's own: the Notebook controller scales the notebook's StatefulSet to 0 while it is set.
 KUBEFLOW_STOPPED = "kubeflow-resource-stopped"
 
-# How a reclaim frees a workload's GPUs: the `scale` subresource to 0 replicas, `spec.suspend: true`,
-# Kubeflow's stop annotation, or (a bare pod, which nothing re-creates) an eviction.
-ReclaimHow = Literal["scale", "suspend", "stop", "evict"]
+
+# The outcome of a workload action (dry run, done), per verb and per way of reclaiming.
+RESULTS: Mapping[str, tuple[OutcomeResult, OutcomeResult]] = {
+    "notify": ("would-notify", "notified"),
+    "clear": ("would-clear", "cleared"),
+    "scale": ("would-scale", "scaled"),
+    "suspend": ("would-suspend", "suspended"),
+    "stop": ("would-stop", "stopped"),
+    "evict": ("would-evict", "evicted"),
+}
+
+
+def result_of(action: WorkloadAction, *, dry_run: bool) -> OutcomeResult:
+    """The outcome an action has when it is done (or would be, in a dry run)."""
+    key = action.how if action.verb == "reclaim" and action.how is not None else action.verb
+    would, done = RESULTS[key]
+    return would if dry_run else done
 
 
 @dataclass(frozen=True, slots=True)

@@ -209,6 +209,9 @@ def test_json_report_has_the_contract_keys() -> None:
         "nodes_freed",
         "gpus_freed",
         "estimated_savings_per_hour",
+        # additions since DESIGN §7: idle workloads reclaimed
+        "reclaims",
+        "gpus_reclaimed",
     }
     assert set(data["decisions"][0]) == {
         "strategy",
@@ -221,6 +224,7 @@ def test_json_report_has_the_contract_keys() -> None:
         "blocked_by",
         "group",
         "target_node",
+        "workload",  # an addition: the workload a workload action changes
     }
     assert {"findings", "skipped_strategies"} <= set(data)
     assert to_dict(report) == data

@@ -4,7 +4,7 @@
 The output is what `kubectl get nodes,pods,pdb -A -o json` and a Prometheus OpenMetrics export give
 (DESIGN §4): `nodes.json`, `pods.json`, `pdbs.json` (each a `List`), `dcgm.om` (dcgm-exporter series
 at 60 s resolution over the last two hours, timestamps in seconds), `snapshot.yaml` (`now`) and
-`policy.yaml` (policies/default.yaml with namespace `notebooks` opted in to idle-GPU evictions).
+`policy.yaml` (policies/default.yaml with idle workloads in namespace `notebooks` reclaimed).
 
 This script owns only the story: the NODES and WORKLOADS tables, the PDBs, the leaked VRAM and the demo
 policy. Turning tables into Kubernetes objects and DCGM series is tools/clustergen's, shared with the
@@ -265,17 +265,17 @@ LEAKED = {("l4-a-1", 3): 20_480}
 
 
 def demo_policy() -> str:
-    """policies/default.yaml with one change: namespace `notebooks` opted in to idle-gpu evictions."""
+    """policies/default.yaml with one change: idle workloads in namespace `notebooks` reclaimed."""
     text = DEFAULT_POLICY.read_text(encoding="utf-8")
-    report_only = "      namespaces: []               # opt-in list for evictions; empty = report only\n"
-    opted_in = "      namespaces: [notebooks]      # DEMO: idle notebooks may be evicted\n"
+    report_only = "      actions: []\n"
+    reclaim = "      actions: [{action: reclaim, namespaces: [notebooks], grace: 4h}]  # DEMO\n"
     assert text.count(report_only) == 1, "policies/default.yaml changed: update demo_policy()"
     header = (
-        "# Demo policy for examples/demo-cluster: policies/default.yaml with one change, namespace\n"
-        "# `notebooks` opted in to idle-gpu evictions. Written by generate.py; edit the default instead.\n"
+        "# Demo policy for examples/demo-cluster: policies/default.yaml with one change, idle workloads\n"
+        "# in namespace `notebooks` reclaimed. Written by generate.py; edit the default instead.\n"
         "#\n"
     )
-    return header + text.replace(report_only, opted_in)
+    return header + text.replace(report_only, reclaim)
 
 
 def main() -> None:

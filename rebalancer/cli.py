@@ -39,6 +39,7 @@ from rebalancer.policy import (
     load_policy,
     parse_duration,
 )
+from rebalancer.reclaim import WorkloadWriter
 from rebalancer.redaction import redact, redact_url
 from rebalancer.registry import all_strategies
 from rebalancer.report import OutputFormat, render
@@ -240,6 +241,34 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _restore_target(text: str) -> tuple[str, str, str]:
+    parts = text.split("/")
+    if len(parts) != 3 or not all(parts):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected NAMESPACE/KIND/NAME, e.g. notebooks/StatefulSet/alice"
+        )
+    namespace, kind, name = parts
+    return namespace, kind, name
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    """Undo reclaims from the record on each workload: replicas back, resumed, started again."""
+    if (args.workload is None) == (not args.all_reclaimed):
+        raise InputError(["restore: name one NAMESPACE/KIND/NAME, or pass --all-reclaimed (not both)"])
+    writer = WorkloadWriter(load_api_client(args.kubeconfig, args.context), server_dry_run=args.dry_run)
+    targets = [args.workload] if args.workload is not None else list(writer.reclaimed(args.namespace))
+    if not targets:
+        print("no reclaimed workload" + (f" in namespace {args.namespace}" if args.namespace else ""))
+        return EXIT_OK
+    failed = 0
+    for namespace, kind, name in targets:
+        done = writer.restore(namespace, kind, name)
+        failed += not done.ok
+        prefix = "server dry-run: " if args.dry_run else ""
+        print(f"{prefix}{done.ref}: {done.detail}" if done.ok else f"{done.ref}: error: {done.detail}")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rebalancer", description="A descheduler for GPU clusters.")
     parser.add_argument("--version", action="version", version=f"gpu-rebalancer {__version__}")
@@ -280,6 +309,25 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot.add_argument("--context", help="kubeconfig context")
     snapshot.add_argument("--telemetry-only", action="store_true", help="do not capture cluster objects")
     snapshot.set_defaults(func=cmd_snapshot)
+
+    restore = sub.add_parser(
+        "restore", help="undo an idle-GPU reclaim (replicas back, resumed, started) from its annotations"
+    )
+    restore.add_argument(
+        "workload",
+        nargs="?",
+        type=_restore_target,
+        metavar="NAMESPACE/KIND/NAME",
+        help="e.g. ml/Deployment/x",
+    )
+    restore.add_argument(
+        "--all-reclaimed", action="store_true", help="every workload gpu-rebalancer reclaimed"
+    )
+    restore.add_argument("-n", "--namespace", help="with --all-reclaimed: only this namespace")
+    restore.add_argument("--dry-run", action="store_true", help="server-side dry run: check, change nothing")
+    restore.add_argument("--kubeconfig", metavar="FILE")
+    restore.add_argument("--context", help="kubeconfig context")
+    restore.set_defaults(func=cmd_restore)
 
     simulate = sub.add_parser("simulate", help="replay a GPU cluster trace and report node-hours")
     add_simulate_arguments(simulate)

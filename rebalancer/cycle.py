@@ -49,11 +49,13 @@ from rebalancer.model import (
     Snapshot,
     StrategyResult,
     Summary,
+    WorkloadNotice,
 )
 from rebalancer.planner import plan
 from rebalancer.policy import LoadedPolicy, Policy
 from rebalancer.registry import Refusal, StrategyContext, get_strategy
 from rebalancer.wording import plural
+from rebalancer.workloads import RESULTS, notice
 
 
 class Sink(Protocol):
@@ -193,6 +195,8 @@ def execute(
 
 
 _DONE = frozenset({"evicted", "would-evict"})
+# Outcomes of workload actions that happened (or would): what owners are told of.
+_NOTICED = frozenset(result for pair in RESULTS.values() for result in pair)
 # A workload's GPUs given back (or that would be): scaled to 0, suspended, stopped, a bare pod evicted.
 _RECLAIMED = frozenset(
     {"scaled", "would-scale", "suspended", "would-suspend", "stopped", "would-stop", *_DONE}
@@ -310,7 +314,25 @@ def assemble_report(
         },
         predictions=landings.checks,
         predictions_awaiting=landings.awaiting,
+        notices=_notices(evaluation.decisions, outcomes, snapshot.now),
     )
+
+
+def _notices(
+    decisions: Iterable[Decision], outcomes: dict[tuple[str, str], Outcome], now: datetime
+) -> tuple[WorkloadNotice, ...]:
+    """One notice per workload action that was carried out (or would be, in a dry run)."""
+    found: list[WorkloadNotice] = []
+    for decision in decisions:
+        action = decision.proposal.action
+        if not decision.approved or action is None or not decision.proposal.pods:
+            continue
+        outcome = outcomes.get(decision.proposal.pods[0].key)
+        if outcome is None or outcome.result not in _NOTICED:
+            continue
+        uid = action.controller.uid if action.controller is not None else ""
+        found.append(notice(action, outcome.result, now, uid))
+    return tuple(found)
 
 
 def _with_vram(finding: Finding, snapshot: Snapshot) -> Finding:

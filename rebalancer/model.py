@@ -637,6 +637,33 @@ class PredictionCheck:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkloadNotice:
+    """What a workload action did (or would do) to one workload, for its owner: the sinks' message
+    (Slack, webhook, the Event on the workload) and the command that snoozes the next step."""
+
+    workload: tuple[str, str, str]  # (namespace, kind, name)
+    verb: WorkloadVerb
+    result: OutcomeResult
+    message: str
+    snooze_command: str | None
+    uid: str = ""  # the workload's, so the Event on it matches `kubectl describe`
+    gpus: float = 0.0
+    cost_per_hour: float | None = None
+    idle_since: datetime | None = None
+    grace_until: datetime | None = None
+
+    @property
+    def ref(self) -> str:
+        namespace, kind, name = self.workload
+        return f"{namespace}/{kind}/{name}"
+
+    @property
+    def text(self) -> str:
+        """The message with the command to snooze, for sinks that show one string."""
+        return f"{self.message} To keep it: {self.snooze_command}" if self.snooze_command else self.message
+
+
+@dataclass(frozen=True, slots=True)
 class CycleReport:
     """Everything a cycle did and found: what every sink publishes (they see nothing else)."""
 
@@ -654,3 +681,5 @@ class CycleReport:
     # and how many evictions still wait for theirs.
     predictions: tuple[PredictionCheck, ...] = ()
     predictions_awaiting: int = 0
+    # Idle workloads whose owners were told, or whose GPUs were reclaimed, this cycle.
+    notices: tuple[WorkloadNotice, ...] = ()

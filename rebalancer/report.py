@@ -73,6 +73,20 @@ def to_dict(report: CycleReport) -> dict[str, Any]:
         ],
         "freed_nodes": list(report.freed_nodes),
         "hints": list(report.hints),
+        "workload_actions": [
+            {
+                "workload": n.ref,
+                "action": n.verb,
+                "outcome": n.result,
+                "gpus": n.gpus,
+                "cost_per_hour": n.cost_per_hour,
+                "idle_since": _rfc3339(n.idle_since) if n.idle_since else None,
+                "grace_until": _rfc3339(n.grace_until) if n.grace_until else None,
+                "message": n.message,
+                "snooze_command": n.snooze_command,
+            }
+            for n in report.notices
+        ],
         "predictions": {
             "awaiting": report.predictions_awaiting,
             "by_strategy": {
@@ -172,6 +186,9 @@ def render_text(report: CycleReport) -> str:
         for f in report.findings:
             where = " ".join(x for x in (f.node, f.gpu, f"{f.namespace}/{f.pod}" if f.pod else None) if x)
             out.append(f"  [{f.kind}] {where}: {f.detail}")
+    if report.notices:
+        out += ["", "Idle workloads (what their owners are told):"]
+        out += [f"  [{n.result}] {n.text}" for n in report.notices]
     if report.skipped_strategies:
         out += ["", "Skipped strategies:"]
         out += [f"  {s.strategy}: {s.reason}" for s in report.skipped_strategies]
@@ -215,6 +232,9 @@ def render_markdown(report: CycleReport) -> str:
         for f in report.findings:
             where = " ".join(x for x in (f.node, f.gpu, f"{f.namespace}/{f.pod}" if f.pod else None) if x)
             out.append(f"- **{f.kind}** {_md_cell(where)}: {_md_cell(f.detail)}")
+    if report.notices:
+        out += ["", "### Idle workloads", ""]
+        out += [f"- `{n.result}` {_md_cell(n.text)}" for n in report.notices]
     if report.skipped_strategies:
         out += ["", "### Skipped strategies", ""]
         out += [f"- `{s.strategy}`: {_md_cell(s.reason)}" for s in report.skipped_strategies]

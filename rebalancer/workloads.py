@@ -24,9 +24,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
+from rebalancer import rfc3339
 from rebalancer.history import Workload
-from rebalancer.model import Controller, OutcomeResult, OwnerRef, Pod, ReclaimHow, Snapshot, WorkloadAction
+from rebalancer.model import (
+    Controller,
+    OutcomeResult,
+    OwnerRef,
+    Pod,
+    ReclaimHow,
+    Snapshot,
+    WorkloadAction,
+    WorkloadNotice,
+)
 
 __all__ = [
     "ANNOTATION_PREFIX",
@@ -41,9 +52,20 @@ __all__ = [
     "SNOOZE_UNTIL",
     "Kind",
     "Resolved",
+    "notice",
     "resolve",
     "result_of",
+    "snooze_command",
 ]
+
+# How long the snooze the owner's message offers lasts.
+SNOOZE_OFFERED = timedelta(days=7)
+_DONE_WORDS: Mapping[str, str] = {
+    "scale": "scaled to 0 replicas",
+    "suspend": "suspended",
+    "stop": "stopped",
+    "evict": "evicted",
+}
 
 ANNOTATION_PREFIX = "rebalancer.gpu/"
 # When the workload was first found idle and its owner told (RFC 3339); the grace period runs from it.
@@ -179,3 +201,59 @@ def _resolve(
             return Resolved(key, found)
         seen.add(nxt)
         key = nxt
+
+
+def kubectl_resource(kind: Kind) -> str:
+    """How kubectl names the kind's resource: `statefulset`, `notebooks.kubeflow.org`."""
+    if kind.group in ("", "apps", "batch"):
+        return kind.resource.removesuffix("s")
+    return f"{kind.resource}.{kind.group}"
+
+
+def snooze_command(workload: tuple[str, str, str], until: datetime) -> str | None:
+    """The `kubectl annotate` that holds the workload's reclaim until `until`; None for unknown kinds."""
+    namespace, kind_name, name = workload
+    kind = KINDS.get(kind_name)
+    if kind is None:
+        return None
+    stamp = rfc3339.format_utc(until)
+    return (
+        f"kubectl annotate {kubectl_resource(kind)} {name} -n {namespace} {SNOOZE_UNTIL}={stamp} --overwrite"
+    )
+
+
+def notice(action: WorkloadAction, result: OutcomeResult, now: datetime, uid: str = "") -> WorkloadNotice:
+    """The owner's message about one workload action, in words and with the command to snooze."""
+    namespace, kind, name = action.workload
+    ref = f"{namespace}/{kind}/{name}"
+    gpus = f"{action.gpus:g} GPU" + ("" if action.gpus == 1 else "s")
+    cost = f", ${action.cost_per_hour:,.2f}/h" if action.cost_per_hour is not None else ""
+    since = f"idle since {rfc3339.format_utc(action.idle_since)}" if action.idle_since else "idle"
+    dry = result.startswith("would-")
+    snooze = snooze_command(action.workload, now + SNOOZE_OFFERED)
+    if action.verb == "notify":
+        text = f"{ref} holds {gpus} {since}{cost}."
+        if action.grace_until is not None:
+            then = _DONE_WORDS.get(action.how or "", "reclaimed")
+            due = rfc3339.format_utc(action.grace_until)
+            text += f" It will be {then} after {due} unless it is busy again or snoozed."
+    elif action.verb == "reclaim":
+        done = _DONE_WORDS.get(action.how or "", "reclaimed")
+        text = f"{ref} {'would be' if dry else 'was'} {done}: {gpus} {since}{cost}."
+        if action.how != "evict":
+            text += f" Undo: rebalancer restore {ref}"
+    else:
+        text = f"{ref} is busy again: its idle mark {'would be' if dry else 'was'} lifted."
+        snooze = None
+    return WorkloadNotice(
+        workload=action.workload,
+        verb=action.verb,
+        result=result,
+        message=text,
+        snooze_command=snooze,
+        uid=uid,
+        gpus=action.gpus,
+        cost_per_hour=action.cost_per_hour,
+        idle_since=action.idle_since,
+        grace_until=action.grace_until,
+    )

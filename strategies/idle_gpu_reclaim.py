@@ -165,7 +165,8 @@ class Lifecycle:
             if grace is not None and (how := self.workload.reclaim) is not None:
                 then = f", {RECLAIM_WORDS[how]} after {format_duration(rule.grace)} unless snoozed"
             reason = f"tell the owner of {self.workload.ref}{then}: {evidence}"
-            return self._proposal("notify", reason, grace=grace), self._finding(evidence, note)
+            how = self.workload.reclaim if grace is not None else None
+            return self._proposal("notify", reason, how=how, grace=grace), self._finding(evidence, note)
         told = rfc3339.format_utc(self.idle_since)
         if rule.action == "notify":
             return None, self._finding(evidence, f"owner told at {told}")

@@ -21,6 +21,7 @@ import subprocess
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,9 @@ DESIGN_METRICS: dict[str, frozenset[str]] = {
     "gpu_rebalancer_circuit_open": frozenset(),
     # Additive to §8: where the replacements of evicted pods landed, against the prediction.
     "gpu_rebalancer_predictions_total": frozenset({"strategy", "result"}),
+    # Additive to §8: idle GPU-hours by team, and what idle-gpu did to idle workloads.
+    "gpu_rebalancer_idle_gpu_seconds_total": frozenset({"namespace"}),
+    "gpu_rebalancer_workload_actions_total": frozenset({"strategy", "action", "result", "mode"}),
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # Labels Prometheus adds to every scraped series (ServiceMonitor target labels).
@@ -139,6 +143,7 @@ def scrape() -> dict[str, frozenset[str]]:
     metrics = DaemonMetrics()
     metrics.cycle_took(1.5)
     metrics.publish(report)
+    metrics.publish(later(report))  # a second cycle counts the idle GPU-seconds since the first
     metrics.cycle_failed(0.2)
     metrics.cycle_not_run("standby")
     exposition = generate_latest(metrics.registry).decode()
@@ -147,6 +152,11 @@ def scrape() -> dict[str, frozenset[str]]:
         for sample in family.samples:
             samples.setdefault(sample.name, set()).update(sample.labels)
     return {name: frozenset(labels) for name, labels in samples.items()}
+
+
+def later(report: CycleReport) -> CycleReport:
+    """The same report five minutes later, as the next cycle of an unchanged cluster."""
+    return replace(report, now=report.now + timedelta(minutes=5))
 
 
 def with_landings(report: CycleReport) -> CycleReport:
@@ -202,7 +212,8 @@ def check_queries(
             assert name in scraped, f"{name} (in {expr!r}) is not exported by the metrics sink"
             labels = scraped[name] | TARGET_LABELS
             assert set(matchers) <= labels, f"{name} has no label {sorted(set(matchers) - labels)} ({expr!r})"
-            known_labels |= scraped[name]
+            # An exposed label the target also sets is stored as exported_<label> (honorLabels unset).
+            known_labels |= scraped[name] | {f"exported_{label}" for label in scraped[name] & TARGET_LABELS}
         unknown = grouping_labels(expr) - known_labels
         assert not unknown, f"grouping by labels no queried metric has: {sorted(unknown)} in {expr!r}"
 
@@ -310,7 +321,10 @@ STANDBY = {"namespace": NAMESPACE, "pod": "gpu-rebalancer-b", "job": "gpu-rebala
 
 
 def series(name: str, values: str, target: Mapping[str, str] = LEADER, **labels: str) -> dict[str, str]:
-    all_labels = {**target, **labels}
+    """A series as Prometheus stores the scrape: with the ServiceMonitor's `honorLabels` unset, an
+    exposed label the target also sets (`namespace`) is kept as `exported_<label>`."""
+    exposed = {f"exported_{key}" if key in target else key: value for key, value in labels.items()}
+    all_labels = {**target, **exposed}
     rendered = ",".join(f'{key}="{value}"' for key, value in sorted(all_labels.items()))
     return {"series": f"{name}{{{rendered}}}", "values": values}
 
@@ -597,6 +611,7 @@ def test_every_dashboard_query_returns_data_from_a_real_scrape(promtool: str, tm
     leader, standby = DaemonMetrics(), DaemonMetrics()
     leader.cycle_took(1.5)
     leader.publish(report)
+    leader.publish(later(report))
     standby.cycle_not_run("standby")
     input_series = []
     for target, metrics in ((LEADER, leader), (STANDBY, standby)):

@@ -6,7 +6,9 @@ Owns turning a live CycleReport into core/v1 Events: one `Normal` Event per row 
 in CamelCase: `GpuRebalancerGpuConsolidation`) and the decision's reason as message (redacted:
 `redaction.redact`, before it is clipped to 1024 characters); and one per node the
 report says was freed (`freed_nodes`), in namespace `default` with the node's name as uid, as the
-kubelet's node Events are.
+kubelet's node Events are; and one per workload whose own object a workload action wrote (`notices`:
+the owner told, its GPUs reclaimed, its idle mark lifted), on that object with its uid, the owner's
+message (with the command to snooze) as text.
 
 Requests are bounded: at most `max_events` per report, one attempt each (no retries), short timeouts, and
 the first server-side or transport failure (5xx, throttling, timeout, refused connection) stops the rest.
@@ -14,9 +16,9 @@ An Event that already exists (409) counts as posted. Any failure is raised as `E
 attempt, for the caller to log (run_cycle hands sink errors to `on_sink_error`): a sink never fails a
 cycle.
 
-It must not post anything for a dry run or for rows that were not evicted (`would-evict`, refused,
-blocked, `checkpoint-pending`, errors), read the clock (Event times are the report's `now`), or change
-any object but Events.
+It must not post anything for a dry run or for rows that were not evicted or written (`would-evict`,
+refused, blocked, `checkpoint-pending`, errors), read the clock (Event times are the report's `now`),
+or change any object but Events.
 """
 
 from __future__ import annotations
@@ -34,13 +36,19 @@ from kubernetes.client.exceptions import ApiException
 
 from rebalancer.fence import RequestTimeout
 from rebalancer.kubeapi import describe_transport_error
-from rebalancer.model import CycleReport, ReportedDecision
+from rebalancer.model import CycleReport, OutcomeResult, ReportedDecision, WorkloadNotice
 from rebalancer.redaction import redact
+from rebalancer.workloads import KINDS
 
 __all__ = ["EVENT_PREFIX", "EventsSinkError", "KubeEventsSink", "event_reason"]
 
 EVENT_PREFIX = "GpuRebalancer"
 NODE_EVENT_NAMESPACE = "default"
+# A workload's own object was written (a bare pod's reclaim is an eviction, with its pod's Event).
+_WORKLOAD_WRITES: frozenset[OutcomeResult] = frozenset(
+    {"notified", "scaled", "suspended", "stopped", "cleared"}
+)
+IDLE_GPU = "idle-gpu"
 # Event messages are for people; the API server also caps them.
 MAX_MESSAGE_CHARS = 1024
 
@@ -119,6 +127,7 @@ class KubeEventsSink:
             row = next((r for r in evicted if r.node == node), None)
             if row is not None:
                 events.append(self._node_event(node, row))
+        events += [self._workload_event(n) for n in report.notices if n.result in _WORKLOAD_WRITES]
         if len(events) > self._max:
             log.warning("%d Events to post, posting the first %d", len(events), self._max)
         events = events[: self._max]
@@ -166,6 +175,25 @@ class KubeEventsSink:
             reason=event_reason(row.strategy),
             message=f"node drained by {self.component}: {redact(row.reason)}",
             action="Drain",
+            component=self.component,
+            instance=self._instance,
+        )
+
+    def _workload_event(self, notice: WorkloadNotice) -> _Event:
+        namespace, kind_name, name = notice.workload
+        kind = KINDS[kind_name]
+        return _Event(
+            namespace=namespace,
+            involved=client.V1ObjectReference(
+                api_version=kind.api_version,
+                kind=kind_name,
+                namespace=namespace,
+                name=name,
+                uid=notice.uid or None,
+            ),
+            reason=event_reason(IDLE_GPU),
+            message=redact(notice.text),
+            action=notice.verb.capitalize(),
             component=self.component,
             instance=self._instance,
         )

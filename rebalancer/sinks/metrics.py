@@ -11,13 +11,17 @@ names) into counter increments and per-cycle gauges; the daemon adds the cycles 
   the leader, `skipped`: the previous cycle was still running), `policy_reload_errors_total`,
   `notifications_total{sink,result}`, `predictions_total{strategy,result}` (one per evicted pod whose
   replacement's landing the cycle judged: `as-predicted`, `equivalent`: on a node tied with the
-  predicted one, `elsewhere`, `pending`: none placed `reschedule_timeout` after the eviction);
+  predicted one, `elsewhere`, `pending`: none placed `reschedule_timeout` after the eviction),
+  `workload_actions_total{strategy,action,result,mode}` (one per idle workload told, reclaimed or
+  cleared; its pods' rows are not evictions), `idle_gpu_seconds_total{namespace}` (the GPUs of
+  `idle-gpu` findings times the time since the previous cycle, when that was at most an hour ago: the
+  running figure of idle GPU-hours by team);
 - `cycle_duration_seconds` (histogram), `last_success_timestamp_seconds`, `policy_valid`, `leader`,
   `build_info{version,python}`;
 - per-cycle state, replaced whole at the end of every successful cycle so that a scrape never sees
   half of two cycles: `nodes_freeable{gpu_model}`, `idle_gpus{gpu_model}` (distinct GPU UUIDs of
-  `idle-gpu` findings), `leaked_vram_bytes{node}`, `estimated_savings_per_hour` (absent when the policy
-  has no prices).
+  per-GPU `idle-gpu` findings, and the GPUs of each idle workload's), `leaked_vram_bytes{node}`,
+  `estimated_savings_per_hour` (absent when the policy has no prices).
 
 It must not use the process-global registry, label anything by pod name, or read the wall clock (the
 daemon passes the timestamps). It never fails a cycle: it only counts.
@@ -30,6 +34,7 @@ import threading
 from collections import Counter as Tally
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -51,6 +56,9 @@ PREFIX = "gpu_rebalancer_"
 CYCLE_RESULTS = ("success", "error", "standby", "skipped")
 UNKNOWN_MODEL = "unknown"
 MIB = 1024 * 1024
+# Idle GPU-seconds are counted between two cycles at most this far apart.
+MAX_IDLE_GAP_SECONDS = 3600
+IDLE_GPU = "idle-gpu"
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
@@ -60,7 +68,7 @@ class CycleState:
 
     nodes_freeable: Mapping[str, int] = field(default_factory=dict)
     gpus_freeable: Mapping[str, int] = field(default_factory=dict)
-    idle_gpus: Mapping[str, int] = field(default_factory=dict)
+    idle_gpus: Mapping[str, float] = field(default_factory=dict)
     leaked_vram_bytes: Mapping[str, float] = field(default_factory=dict)
     estimated_savings_per_hour: float | None = None
     circuit_open: bool = False
@@ -81,9 +89,16 @@ def cycle_state(report: CycleReport) -> CycleState:
         gpus_freeable[model(name)] += facts[name].gpus if name in facts else 0
 
     idle: dict[str, set[str]] = {}
+    idle_gpus: dict[str, float] = {}
     for finding in report.findings:
-        if finding.kind == "idle-gpu" and finding.gpu:
+        if finding.kind != "idle-gpu":
+            continue
+        if finding.gpus is not None:  # one finding per workload, with every GPU it holds
+            idle_gpus[model(finding.node)] = idle_gpus.get(model(finding.node), 0.0) + finding.gpus
+        elif finding.gpu:
             idle.setdefault(model(finding.node), set()).add(finding.gpu)
+    for name, uuids in idle.items():
+        idle_gpus[name] = idle_gpus.get(name, 0.0) + len(uuids)
 
     leaked: dict[str, float] = {}
     seen: set[tuple[str | None, str | None, str | None, str | None]] = set()
@@ -99,11 +114,27 @@ def cycle_state(report: CycleReport) -> CycleState:
     return CycleState(
         nodes_freeable=dict(freeable),
         gpus_freeable=dict(gpus_freeable),
-        idle_gpus={name: len(uuids) for name, uuids in idle.items()},
+        idle_gpus=idle_gpus,
         leaked_vram_bytes=leaked,
         estimated_savings_per_hour=report.summary.estimated_savings_per_hour,
         circuit_open=any(finding.kind == "circuit-open" for finding in report.findings),
     )
+
+
+def idle_gpus_by_namespace(report: CycleReport) -> dict[str, float]:
+    """GPU-equivalents idle-gpu found idle, by namespace: a workload finding's `gpus`, else one per
+    distinct GPU of the per-GPU findings."""
+    found: dict[str, float] = {}
+    seen: set[tuple[str, str | None, str | None]] = set()
+    for finding in report.findings:
+        if finding.kind != "idle-gpu" or finding.namespace is None:
+            continue
+        if finding.gpus is not None:
+            found[finding.namespace] = found.get(finding.namespace, 0.0) + finding.gpus
+        elif (key := (finding.namespace, finding.node, finding.gpu)) not in seen:
+            seen.add(key)
+            found[finding.namespace] = found.get(finding.namespace, 0.0) + 1.0
+    return found
 
 
 def _gauge(name: str, documentation: str, labels: list[str] | None = None) -> GaugeMetricFamily:
@@ -144,8 +175,8 @@ class _CycleStateCollector(Collector):
             for model, count in sorted(state.gpus_freeable.items()):
                 gpus_freeable.add_metric([model], count)
             circuit.add_metric([], 1 if state.circuit_open else 0)
-            for model, count in sorted(state.idle_gpus.items()):
-                idle.add_metric([model], count)
+            for model, gpus in sorted(state.idle_gpus.items()):
+                idle.add_metric([model], gpus)
             for node, size in sorted(state.leaked_vram_bytes.items()):
                 leaked.add_metric([node], size)
             if state.estimated_savings_per_hour is not None:
@@ -236,8 +267,25 @@ class DaemonMetrics:
             ["strategy", "result"],
             registry=reg,
         )
+        self.idle_gpu_seconds = Counter(
+            f"{PREFIX}idle_gpu_seconds",
+            "GPU-seconds held idle by workloads (idle-gpu findings), by the workload's namespace "
+            "(scraped as exported_namespace unless the scrape honours labels). Counted between "
+            f"consecutive cycles at most {MAX_IDLE_GAP_SECONDS // 60} minutes apart.",
+            ["namespace"],
+            registry=reg,
+        )
+        self.workload_actions = Counter(
+            f"{PREFIX}workload_actions",
+            "Idle workloads told (notify), reclaimed (reclaim) or cleared (clear), by result "
+            "(notified, scaled, suspended, stopped, cleared, evicted, their would- forms in a dry run, "
+            "gone, error).",
+            ["strategy", "action", "result", "mode"],
+            registry=reg,
+        )
         self._state = _CycleStateCollector()
         reg.register(self._state)
+        self._last_now: datetime | None = None
 
         self.build_info.labels(version=__version__, python=platform.python_version()).set(1)
         self.policy_valid.set(1)
@@ -252,15 +300,32 @@ class DaemonMetrics:
         for strategy, count in report.proposals_by_strategy.items():
             self.proposals.labels(strategy=strategy).inc(count)
         for row in report.decisions:
-            if row.outcome is not None:
+            if row.outcome is not None and row.workload is None:
                 self.evictions.labels(strategy=row.strategy, result=row.outcome, mode=report.mode).inc()
             if row.action == "skip":
                 self.blocked.labels(strategy=row.strategy, guard=row.blocked_by or "unknown").inc()
         for check in report.predictions:
             self.predictions.labels(strategy=check.strategy, result=check.result).inc()
+        for notice in report.notices:
+            self.workload_actions.labels(
+                strategy=IDLE_GPU, action=notice.verb, result=notice.result, mode=report.mode
+            ).inc()
+        self._count_idle(report)
         self._state.set(cycle_state(report))
         self.cycles.labels(result="success").inc()
         self.last_success.set(report.now.timestamp())
+
+    def _count_idle(self, report: CycleReport) -> None:
+        """The GPUs idle at this cycle, held idle since the previous one: a gap longer than
+        MAX_IDLE_GAP_SECONDS (the daemon was down or not the leader) counts nothing, since nobody looked."""
+        last, self._last_now = self._last_now, report.now
+        if last is None:
+            return
+        elapsed = (report.now - last).total_seconds()
+        if not 0 < elapsed <= MAX_IDLE_GAP_SECONDS:
+            return
+        for namespace, gpus in idle_gpus_by_namespace(report).items():
+            self.idle_gpu_seconds.labels(namespace=namespace).inc(gpus * elapsed)
 
     def cycle_took(self, duration: float) -> None:
         """The wall time of a cycle, successful or not."""

@@ -2,10 +2,12 @@
 
 Owns the message layout (`build_message`): a header (evictions, nodes freed, mode), summary fields
 (mode, evictions, blocked, nodes freed, GPUs freed, estimated savings), the evictions (pod, node,
-target, strategy, outcome), the nodes freed, the top findings (of the kinds the sink selects) and a
-button to `dashboard_url`, within Block Kit's limits (header 150 characters, section text 3000, ten
-fields), plus a plain-text `text` fallback for notifications. Every string of the message is redacted
-(`redaction.redact`): a finding that quotes a URL with credentials shows `***` in their place.
+target, strategy, outcome), the idle workloads told or reclaimed (the owner's message, with the
+`kubectl annotate` that snoozes as code), the nodes freed, the top findings (of the kinds the sink
+selects) and a button to `dashboard_url`, within Block Kit's limits (header 150 characters, section
+text 3000, ten fields), plus a plain-text `text` fallback for notifications. Every string of the
+message is redacted (`redaction.redact`): a finding that quotes a URL with credentials shows `***`
+in their place.
 
 The webhook URL is a secret: it is read from the env var or file the policy names at every delivery
 (`notify.read_secret`), must be `https://` (plain HTTP only to a loopback host, e.g. a local relay),
@@ -20,11 +22,12 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from rebalancer.model import CycleReport, Finding, ReportedDecision
+from rebalancer.model import CycleReport, Finding, ReportedDecision, WorkloadNotice
 from rebalancer.policy import SlackSinkConfig, plain_http_to_remote_host
 from rebalancer.redaction import redact, redact_tree
 from rebalancer.sinks.notify import Delivery, HttpSink, SinkError, read_secret, selected_findings
 from rebalancer.wording import plural
+from rebalancer.workloads import RESULTS
 
 __all__ = ["SlackSink", "build_message"]
 
@@ -33,6 +36,8 @@ TEXT_LIMIT = 3000
 MAX_EVICTIONS = 10
 MAX_FINDINGS = 5
 _DONE = ("would-evict", "evicted")
+# Workload actions carried out (or that would be): told in their own section, never "not evicted".
+_WORKLOAD_DONE = frozenset(result for pair in RESULTS.values() for result in pair)
 
 Block = dict[str, Any]
 
@@ -80,6 +85,14 @@ def _eviction_line(row: ReportedDecision) -> str:
     )
 
 
+def _notice_line(notice: WorkloadNotice) -> str:
+    """The owner's message, the snooze command as code to copy."""
+    text = _escape(redact(notice.message))
+    if notice.snooze_command:
+        text += f" To keep it: `{_escape(notice.snooze_command)}`"
+    return _clip(f"• {text}", 600)
+
+
 def _finding_line(finding: Finding) -> str:
     where = " ".join(
         _escape(x)
@@ -120,7 +133,14 @@ def build_message(
         lines = [_eviction_line(row) for row in evicted[:MAX_EVICTIONS]]
         title = "Would evict" if report.mode == "dry-run" else "Evicted"
         blocks.append(_section(title, lines, len(evicted) - len(lines)))
-    failed = [row for row in report.decisions if row.outcome is not None and row.outcome not in _DONE]
+    if report.notices:
+        lines = [_notice_line(n) for n in report.notices[:MAX_EVICTIONS]]
+        blocks.append(_section("Idle workloads", lines, len(report.notices) - len(lines)))
+    failed = [
+        row
+        for row in report.decisions
+        if row.outcome is not None and row.outcome not in _DONE and row.outcome not in _WORKLOAD_DONE
+    ]
     if failed:
         counts = Counter(row.outcome for row in failed)
         lines = [

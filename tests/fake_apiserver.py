@@ -5,6 +5,20 @@ the code under test runs its real request building, serialisation and error hand
 
 - core/v1 `nodes` (cluster-scoped), `pods`, `events`, `configmaps`; `policy/v1` `poddisruptionbudgets`;
   `events.k8s.io/v1` `events`; `coordination.k8s.io/v1` `leases`;
+- the controllers behind pods: `apps/v1` `replicasets`, `deployments`, `statefulsets`; `batch/v1` `jobs`,
+  `cronjobs`; and, as custom resources, `jobset.x-k8s.io/v1alpha2` `jobsets`,
+  `leaderworkerset.x-k8s.io/v1` `leaderworkersets`, `kubeflow.org/v1` `notebooks`,
+  `serving.kserve.io/v1beta1` `inferenceservices`. Custom resources are served as apiextensions serves
+  them: no strategic merge patch (415), an update must carry the resourceVersion it replaces (422), list
+  items keep their apiVersion and kind. `FakeApiServer(missing_kinds=...)` leaves a CRD uninstalled:
+  every path of that resource answers 404 (after authorization). Kinds with a `scale` subresource get
+  `spec.replicas: 1` when created without one, as the API server defaults it;
+- `.../{name}/scale` of deployments, statefulsets, replicasets and leaderworkersets, as the apps registry's
+  ScaleREST and apiextensions' serve it: GET gives an autoscaling/v1 `Scale` (the parent's name,
+  namespace, uid, resourceVersion and creationTimestamp, `spec.replicas`, `status.replicas`, the pod
+  selector as a string); PUT and PATCH change only the parent's `spec.replicas` and move its
+  resourceVersion on; a stale resourceVersion in the Scale is a 409 naming the parent, an empty one
+  replaces unconditionally, a missing parent is a 404 naming it, negative replicas a 422 Invalid;
 - list (all namespaces or one), with `labelSelector`, `fieldSelector` (`=`, `==`, `!=`) and pagination
   (`limit` / `continue` over a consistent snapshot, `metadata.continue` in the List; a token can be
   expired to get the API server's 410); get; create; update (PUT, with the `resourceVersion` conflict
@@ -43,7 +57,7 @@ import re
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -100,6 +114,13 @@ class _Kind:
     namespaced: bool
     # Fields a fieldSelector may name beyond metadata.name / metadata.namespace, with their JSON paths.
     fields: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Served by a CustomResourceDefinition: no strategic merge patch, an update must name the
+    # resourceVersion it replaces, and list items keep their apiVersion and kind.
+    custom: bool = False
+    # The `scale` subresource, when the kind has one: where its pod selector lives (a metav1.LabelSelector
+    # for the built-in kinds, a string at the CRD's `labelSelectorPath` for custom ones). Replicas are
+    # always `spec.replicas` and `status.replicas`.
+    scale_selector: tuple[str, ...] | None = None
 
     @property
     def api_version(self) -> str:
@@ -154,6 +175,24 @@ _KINDS: tuple[_Kind, ...] = (
         },
     ),
     _Kind("coordination.k8s.io", "v1", "leases", "Lease", True),
+    # Controllers: what re-creates pods, and what a reclaim scales, suspends or stops.
+    _Kind("apps", "v1", "replicasets", "ReplicaSet", True, scale_selector=("spec", "selector")),
+    _Kind("apps", "v1", "deployments", "Deployment", True, scale_selector=("spec", "selector")),
+    _Kind("apps", "v1", "statefulsets", "StatefulSet", True, scale_selector=("spec", "selector")),
+    _Kind("batch", "v1", "jobs", "Job", True),
+    _Kind("batch", "v1", "cronjobs", "CronJob", True),
+    _Kind("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet", True, custom=True),
+    _Kind(
+        "leaderworkerset.x-k8s.io",
+        "v1",
+        "leaderworkersets",
+        "LeaderWorkerSet",
+        True,
+        custom=True,
+        scale_selector=("status", "hpaPodSelector"),
+    ),
+    _Kind("kubeflow.org", "v1", "notebooks", "Notebook", True, custom=True),
+    _Kind("serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService", True, custom=True),
 )
 _BY_PATH = {(k.group, k.version, k.resource): k for k in _KINDS}
 _BY_KIND = {(k.api_version, k.kind): k for k in _KINDS}
@@ -181,6 +220,7 @@ class ApiError(Exception):
         name: str | None = None,
         causes: Sequence[Mapping[str, str]] = (),
         retry_after: int | None = None,
+        group_kind: tuple[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -190,15 +230,20 @@ class ApiError(Exception):
         self.name = name
         self.causes = tuple(causes)
         self.retry_after = retry_after
+        # (group, kind) for `details` when they name something other than `kind`'s resource (a Scale).
+        self.group_kind = group_kind
 
     def status(self) -> JsonObj:
         details: JsonObj = {}
         if self.name is not None:
             details["name"] = self.name
-        if self.kind is not None:
-            if self.kind.group:
-                details["group"] = self.kind.group
-            details["kind"] = self.kind.resource
+        group, kind = self.group_kind or (
+            (self.kind.group, self.kind.resource) if self.kind is not None else ("", "")
+        )
+        if group:
+            details["group"] = group
+        if kind:
+            details["kind"] = kind
         if self.causes:
             details["causes"] = [dict(c) for c in self.causes]
         if self.retry_after:
@@ -227,7 +272,24 @@ def _conflict(kind: _Kind, name: str, why: str) -> ApiError:
     )
 
 
+def _invalid(group: str, kind: str, name: str, *, path: str, value: str, why: str) -> ApiError:
+    """apimachinery's NewInvalid for one field error: `Kind.group "name" is invalid: path: Invalid value:
+    value: why`, the error as one FieldValueInvalid cause."""
+    body = f"Invalid value: {value}: {why}"
+    qualified = f"{kind}.{group}" if group else kind
+    return ApiError(
+        422,
+        f'{qualified} "{name}" is invalid: {path}: {body}',
+        name=name,
+        group_kind=(group, kind),
+        causes=[{"reason": "FieldValueInvalid", "message": body, "field": path}],
+    )
+
+
 _MODIFIED = "the object has been modified; please apply your changes to the latest version and try again"
+_NOT_FOUND_RESOURCE = "the server could not find the requested resource"
+_PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json")
+_STRATEGIC = "application/strategic-merge-patch+json"
 
 
 # --------------------------------------------------------------------------- selectors
@@ -313,6 +375,26 @@ def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, st
         if not _Requirement(expr["key"], op, frozenset(expr.get("values") or ())).matches(labels):
             return False
     return True
+
+
+def selector_string(selector: Mapping[str, Any] | None) -> str:
+    """A metav1.LabelSelector as apimachinery prints it (`LabelSelectorAsSelector(...).String()`, what a
+    Scale's `status.selector` holds): requirements sorted by key, set values sorted, `a=b`, `a in (x,y)`,
+    `a notin (x)`, `a`, `!a`; a null selector and `{}` print as ""."""
+    if not selector:
+        return ""
+    terms: list[tuple[str, str]] = [(k, f"{k}={v}") for k, v in (selector.get("matchLabels") or {}).items()]
+    for expr in selector.get("matchExpressions") or ():
+        key, operator = expr["key"], expr["operator"]
+        values = ",".join(sorted(expr.get("values") or ()))
+        text = {
+            "In": f"{key} in ({values})",
+            "NotIn": f"{key} notin ({values})",
+            "Exists": key,
+            "DoesNotExist": f"!{key}",
+        }[operator]
+        terms.append((key, text))
+    return ",".join(text for _, text in sorted(terms, key=lambda term: term[0]))
 
 
 def _field_value(obj: Mapping[str, Any], path: tuple[str, ...]) -> str:
@@ -587,7 +669,19 @@ class _ListSnapshot:
 class FakeApiServer:
     """The fake API server. Use as a context manager; `url` is `http://127.0.0.1:<port>`."""
 
-    def __init__(self, *, clock: Callable[[], datetime] | None = None) -> None:
+    def __init__(
+        self, *, clock: Callable[[], datetime] | None = None, missing_kinds: Iterable[str] = ()
+    ) -> None:
+        """`missing_kinds`: custom kinds whose CustomResourceDefinition is not installed, by qualified
+        resource (`notebooks.kubeflow.org`): every path of theirs answers 404 as for an unknown resource,
+        after authorization, as the API server does."""
+        custom = {k.qualified: k for k in _KINDS if k.custom}
+        unknown = sorted(set(missing_kinds) - set(custom))
+        if unknown:
+            raise ValueError(
+                f"not custom kinds of the fake: {', '.join(unknown)} (known: {', '.join(custom)})"
+            )
+        self._missing = frozenset(missing_kinds)
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._stores: dict[tuple[str, str], dict[tuple[str, str], JsonObj]] = {}
@@ -654,6 +748,8 @@ class FakeApiServer:
         kind = _BY_KIND.get((str(obj.get("apiVersion", "")), str(obj.get("kind", ""))))
         if kind is None:
             raise ValueError(f"unsupported object {obj.get('apiVersion')}/{obj.get('kind')}")
+        if kind.qualified in self._missing:
+            raise ValueError(f"{kind.qualified} is not installed in this fake (missing_kinds)")
         stored = copy.deepcopy(dict(obj))
         meta = stored.setdefault("metadata", {})
         if kind.namespaced:
@@ -785,12 +881,14 @@ class FakeApiServer:
 
     # ---- internals
 
-    def _kind_of(self, kind: str, api_version: str) -> _Kind:
-        if kind == "PodDisruptionBudget" and api_version == "v1":
-            api_version = "policy/v1"
-        if kind == "Lease" and api_version == "v1":
-            api_version = "coordination.k8s.io/v1"
+    @staticmethod
+    def _kind_of(kind: str, api_version: str) -> _Kind:
+        """The kind of that apiVersion; `v1` (the default of the helpers) also names the one kind of that
+        name outside the core group (`get("Deployment", ...)`)."""
         resolved = _BY_KIND.get((api_version, kind))
+        if resolved is None and api_version == "v1":
+            named = [k for k in _KINDS if k.kind == kind]
+            resolved = named[0] if len(named) == 1 else None
         if resolved is None:
             raise ValueError(f"unsupported kind {api_version}/{kind}")
         return resolved
@@ -812,6 +910,7 @@ class FakeApiServer:
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("creationTimestamp", self._clock().strftime("%Y-%m-%dT%H:%M:%SZ"))
         meta["resourceVersion"] = self._next_rv()
+        _default(kind, obj)
 
     def _record(self, request: RecordedRequest) -> Fault | None:
         with self._lock:
@@ -840,15 +939,20 @@ class FakeApiServer:
             return 200, {"major": "1", "minor": "33", "gitVersion": "v1.33.0-fake"}
         match = _CORE_PATH.match(path) or _GROUP_PATH.match(path)
         if match is None:
-            raise ApiError(404, "the server could not find the requested resource")
+            raise ApiError(404, _NOT_FOUND_RESOURCE)
         parts = match.groupdict()
         group = parts.get("group") or ""
         kind = _BY_PATH.get((group, parts["version"], parts["resource"]))
         if kind is None:
-            raise ApiError(404, "the server could not find the requested resource")
+            raise ApiError(404, _NOT_FOUND_RESOURCE)
         ns, name, sub = parts["ns"], parts["name"], parts["sub"]
+        if kind.qualified in self._missing:
+            # No CRD: the authorizer still runs first (it knows nothing of what is installed).
+            with self._lock:
+                self._authorize(_verb(method, name, query), kind, ns, name, sub)
+            raise ApiError(404, _NOT_FOUND_RESOURCE)
         if ns is not None and not kind.namespaced:
-            raise ApiError(404, "the server could not find the requested resource")
+            raise ApiError(404, _NOT_FOUND_RESOURCE)
         dry_run = _dry_run(query)
         with self._lock:
             self._authorize(_verb(method, name, query), kind, ns, name, sub)
@@ -856,8 +960,16 @@ class FakeApiServer:
                 if kind.resource != "pods" or kind.group or method != "POST" or name is None or ns is None:
                     raise ApiError(405, "the server does not allow this method on the requested resource")
                 return self._evict(kind, ns, name, body, dry_run)
+            if sub == "scale" and kind.scale_selector is not None and name is not None and ns is not None:
+                if method == "GET":
+                    return 200, self._scale_of(kind, self._existing(kind, ns, name))
+                if method in ("PUT", "PATCH"):
+                    return self._rescale(
+                        kind, ns, name, method=method, body=body, ctype=ctype, dry_run=dry_run
+                    )
+                raise ApiError(405, "the server does not allow this method on the requested resource")
             if sub not in (None, "status"):
-                raise ApiError(404, "the server could not find the requested resource")
+                raise ApiError(404, _NOT_FOUND_RESOURCE)
             if name is None:
                 if method == "GET":
                     return 200, self._list(kind, ns, query)
@@ -865,7 +977,7 @@ class FakeApiServer:
                     return self._create(kind, ns, body, dry_run)
                 raise ApiError(405, "the server does not allow this method on the requested resource")
             if kind.namespaced and ns is None:
-                raise ApiError(404, "the server could not find the requested resource")
+                raise ApiError(404, _NOT_FOUND_RESOURCE)
             if method == "GET":
                 return 200, self._with_type(kind, self._existing(kind, ns, name))
             if method == "PUT":
@@ -942,8 +1054,9 @@ class FakeApiServer:
         items_out = []
         for item in page:
             out = copy.deepcopy(item)
-            out.pop("kind", None)
-            out.pop("apiVersion", None)
+            if not kind.custom:  # items of a typed List carry no TypeMeta; unstructured ones keep theirs
+                out.pop("kind", None)
+                out.pop("apiVersion", None)
             items_out.append(out)
         return {
             "kind": f"{kind.kind}List",
@@ -998,29 +1111,45 @@ class FakeApiServer:
         if meta.get("name") != name:
             raise ApiError(400, "the name of the object does not match the name on the URL")
         wanted = meta.get("resourceVersion")
+        if not wanted and kind.custom:  # a CRD's strategy allows no unconditional update
+            raise _invalid(
+                kind.group,
+                kind.resource,
+                name,
+                path="metadata.resourceVersion",
+                value="0x0",
+                why="must be specified for an update",
+            )
         if wanted and wanted != current["metadata"]["resourceVersion"]:
             raise _conflict(kind, name, _MODIFIED)
         self._admit(kind, ns, name)
         return self._commit(kind, ns, name, current=current, obj=obj, dry_run=dry_run)
 
+    @staticmethod
+    def _apply_patch(kind: _Kind, current: JsonObj, body: Any, ctype: str) -> Any:
+        """The patched document; a media type the resource does not take is a 415 (a CRD's resources and
+        their subresources take no strategic merge patch)."""
+        media = ctype.split(";", maxsplit=1)[0].strip().lower()
+        if media == "application/json-patch+json":
+            return json_patch(current, body)
+        if media == "application/merge-patch+json":
+            return merge_patch(current, body)
+        if media == _STRATEGIC and not kind.custom:
+            return strategic_merge_patch(current, body)
+        accepted = (
+            (*_PATCH_TYPES, "application/apply-patch+yaml") if kind.custom else (*_PATCH_TYPES, _STRATEGIC)
+        )
+        raise ApiError(
+            415,
+            "the body of the request was in an unknown format - accepted media types include: "
+            + ", ".join(accepted),
+        )
+
     def _patch(
         self, kind: _Kind, ns: str | None, name: str, *, body: Any, ctype: str, dry_run: bool
     ) -> tuple[int, JsonObj]:
         current = self._existing(kind, ns, name)
-        media = ctype.split(";", maxsplit=1)[0].strip().lower()
-        if media == "application/json-patch+json":
-            patched = json_patch(current, body)
-        elif media == "application/merge-patch+json":
-            patched = merge_patch(current, body)
-        elif media == "application/strategic-merge-patch+json":
-            patched = strategic_merge_patch(current, body)
-        else:
-            raise ApiError(
-                415,
-                "the body of the request was in an unknown format - accepted media types include: "
-                "application/json-patch+json, application/merge-patch+json, "
-                "application/strategic-merge-patch+json",
-            )
+        patched = self._apply_patch(kind, current, body, ctype)
         if not isinstance(patched, dict):
             raise ApiError(422, "the patched object is not an object")
         meta = patched.setdefault("metadata", {})
@@ -1061,10 +1190,107 @@ class FakeApiServer:
         if kind.namespaced:
             meta["namespace"] = ns
         obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
+        _default(kind, obj)
         if not dry_run:
             meta["resourceVersion"] = self._next_rv()
             self._store(kind)[self._key(kind, ns, name)] = obj
         return 200, self._with_type(kind, obj)
+
+    # ---- the scale subresource
+
+    @staticmethod
+    def _scale_of(kind: _Kind, obj: JsonObj) -> JsonObj:
+        """The autoscaling/v1 Scale of a parent (the registry's scaleFromDeployment / scaleFromStatefulSet,
+        apiextensions' scaleFromCustomResource): the parent's identity and resourceVersion, its
+        spec.replicas, status.replicas and pod selector as a string."""
+        assert kind.scale_selector is not None
+        meta = obj["metadata"]
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        where: Any = obj
+        for part in kind.scale_selector:
+            where = where.get(part) if isinstance(where, Mapping) else None
+        selector = where if isinstance(where, str) else selector_string(where)
+        scale_meta = {
+            key: meta[key] for key in ("name", "namespace", "uid", "resourceVersion") if key in meta
+        }
+        if meta.get("creationTimestamp"):
+            scale_meta["creationTimestamp"] = meta["creationTimestamp"]
+        return {
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": scale_meta,
+            "spec": {"replicas": int(spec.get("replicas") or 0)},
+            "status": {"replicas": int(status.get("replicas") or 0), "selector": selector},
+        }
+
+    def _rescale(
+        self, kind: _Kind, ns: str, name: str, *, method: str, body: Any, ctype: str, dry_run: bool
+    ) -> tuple[int, JsonObj]:
+        """PUT or PATCH of `.../{name}/scale`: only the parent's spec.replicas changes (and its
+        resourceVersion moves on), as the apps registry's ScaleREST.Update and apiextensions' do.
+
+        The parent must exist (404 naming it). A PATCH applies to the current Scale. The Scale's
+        resourceVersion is the parent's: a stale one is a 409 naming the parent; an empty one replaces
+        unconditionally. A uid that is not the parent's is a 409 precondition failure; negative replicas
+        are a 422 (autoscaling's ValidateScale, a CRD's scale spec validation)."""
+        current = self._existing(kind, ns, name)
+        old_scale = self._scale_of(kind, current)
+        if method == "PATCH":
+            scale = self._apply_patch(kind, old_scale, body, ctype)
+        elif isinstance(body, dict):
+            scale = body
+        else:
+            raise ApiError(400, "the body of the request was in an unknown format")
+        if not isinstance(scale, dict):
+            raise ApiError(422, "the patched object is not an object")
+        meta = scale.get("metadata") or {}
+        if method == "PUT" and meta.get("name") != name:
+            raise ApiError(400, "the name of the object does not match the name on the URL")
+        replicas = (scale.get("spec") or {}).get("replicas", 0)
+        if isinstance(replicas, bool) or not isinstance(replicas, int):
+            raise ApiError(
+                400,
+                f"json: cannot unmarshal {type(replicas).__name__} into Go struct field "
+                "ScaleSpec.spec.replicas of type int32",
+            )
+        if replicas < 0:
+            if kind.custom:
+                raise _invalid(
+                    kind.group,
+                    kind.kind,
+                    name,
+                    path=".spec.replicas",
+                    value=str(replicas),
+                    why="should be a non-negative integer",
+                )
+            raise _invalid(
+                "autoscaling",
+                "Scale",
+                name,
+                path="spec.replicas",
+                value=str(replicas),
+                why="must be greater than or equal to 0",
+            )
+        parent_meta = current["metadata"]
+        uid = meta.get("uid")
+        if uid and uid != parent_meta.get("uid"):
+            raise ApiError(
+                409,
+                f'Operation cannot be fulfilled on {kind.resource}/scale.{kind.group} "{name}": '
+                f"Precondition failed: UID in precondition: {uid}, "
+                f"UID in object meta: {parent_meta.get('uid')}",
+                name=name,
+                group_kind=(kind.group, f"{kind.resource}/scale"),
+            )
+        wanted = meta.get("resourceVersion")
+        if wanted and wanted != parent_meta.get("resourceVersion"):
+            raise _conflict(kind, name, _MODIFIED)
+        updated = copy.deepcopy(current)
+        updated.setdefault("spec", {})["replicas"] = replicas
+        if not dry_run:
+            updated["metadata"]["resourceVersion"] = self._next_rv()
+            self._store(kind)[self._key(kind, ns, name)] = updated
+        return 200, self._scale_of(kind, updated)
 
     def _delete(
         self, kind: _Kind, ns: str | None, name: str, *, body: Any, dry_run: bool
@@ -1186,6 +1412,15 @@ class FakeApiServer:
                 ],
             )
         return pdb
+
+
+def _default(kind: _Kind, obj: JsonObj) -> None:
+    """The API server's defaulting the project relies on: a kind with a `scale` subresource has
+    `spec.replicas` 1 when none is given (apps/v1 SetDefaults, the LeaderWorkerSet CRD's schema default)."""
+    if kind.scale_selector is not None:
+        spec = obj.setdefault("spec", {})
+        if isinstance(spec, dict) and spec.get("replicas") is None:
+            spec["replicas"] = 1
 
 
 def _verb(method: str, name: str | None, query: Mapping[str, tuple[str, ...]]) -> str:
@@ -1430,6 +1665,131 @@ def pdb_json(
             "desiredHealthy": desired_healthy,
             "expectedPods": healthy,
         },
+    }
+
+
+_CONTROLLER_KINDS = frozenset(
+    {
+        "ReplicaSet",
+        "Deployment",
+        "StatefulSet",
+        "Job",
+        "CronJob",
+        "JobSet",
+        "LeaderWorkerSet",
+        "Notebook",
+        "InferenceService",
+    }
+)
+
+
+def _template(name: str, labels: Mapping[str, str]) -> JsonObj:
+    return {
+        "metadata": {"labels": dict(labels)},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": f"{name}:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+            ]
+        },
+    }
+
+
+def controller_json(
+    kind: str,
+    name: str,
+    *,
+    namespace: str = "ml",
+    uid: str | None = None,
+    owner: tuple[str, str] | None = None,
+    owner_api_version: str | None = None,
+    replicas: int | None = None,
+    suspend: bool | None = None,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> JsonObj:
+    """A controller as the API server serves it: ReplicaSet, Deployment, StatefulSet, Job, CronJob, JobSet,
+    LeaderWorkerSet, Notebook or InferenceService, with a pod template selecting `app: name`.
+
+    `uid` defaults to the one `pod_json` gives its owner (`uid-owner-<name>`), so a pod and its
+    controller agree. `owner` is the (kind, name) of its own controller (a ReplicaSet's Deployment, a
+    LeaderWorkerSet worker StatefulSet's leader `Pod`), its apiVersion looked up unless given.
+    `replicas` (scalable kinds; the API's default is 1) and `suspend` (Job, JobSet) are left out when
+    None."""
+    api = {k.kind: k for k in _KINDS if k.group} | {"Pod": _BY_PATH[("", "v1", "pods")]}
+    if kind not in _CONTROLLER_KINDS:
+        raise ValueError(f"not a controller kind of the fake: {kind}")
+    selector = {"app": name}
+    spec: JsonObj
+    status: JsonObj = {}
+    if kind in ("ReplicaSet", "Deployment", "StatefulSet"):
+        spec = {"selector": {"matchLabels": selector}, "template": _template(name, selector)}
+        if kind == "StatefulSet":
+            spec["serviceName"] = name
+        status = {"replicas": 1 if replicas is None else replicas}
+    elif kind == "Job":
+        job_template = _template(name, selector)
+        job_template["spec"]["restartPolicy"] = "Never"
+        spec = {"template": job_template}
+    elif kind == "CronJob":
+        job_template = _template(name, selector)
+        job_template["spec"]["restartPolicy"] = "Never"
+        spec = {"schedule": "0 2 * * *", "jobTemplate": {"spec": {"template": job_template}}}
+    elif kind == "JobSet":
+        job_template = _template(name, selector)
+        job_template["spec"]["restartPolicy"] = "Never"
+        spec = {
+            "replicatedJobs": [
+                {"name": "workers", "replicas": 1, "template": {"spec": {"template": job_template}}}
+            ]
+        }
+    elif kind == "LeaderWorkerSet":
+        spec = {"leaderWorkerTemplate": {"size": 2, "workerTemplate": _template(name, selector)}}
+        status = {
+            "replicas": 1 if replicas is None else replicas,
+            "hpaPodSelector": f"leaderworkerset.sigs.k8s.io/name={name},"
+            "leaderworkerset.sigs.k8s.io/worker-index=0",
+        }
+    elif kind == "Notebook":
+        spec = {"template": {"spec": _template(name, selector)["spec"]}}
+    else:  # InferenceService
+        spec = {
+            "predictor": {"model": {"modelFormat": {"name": "huggingface"}, "storageUri": f"pvc://{name}"}}
+        }
+    if replicas is not None:
+        spec["replicas"] = replicas
+    if suspend is not None:
+        spec["suspend"] = suspend
+    meta: JsonObj = {
+        "name": name,
+        "namespace": namespace,
+        "uid": uid or f"uid-owner-{name}",
+        "labels": dict(labels if labels is not None else selector),
+        "creationTimestamp": "2026-11-28T11:59:00Z",
+        "generation": 1,
+    }
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    if owner is not None:
+        owner_kind, owner_name = owner
+        version = owner_api_version or (api[owner_kind].api_version if owner_kind in api else None)
+        if version is None:
+            raise ValueError(f"owner kind {owner_kind} unknown to the fake: give owner_api_version")
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": version,
+                "kind": owner_kind,
+                "name": owner_name,
+                "uid": f"uid-owner-{owner_name}" if owner_kind != "Pod" else f"uid-{namespace}-{owner_name}",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return {
+        "apiVersion": api[kind].api_version,
+        "kind": kind,
+        "metadata": meta,
+        "spec": spec,
+        "status": status,
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -17,11 +18,13 @@ from tests.fake_apiserver import (
     EVICTION_REFUSED,
     MULTIPLE_PDBS,
     FakeApiServer,
+    controller_json,
     json_patch,
     node_json,
     parse_label_selector,
     pdb_json,
     pod_json,
+    selector_string,
     strategic_merge_patch,
 )
 
@@ -512,3 +515,373 @@ def test_every_answer_is_json(api: FakeApiServer) -> None:
     bad = http.request("POST", api.url + "/api/v1/namespaces/ml/pods", body=b"{not json")
     assert bad.status == 400
     assert bad.headers["Content-Type"] == "application/json"
+
+
+# --------------------------------------------------------------------------- controllers and custom kinds
+
+
+def test_controller_kinds_are_listed_read_created_and_deleted(api: FakeApiServer) -> None:
+    api.add(controller_json("Deployment", "serve", replicas=2))
+    api.add(controller_json("ReplicaSet", "serve-5f", owner=("Deployment", "serve")))
+    api.add(controller_json("StatefulSet", "nb", namespace="notebooks"))
+    api.add(controller_json("CronJob", "nightly"))
+    with api.api_client() as api_client:
+        apps, batch = client.AppsV1Api(api_client), client.BatchV1Api(api_client)
+        listing = _raw(apps.list_deployment_for_all_namespaces(_preload_content=False))
+        assert (listing["kind"], listing["apiVersion"], _names(listing)) == (
+            "DeploymentList",
+            "apps/v1",
+            ["serve"],
+        )
+        assert "kind" not in listing["items"][0]
+        (rs,) = apps.list_namespaced_replica_set("ml").items
+        assert rs.metadata.owner_references[0].kind == "Deployment"
+        assert [s.metadata.name for s in apps.list_stateful_set_for_all_namespaces().items] == ["nb"]
+        assert apps.list_namespaced_stateful_set("ml").items == []
+        assert apps.read_namespaced_deployment("serve", "ml").spec.replicas == 2
+        job = client.V1Job(
+            metadata=client.V1ObjectMeta(name="nightly-1", namespace="ml"),
+            spec=client.V1JobSpec(
+                suspend=False,
+                template=client.V1PodTemplateSpec(
+                    spec=client.V1PodSpec(
+                        containers=[client.V1Container(name="main", image="x")], restart_policy="Never"
+                    )
+                ),
+            ),
+        )
+        batch.create_namespaced_job("ml", job)
+        assert [j.metadata.name for j in batch.list_job_for_all_namespaces().items] == ["nightly-1"]
+        assert batch.read_namespaced_cron_job("nightly", "ml").spec.schedule == "0 2 * * *"
+        batch.delete_namespaced_job("nightly-1", "ml")
+        with pytest.raises(ApiException) as caught:
+            batch.read_namespaced_job("nightly-1", "ml")
+    assert caught.value.status == 404
+    assert _body(caught.value)["message"] == 'jobs.batch "nightly-1" not found'
+    assert api.get("Deployment", "serve", "ml") is not None  # the helpers find a kind by its name
+
+
+def test_a_job_is_suspended_by_a_patch(api: FakeApiServer) -> None:
+    stored = api.add(controller_json("Job", "train", suspend=False))
+    with api.api_client() as api_client:
+        batch = client.BatchV1Api(api_client)
+        batch.patch_namespaced_job("train", "ml", {"spec": {"suspend": True}})
+        assert api.writes()[-1].content_type == "application/strategic-merge-patch+json"
+        stale = {
+            "metadata": {"resourceVersion": stored["metadata"]["resourceVersion"]},
+            "spec": {"suspend": False},
+        }
+        with pytest.raises(ApiException) as caught:
+            batch.patch_namespaced_job("train", "ml", stale)
+    assert caught.value.status == 409
+    assert _body(caught.value)["message"] == (
+        'Operation cannot be fulfilled on jobs.batch "train": the object has been modified; please apply '
+        "your changes to the latest version and try again"
+    )
+    job = api.get("Job", "train", "ml", "batch/v1")
+    assert job is not None and job["spec"]["suspend"] is True
+    assert int(job["metadata"]["resourceVersion"]) > int(stored["metadata"]["resourceVersion"])
+    assert job["spec"]["template"] == stored["spec"]["template"]
+
+
+def test_custom_kinds_are_served_as_custom_resources(api: FakeApiServer) -> None:
+    api.add(controller_json("Notebook", "alice"))
+    api.add(controller_json("JobSet", "train", suspend=False))
+    api.add(controller_json("InferenceService", "llm", namespace="serving"))
+    with api.api_client() as api_client:
+        custom = client.CustomObjectsApi(api_client)
+        listing = custom.list_namespaced_custom_object("kubeflow.org", "v1", "ml", "notebooks")
+        assert listing["kind"] == "NotebookList" and listing["apiVersion"] == "kubeflow.org/v1"
+        # Unstructured list items keep their apiVersion and kind (typed Lists' do not).
+        assert [(i["apiVersion"], i["kind"]) for i in listing["items"]] == [("kubeflow.org/v1", "Notebook")]
+        every = custom.list_cluster_custom_object("serving.kserve.io", "v1beta1", "inferenceservices")
+        assert [i["metadata"]["namespace"] for i in every["items"]] == ["serving"]
+
+        stop = {"metadata": {"annotations": {"kubeflow-resource-stopped": "2026-11-29T12:00:00Z"}}}
+        custom.patch_namespaced_custom_object("kubeflow.org", "v1", "ml", "notebooks", "alice", stop)
+        assert api.writes()[-1].content_type == "application/merge-patch+json"
+        with pytest.raises(ApiException) as strategic:
+            custom.patch_namespaced_custom_object(
+                "kubeflow.org", "v1", "ml", "notebooks", "alice", stop,
+                _content_type="application/strategic-merge-patch+json",
+            )  # fmt: skip
+        suspend = [{"op": "replace", "path": "/spec/suspend", "value": True}]
+        custom.patch_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", "ml", "jobsets", "train", suspend,
+            _content_type="application/json-patch+json",
+        )  # fmt: skip
+
+        current = custom.get_namespaced_custom_object("kubeflow.org", "v1", "ml", "notebooks", "alice")
+        unversioned = copy.deepcopy(current)
+        del unversioned["metadata"]["resourceVersion"]
+        with pytest.raises(ApiException) as unconditional:
+            custom.replace_namespaced_custom_object(
+                "kubeflow.org", "v1", "ml", "notebooks", "alice", unversioned
+            )
+        custom.replace_namespaced_custom_object("kubeflow.org", "v1", "ml", "notebooks", "alice", current)
+        custom.delete_namespaced_custom_object(
+            "serving.kserve.io", "v1beta1", "serving", "inferenceservices", "llm"
+        )
+    assert strategic.value.status == 415
+    assert _body(strategic.value)["message"] == (
+        "the body of the request was in an unknown format - accepted media types include: "
+        "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
+    )
+    assert unconditional.value.status == 422
+    assert _body(unconditional.value)["message"] == (
+        'notebooks.kubeflow.org "alice" is invalid: metadata.resourceVersion: Invalid value: 0x0: '
+        "must be specified for an update"
+    )
+    notebook = api.get("Notebook", "alice", "ml")
+    assert notebook is not None
+    assert notebook["metadata"]["annotations"] == {"kubeflow-resource-stopped": "2026-11-29T12:00:00Z"}
+    jobset = api.get("JobSet", "train", "ml")
+    assert jobset is not None and jobset["spec"]["suspend"] is True
+    assert api.objects("InferenceService", "serving.kserve.io/v1beta1") == []
+
+
+# --------------------------------------------------------------------------- the scale subresource
+
+
+def test_a_deployments_scale_is_read_and_patched(api: FakeApiServer) -> None:
+    stored = api.add(controller_json("Deployment", "serve", replicas=3))
+    with api.api_client() as api_client:
+        apps = client.AppsV1Api(api_client)
+        raw = _raw(apps.read_namespaced_deployment_scale("serve", "ml", _preload_content=False))
+        assert raw == {
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": {
+                "name": "serve",
+                "namespace": "ml",
+                "uid": "uid-owner-serve",
+                "resourceVersion": stored["metadata"]["resourceVersion"],
+                "creationTimestamp": "2026-11-28T11:59:00Z",
+            },
+            "spec": {"replicas": 3},
+            "status": {"replicas": 3, "selector": "app=serve"},
+        }
+        scaled = apps.patch_namespaced_deployment_scale("serve", "ml", {"spec": {"replicas": 0}})
+        assert api.writes()[-1].path == "/apis/apps/v1/namespaces/ml/deployments/serve/scale"
+        assert api.writes()[-1].content_type == "application/strategic-merge-patch+json"
+        after_smp = api.get("Deployment", "serve", "ml")
+        apps.patch_namespaced_deployment_scale(
+            "serve", "ml", {"spec": {"replicas": 1}}, _content_type="application/merge-patch+json"
+        )
+        apps.patch_namespaced_deployment_scale(
+            "serve", "ml", [{"op": "replace", "path": "/spec/replicas", "value": 2}]
+        )
+        assert api.writes()[-1].content_type == "application/json-patch+json"
+    assert after_smp is not None and after_smp["spec"]["replicas"] == 0
+    assert (
+        scaled.spec.replicas == 0
+        and scaled.metadata.resource_version == after_smp["metadata"]["resourceVersion"]
+    )
+    assert int(after_smp["metadata"]["resourceVersion"]) > int(stored["metadata"]["resourceVersion"])
+    final = api.get("Deployment", "serve", "ml")
+    assert final is not None and final["spec"]["replicas"] == 2
+    # Only spec.replicas changed: the rest of the object, status included, is what it was.
+    assert {**final, "metadata": {}, "spec": {**final["spec"], "replicas": 3}} == {**stored, "metadata": {}}
+    assert {k: v for k, v in final["metadata"].items() if k != "resourceVersion"} == {
+        k: v for k, v in stored["metadata"].items() if k != "resourceVersion"
+    }
+
+
+def test_a_stale_scale_conflicts_and_an_unversioned_one_replaces(api: FakeApiServer) -> None:
+    stored = api.add(controller_json("StatefulSet", "nb", replicas=1))
+    first = stored["metadata"]["resourceVersion"]
+
+    def scale(replicas: int, resource_version: str | None) -> client.V1Scale:
+        return client.V1Scale(
+            metadata=client.V1ObjectMeta(name="nb", namespace="ml", resource_version=resource_version),
+            spec=client.V1ScaleSpec(replicas=replicas),
+        )
+
+    with api.api_client() as api_client:
+        apps = client.AppsV1Api(api_client)
+        done = apps.replace_namespaced_stateful_set_scale("nb", "ml", scale(0, first))
+        second = done.metadata.resource_version
+        assert second != first and done.spec.replicas == 0
+        with pytest.raises(ApiException) as stale:
+            apps.replace_namespaced_stateful_set_scale("nb", "ml", scale(1, first))
+        with pytest.raises(ApiException) as stale_patch:
+            apps.patch_namespaced_stateful_set_scale(
+                "nb", "ml", {"metadata": {"resourceVersion": first}, "spec": {"replicas": 1}}
+            )
+        assert (api.get("StatefulSet", "nb", "ml") or {})["spec"]["replicas"] == 0
+        # No resourceVersion: the registry replaces whatever is there (deployments, statefulsets and
+        # replicasets allow unconditional updates).
+        unconditional = apps.replace_namespaced_stateful_set_scale("nb", "ml", scale(4, None))
+        assert unconditional.spec.replicas == 4 and unconditional.metadata.resource_version != second
+    for caught in (stale, stale_patch):
+        assert caught.value.status == 409
+        body = _body(caught.value)
+        assert body["reason"] == "Conflict"
+        assert body["message"] == (
+            'Operation cannot be fulfilled on statefulsets.apps "nb": the object has been modified; please '
+            "apply your changes to the latest version and try again"
+        )
+        assert body["details"] == {"name": "nb", "group": "apps", "kind": "statefulsets"}
+    assert (api.get("StatefulSet", "nb", "ml") or {})["spec"]["replicas"] == 4
+
+
+def test_the_scale_of_a_missing_parent_is_404(api: FakeApiServer) -> None:
+    api.add(controller_json("Job", "train"))
+    with api.api_client() as api_client:
+        apps = client.AppsV1Api(api_client)
+        calls = [
+            lambda: apps.read_namespaced_deployment_scale("gone", "ml"),
+            lambda: apps.patch_namespaced_deployment_scale("gone", "ml", {"spec": {"replicas": 0}}),
+            lambda: apps.replace_namespaced_stateful_set_scale(
+                "gone",
+                "ml",
+                client.V1Scale(
+                    metadata=client.V1ObjectMeta(name="gone"), spec=client.V1ScaleSpec(replicas=0)
+                ),
+            ),
+            lambda: apps.patch_namespaced_replica_set_scale("gone", "ml", {"spec": {"replicas": 0}}),
+        ]
+        errors = []
+        for call in calls:
+            with pytest.raises(ApiException) as caught:
+                call()
+            errors.append(caught.value)
+        http = urllib3.PoolManager()
+        no_scale = http.request("GET", api.url + "/apis/batch/v1/namespaces/ml/jobs/train/scale")
+    assert [e.status for e in errors] == [404, 404, 404, 404]
+    assert [_body(e)["message"] for e in errors] == [
+        'deployments.apps "gone" not found',
+        'deployments.apps "gone" not found',
+        'statefulsets.apps "gone" not found',
+        'replicasets.apps "gone" not found',
+    ]
+    assert _body(errors[0])["details"] == {"name": "gone", "group": "apps", "kind": "deployments"}
+    assert no_scale.status == 404  # a Job has no scale subresource
+
+
+def test_negative_replicas_are_invalid(api: FakeApiServer) -> None:
+    api.add(controller_json("ReplicaSet", "serve-5f", replicas=2))
+    api.add(controller_json("LeaderWorkerSet", "lws", replicas=2))
+    with api.api_client() as api_client:
+        apps, custom = client.AppsV1Api(api_client), client.CustomObjectsApi(api_client)
+        with pytest.raises(ApiException) as builtin:
+            apps.patch_namespaced_replica_set_scale("serve-5f", "ml", {"spec": {"replicas": -1}})
+        with pytest.raises(ApiException) as crd:
+            custom.patch_namespaced_custom_object_scale(
+                "leaderworkerset.x-k8s.io", "v1", "ml", "leaderworkersets", "lws", {"spec": {"replicas": -1}}
+            )
+    assert builtin.value.status == 422
+    assert _body(builtin.value) == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": 'Scale.autoscaling "serve-5f" is invalid: spec.replicas: Invalid value: -1: '
+        "must be greater than or equal to 0",
+        "reason": "Invalid",
+        "details": {
+            "name": "serve-5f",
+            "group": "autoscaling",
+            "kind": "Scale",
+            "causes": [
+                {
+                    "reason": "FieldValueInvalid",
+                    "message": "Invalid value: -1: must be greater than or equal to 0",
+                    "field": "spec.replicas",
+                }
+            ],
+        },
+        "code": 422,
+    }
+    assert crd.value.status == 422
+    assert _body(crd.value)["message"] == (
+        'LeaderWorkerSet.leaderworkerset.x-k8s.io "lws" is invalid: .spec.replicas: Invalid value: -1: '
+        "should be a non-negative integer"
+    )
+    assert [o["spec"]["replicas"] for o in api.objects("ReplicaSet", "apps/v1")] == [2]
+    assert api.writes()[-1].path.endswith("/leaderworkersets/lws/scale")
+
+
+def test_a_leaderworkersets_scale_is_its_crds(api: FakeApiServer) -> None:
+    api.add(controller_json("LeaderWorkerSet", "lws"))  # spec.replicas defaulted to 1
+    with api.api_client() as api_client:
+        custom = client.CustomObjectsApi(api_client)
+        args = ("leaderworkerset.x-k8s.io", "v1", "ml", "leaderworkersets", "lws")
+        scale = custom.get_namespaced_custom_object_scale(*args)
+        custom.patch_namespaced_custom_object_scale(*args, {"spec": {"replicas": 0}})
+        assert api.writes()[-1].content_type == "application/merge-patch+json"
+        with pytest.raises(ApiException) as strategic:
+            custom.patch_namespaced_custom_object_scale(
+                *args, {"spec": {"replicas": 1}}, _content_type="application/strategic-merge-patch+json"
+            )
+    assert scale["spec"] == {"replicas": 1}
+    assert scale["status"] == {
+        "replicas": 1,
+        "selector": "leaderworkerset.sigs.k8s.io/name=lws,leaderworkerset.sigs.k8s.io/worker-index=0",
+    }
+    assert strategic.value.status == 415
+    assert (api.get("LeaderWorkerSet", "lws", "ml") or {})["spec"]["replicas"] == 0
+
+
+def test_a_dry_run_scale_changes_nothing(api: FakeApiServer) -> None:
+    stored = api.add(controller_json("Deployment", "serve", replicas=3))
+    with api.api_client() as api_client:
+        answer = client.AppsV1Api(api_client).patch_namespaced_deployment_scale(
+            "serve", "ml", {"spec": {"replicas": 0}}, dry_run="All"
+        )
+    assert answer.spec.replicas == 0
+    assert api.get("Deployment", "serve", "ml") == stored
+
+
+def test_selector_strings_are_apimachinerys() -> None:
+    assert selector_string(None) == "" and selector_string({}) == ""
+    selector = {
+        "matchLabels": {"tier": "gpu", "app": "serve"},
+        "matchExpressions": [
+            {"key": "zone", "operator": "In", "values": ["b", "a"]},
+            {"key": "canary", "operator": "DoesNotExist"},
+            {"key": "env", "operator": "NotIn", "values": ["dev"]},
+            {"key": "team", "operator": "Exists"},
+        ],
+    }
+    assert selector_string(selector) == "app=serve,!canary,env notin (dev),team,tier=gpu,zone in (a,b)"
+
+
+# --------------------------------------------------------------------------- custom kinds not installed
+
+
+def test_a_missing_custom_kind_answers_404_on_every_path() -> None:
+    with FakeApiServer(missing_kinds={"notebooks.kubeflow.org"}) as api, api.api_client() as api_client:
+        api.add(controller_json("JobSet", "train"))
+        with pytest.raises(ValueError, match="not installed"):
+            api.add(controller_json("Notebook", "alice"))
+        custom = client.CustomObjectsApi(api_client)
+        group = ("kubeflow.org", "v1")
+        calls = [
+            lambda: custom.list_cluster_custom_object(*group, "notebooks"),
+            lambda: custom.list_namespaced_custom_object(*group, "ml", "notebooks"),
+            lambda: custom.get_namespaced_custom_object(*group, "ml", "notebooks", "alice"),
+            lambda: custom.patch_namespaced_custom_object(
+                *group, "ml", "notebooks", "alice", {"metadata": {}}
+            ),
+            lambda: custom.create_namespaced_custom_object(
+                *group, "ml", "notebooks", controller_json("Notebook", "a")
+            ),
+            lambda: custom.delete_namespaced_custom_object(*group, "ml", "notebooks", "alice"),
+        ]
+        bodies = []
+        for call in calls:
+            with pytest.raises(ApiException) as caught:
+                call()
+            assert caught.value.status == 404
+            bodies.append(_body(caught.value))
+        # The authorizer answers first, whether or not the resource exists.
+        api.forbid("list", "notebooks", "", group="kubeflow.org")
+        with pytest.raises(ApiException) as forbidden:
+            custom.list_cluster_custom_object(*group, "notebooks")
+        assert len(custom.list_cluster_custom_object("jobset.x-k8s.io", "v1alpha2", "jobsets")["items"]) == 1
+    assert all(b["message"] == "the server could not find the requested resource" for b in bodies)
+    assert all(b["reason"] == "NotFound" for b in bodies)
+    assert forbidden.value.status == 403
+    with pytest.raises(ValueError, match="not custom kinds"):
+        FakeApiServer(missing_kinds={"deployments.apps"})

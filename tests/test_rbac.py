@@ -444,6 +444,17 @@ def test_the_http_mapping_is_the_api_servers() -> None:
         "update", "coordination.k8s.io", "leases", namespace="n", name="l"
     )
     assert access_of(request("DELETE", "/api/v1/namespaces/ml/pods")).verb == "deletecollection"
+    assert access_of(request("PATCH", "/apis/apps/v1/namespaces/ml/deployments/serve/scale")) == Access(
+        "patch", "apps", "deployments", "scale", "ml", "serve"
+    )
+    assert access_of(request("GET", "/apis/apps/v1/namespaces/ml/statefulsets/nb/scale")) == Access(
+        "get", "apps", "statefulsets", "scale", "ml", "nb"
+    )
+    assert access_of(request("GET", "/apis/kubeflow.org/v1/notebooks")) == Access(
+        "list", "kubeflow.org", "notebooks"
+    )
+    scale = Access("patch", "apps", "deployments", "scale", "ml", "serve")
+    assert scale.what == "patch deployments/scale.apps in ml"
     lease_get = Access("get", "coordination.k8s.io", "leases", namespace=NAMESPACE, name="someone-else")
     assert not any(g.allows(lease_get) for g in grants()), "resourceNames limit the Lease"
 

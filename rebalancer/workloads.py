@@ -12,6 +12,8 @@ snapshot holds to the workload a person manages:
   them, and the CronJob's next run is a workload of its own (`Resolved.parent` names the CronJob);
 - any other controller kind is the workload itself, and no reclaim knows how to free it.
 
+`walks_to()` is one step of that walk: what a source must read next to let `resolve()` go on.
+
 A controller the snapshot lacks (not listed, kind not installed, no permission) ends the walk there,
 with `Resolved.controller` None: such a workload is reported, never acted on, since its state cannot be
 read.
@@ -56,6 +58,7 @@ __all__ = [
     "resolve",
     "result_of",
     "snooze_command",
+    "walks_to",
 ]
 
 # How long the snooze the owner's message offers lasts.
@@ -174,6 +177,26 @@ def resolve(snapshot: Snapshot) -> Mapping[tuple[str, str], Resolved]:
     return {pod.key: _resolve(pod, snapshot.controllers, pods) for pod in snapshot.pods}
 
 
+def walks_to(controller: Controller, pods: Mapping[tuple[str, str], Pod]) -> Workload | None:
+    """The controller `resolve()` walks on to from `controller` (what a source must read next), or None
+    where the walk ends at it."""
+    return _step(controller, pods)[0]
+
+
+def _step(found: Controller, pods: Mapping[tuple[str, str], Pod]) -> tuple[Workload | None, OwnerRef | None]:
+    """(the next controller up, None) or, where the walk ends, (None, the owner it stopped below)."""
+    up = found.owner
+    if up is None or up.kind not in _WALKS_INTO.get(found.kind, frozenset()):
+        return None, up
+    if up.kind == "Pod":
+        # A LeaderWorkerSet's worker StatefulSet is owned by the leader pod: go on from its owner.
+        leader = pods.get((found.namespace, up.name))
+        if leader is None or leader.owner is None:
+            return None, up
+        up = leader.owner
+    return Workload(found.namespace, up.kind, up.name), None
+
+
 def _resolve(
     pod: Pod,
     controllers: Mapping[tuple[str, str, str], Controller],
@@ -187,16 +210,9 @@ def _resolve(
         found = controllers.get(key)
         if found is None:
             return Resolved(key, None)
-        up = found.owner
-        if up is None or up.kind not in _WALKS_INTO.get(key.kind, frozenset()):
-            return Resolved(key, found, up)
-        if up.kind == "Pod":
-            # A LeaderWorkerSet's worker StatefulSet is owned by the leader pod: go on from its owner.
-            leader = pods.get((key.namespace, up.name))
-            if leader is None or leader.owner is None:
-                return Resolved(key, found, up)
-            up = leader.owner
-        nxt = Workload(key.namespace, up.kind, up.name)
+        nxt, parent = _step(found, pods)
+        if nxt is None:
+            return Resolved(key, found, parent)
         if nxt in seen:  # an ownership loop: stop where it closes
             return Resolved(key, found)
         seen.add(nxt)

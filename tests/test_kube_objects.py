@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from rebalancer.model import (
+    Controller,
     GpuRequest,
     LabelRequirement,
     LabelSelector,
@@ -21,7 +22,13 @@ from rebalancer.model import (
     Volume,
 )
 from rebalancer.policy import GangConfig, GpuSharingConfig, SharedGpuResource
-from rebalancer.sources.kube_objects import MATCH_NOTHING, node_from_json, pdb_from_json, pod_from_json
+from rebalancer.sources.kube_objects import (
+    MATCH_NOTHING,
+    controller_from_json,
+    node_from_json,
+    pdb_from_json,
+    pod_from_json,
+)
 from rebalancer.sources.object_fields import ObjectError
 
 GIB = 1024**3
@@ -542,3 +549,130 @@ def test_an_unknown_selector_operator_is_refused_as_the_api_server_does(
         pod_from_json(_pod(**spec), gangs=GANGS, sharing=SHARING)
     assert info.value.field_path == path
     assert "is not an operator" in info.value.message
+
+
+# --------------------------------------------------------------------------- controllers
+
+
+def _controller(kind: str, api_version: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {
+            "name": "serve-5f",
+            "namespace": "ml",
+            "uid": "u-rs",
+            "resourceVersion": "8812",
+            "labels": {"app": "serve"},
+            "annotations": {"rebalancer.gpu/idle-since": "2026-11-29T07:00:00Z"},
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "not-it", "uid": "u-cm"},
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "name": "serve",
+                    "uid": "u-d",
+                    "controller": True,
+                },
+            ],
+        },
+        "spec": spec,
+    }
+
+
+def test_a_controller_with_its_own_controller() -> None:
+    got = controller_from_json(_controller("ReplicaSet", "apps/v1", replicas=3))
+    assert got == Controller(
+        namespace="ml",
+        kind="ReplicaSet",
+        name="serve-5f",
+        api_version="apps/v1",
+        uid="u-rs",
+        resource_version="8812",
+        labels={"app": "serve"},
+        annotations={"rebalancer.gpu/idle-since": "2026-11-29T07:00:00Z"},
+        owner=OwnerRef(kind="Deployment", name="serve", api_version="apps/v1"),
+        replicas=3,
+        suspended=None,
+    )
+    assert got.key == ("ml", "ReplicaSet", "serve-5f")
+
+
+@pytest.mark.parametrize(
+    ("kind", "api_version", "spec", "replicas", "suspended"),
+    [
+        ("Deployment", "apps/v1", {}, 1, None),  # the API server defaults an absent spec.replicas to 1
+        ("StatefulSet", "apps/v1", {"replicas": 0}, 0, None),
+        ("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", {"replicas": 2}, 2, None),
+        ("Job", "batch/v1", {}, None, False),
+        ("Job", "batch/v1", {"suspend": True}, None, True),
+        ("JobSet", "jobset.x-k8s.io/v1alpha2", {"suspend": False}, None, False),
+        ("Notebook", "kubeflow.org/v1", {"replicas": 4}, None, None),
+        ("InferenceService", "serving.kserve.io/v1beta1", {}, None, None),
+        ("CronJob", "batch/v1", {"suspend": True}, None, None),
+        ("RayCluster", "ray.io/v1", {"suspend": True}, None, None),
+    ],
+)
+def test_replicas_and_suspension_by_kind(
+    kind: str, api_version: str, spec: dict[str, Any], replicas: int | None, suspended: bool | None
+) -> None:
+    got = controller_from_json(_controller(kind, api_version, **spec))
+    assert (got.kind, got.api_version, got.replicas, got.suspended) == (
+        kind,
+        api_version,
+        replicas,
+        suspended,
+    )
+
+
+def test_a_controller_without_owner_or_apiversion() -> None:
+    body = _controller("StatefulSet", "apps/v1")
+    del body["apiVersion"]  # an item of a typed List (StatefulSetList) carries no TypeMeta
+    body["metadata"]["ownerReferences"] = []
+    got = controller_from_json(body)
+    assert got.api_version == "apps/v1" and got.owner is None
+    del body["metadata"]["namespace"]
+    assert controller_from_json({**body, "kind": "RayCluster"}).api_version == ""
+    assert controller_from_json(body).namespace == "default"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (
+            lambda o: o["spec"].update(replicas="3"),
+            "ReplicaSet ml/serve-5f: spec.replicas: expected an integer, got the string '3'",
+        ),
+        (
+            lambda o: o["spec"].update(replicas=-1),
+            'ReplicaSet ml/serve-5f: spec.replicas: "-1" is not a number of replicas '
+            "(a whole number, 0 or more)",
+        ),
+        (
+            lambda o: o["metadata"]["annotations"].update(x=1),
+            "ReplicaSet ml/serve-5f: metadata.annotations.x: expected a string, got the number 1",
+        ),
+        (
+            lambda o: o["metadata"]["ownerReferences"][1].update(controller="yes"),
+            "ReplicaSet ml/serve-5f: metadata.ownerReferences[1].controller: "
+            "expected true or false, got the string 'yes'",
+        ),
+        (
+            lambda o: o["metadata"].pop("name"),
+            "ReplicaSet ml/<unnamed>: metadata.name: required field is missing",
+        ),
+        (lambda o: o.pop("kind"), "Controller ml/serve-5f: kind: required field is missing"),
+        (lambda o: o.update(kind=7), "Controller ml/serve-5f: kind: expected a string"),
+    ],
+)
+def test_a_malformed_controller_names_the_field(mutate: Any, message: str) -> None:
+    body = _controller("ReplicaSet", "apps/v1", replicas=3)
+    mutate(body)
+    with pytest.raises(ObjectError) as info:
+        controller_from_json(body)
+    assert str(info.value) == message
+
+
+def test_a_job_with_a_bad_suspend_is_refused() -> None:
+    with pytest.raises(ObjectError, match=r"Job ml/serve-5f: spec.suspend: expected true or false"):
+        controller_from_json(_controller("Job", "batch/v1", suspend="true"))

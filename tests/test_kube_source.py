@@ -11,12 +11,14 @@ import pytest
 import yaml
 from kubernetes import client
 
+from rebalancer.history import Workload
 from rebalancer.kubeapi import KubeConfigError, load_api_client
 from rebalancer.model import NO_TELEMETRY, Finding, GpuRequest, OwnerRef, Pod, Telemetry
 from rebalancer.policy import LoadedPolicy, parse_policy
-from rebalancer.sources.kube import ACTIVE_PODS, KubeSource, KubeSourceError
+from rebalancer.sources.kube import ACTIVE_PODS, UNREAD_CONTROLLERS, KubeSource, KubeSourceError
+from rebalancer.workloads import resolve
 from tests.builders import NOW, gpu_sample, telemetry
-from tests.fake_apiserver import FakeApiServer, node_json, pdb_json, pod_json
+from tests.fake_apiserver import FakeApiServer, controller_json, node_json, pdb_json, pod_json
 
 LOADED: LoadedPolicy = parse_policy({})
 
@@ -68,12 +70,15 @@ def test_snapshot_from_the_cluster(api: FakeApiServer, api_client: client.ApiCli
     assert snap.telemetry is NO_TELEMETRY
     assert snap.findings == ()
 
-    # Three lists, raw JSON, finished pods filtered by the API server, no writes.
+    # Three lists, raw JSON, finished pods filtered by the API server, no writes; then the ReplicaSets
+    # the GPU pods name (none is there: their workloads stay unresolved).
     assert [r.path for r in api.requests] == [
         "/api/v1/nodes",
         "/api/v1/pods",
         "/apis/policy/v1/poddisruptionbudgets",
+        "/apis/apps/v1/replicasets",
     ]
+    assert snap.controllers == {}
     assert api.requests[1].param("fieldSelector") == ACTIVE_PODS
     assert all(r.param("limit") == "500" for r in api.requests)
     assert api.writes() == []
@@ -280,3 +285,268 @@ def test_in_cluster_config_is_used_inside_a_pod(tmp_path: Path, monkeypatch: pyt
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
     with load_api_client() as api_client:
         assert api_client.configuration.host == "https://10.0.0.1:443"
+
+
+# --------------------------------------------------------------------------- controllers
+
+
+def _gpu_pod(
+    name: str, owner: tuple[str, str] | None, *, namespace: str = "ml", gpus: int = 1
+) -> dict[str, Any]:
+    kind, owner_name = owner or (None, "")
+    version = {"ReplicaSet": "apps/v1", "StatefulSet": "apps/v1", "Job": "batch/v1", "DaemonSet": "apps/v1"}
+    return pod_json(
+        name,
+        "gpu-1",
+        namespace=namespace,
+        gpus=gpus,
+        owner_kind=kind,
+        owner_name=owner_name,
+        owner_api_version=version.get(kind or "", "apps/v1"),
+    )
+
+
+def _workloads_cluster(api: FakeApiServer) -> None:
+    """GPU pods behind every kind of workload, and objects no GPU pod needs."""
+    api.add(node_json("gpu-1", gpus=16))
+    # Deployment -> ReplicaSet; KServe InferenceService -> Deployment -> ReplicaSet.
+    api.add(controller_json("Deployment", "serve", replicas=2))
+    api.add(controller_json("ReplicaSet", "serve-5f", owner=("Deployment", "serve"), replicas=2))
+    api.add(_gpu_pod("serve-5f-a", ("ReplicaSet", "serve-5f")))
+    api.add(_gpu_pod("serve-5f-b", ("ReplicaSet", "serve-5f")))
+    api.add(controller_json("InferenceService", "llm"))
+    api.add(controller_json("Deployment", "llm-predictor", owner=("InferenceService", "llm")))
+    api.add(controller_json("ReplicaSet", "llm-predictor-7c", owner=("Deployment", "llm-predictor")))
+    api.add(_gpu_pod("llm-predictor-7c-x", ("ReplicaSet", "llm-predictor-7c")))
+    # Kubeflow Notebook -> StatefulSet.
+    api.add(controller_json("Notebook", "alice", namespace="notebooks"))
+    api.add(controller_json("StatefulSet", "alice", namespace="notebooks", owner=("Notebook", "alice")))
+    api.add(_gpu_pod("alice-0", ("StatefulSet", "alice"), namespace="notebooks"))
+    # LeaderWorkerSet -> leader StatefulSet -> leader pod -> worker StatefulSet -> worker pod.
+    api.add(controller_json("LeaderWorkerSet", "lws", replicas=1))
+    api.add(controller_json("StatefulSet", "lws", owner=("LeaderWorkerSet", "lws")))
+    api.add(_gpu_pod("lws-0", ("StatefulSet", "lws")))
+    api.add(controller_json("StatefulSet", "lws-0", owner=("Pod", "lws-0")))
+    api.add(_gpu_pod("lws-0-1", ("StatefulSet", "lws-0")))
+    # JobSet -> Job; CronJob -> Job (a CronJob is never read: the Job is the workload).
+    api.add(controller_json("JobSet", "train", suspend=False))
+    api.add(controller_json("Job", "train-workers-0", owner=("JobSet", "train")))
+    api.add(_gpu_pod("train-workers-0-0", ("Job", "train-workers-0")))
+    api.add(controller_json("CronJob", "nightly"))
+    api.add(controller_json("Job", "nightly-1", owner=("CronJob", "nightly"), suspend=True))
+    api.add(_gpu_pod("nightly-1-q", ("Job", "nightly-1")))
+    # Not needed: a CPU pod's ReplicaSet, a Deployment no pod runs, a DaemonSet's and a bare GPU pod.
+    api.add(controller_json("ReplicaSet", "web-1"))
+    api.add(_gpu_pod("web-1-z", ("ReplicaSet", "web-1"), gpus=0))
+    api.add(controller_json("Deployment", "idle"))
+    api.add(_gpu_pod("dcgm-abc", ("DaemonSet", "dcgm")))
+    api.add(_gpu_pod("scratch", None))
+
+
+def _controller_lists(api: FakeApiServer) -> list[str]:
+    return [r.path for r in api.requests if r.path.startswith("/apis/") and "policy" not in r.path]
+
+
+def test_the_gpu_pods_controllers_are_read_kind_by_kind(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    _workloads_cluster(api)
+    snap = _source(api_client).snapshot(NOW)
+
+    assert sorted(snap.controllers) == sorted(
+        [
+            ("ml", "ReplicaSet", "serve-5f"),
+            ("ml", "Deployment", "serve"),
+            ("ml", "ReplicaSet", "llm-predictor-7c"),
+            ("ml", "Deployment", "llm-predictor"),
+            ("ml", "InferenceService", "llm"),
+            ("notebooks", "StatefulSet", "alice"),
+            ("notebooks", "Notebook", "alice"),
+            ("ml", "StatefulSet", "lws"),
+            ("ml", "StatefulSet", "lws-0"),
+            ("ml", "LeaderWorkerSet", "lws"),
+            ("ml", "Job", "train-workers-0"),
+            ("ml", "JobSet", "train"),
+            ("ml", "Job", "nightly-1"),
+        ]
+    )
+    # One list per kind, round by round: the pods' controllers, then theirs, then theirs.
+    assert _controller_lists(api) == [
+        "/apis/apps/v1/replicasets",
+        "/apis/apps/v1/statefulsets",
+        "/apis/batch/v1/jobs",
+        "/apis/apps/v1/deployments",
+        "/apis/jobset.x-k8s.io/v1alpha2/jobsets",
+        "/apis/leaderworkerset.x-k8s.io/v1/leaderworkersets",
+        "/apis/kubeflow.org/v1/notebooks",
+        "/apis/serving.kserve.io/v1beta1/inferenceservices",
+    ]
+    assert all(r.param("limit") == "500" for r in api.requests)
+    assert api.writes() == []
+    assert snap.findings == ()
+
+    serve = snap.controllers[("ml", "Deployment", "serve")]
+    assert (serve.api_version, serve.uid, serve.replicas, serve.suspended) == (
+        "apps/v1",
+        "uid-owner-serve",
+        2,
+        None,
+    )
+    assert snap.controllers[("ml", "Job", "nightly-1")].suspended is True
+    assert snap.controllers[("ml", "LeaderWorkerSet", "lws")].api_version == "leaderworkerset.x-k8s.io/v1"
+    got = resolve(snap)
+    assert {
+        key: (r.key.kind, r.key.name, r.reclaim) for key, r in got.items() if r.controller is not None
+    } == {
+        ("ml", "serve-5f-a"): ("Deployment", "serve", "scale"),
+        ("ml", "serve-5f-b"): ("Deployment", "serve", "scale"),
+        ("ml", "llm-predictor-7c-x"): ("InferenceService", "llm", None),
+        ("notebooks", "alice-0"): ("Notebook", "alice", "stop"),
+        ("ml", "lws-0"): ("LeaderWorkerSet", "lws", "scale"),
+        ("ml", "lws-0-1"): ("LeaderWorkerSet", "lws", "scale"),
+        ("ml", "train-workers-0-0"): ("JobSet", "train", "suspend"),
+        ("ml", "nightly-1-q"): ("Job", "nightly-1", "suspend"),
+    }
+    assert got[("ml", "nightly-1-q")].parent == OwnerRef("CronJob", "nightly", "batch/v1")
+
+
+def test_controllers_are_paged_and_listed_only_in_the_given_namespaces(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    _workloads_cluster(api)
+    for index in range(4):
+        api.add(controller_json("ReplicaSet", f"spare-{index}"))
+    snap = _source(api_client, namespaces=["ml"], page_size=3).snapshot(NOW)
+    assert ("notebooks", "StatefulSet", "alice") not in snap.controllers
+    assert ("ml", "InferenceService", "llm") in snap.controllers
+    lists = _controller_lists(api)
+    assert lists[:3] == ["/apis/apps/v1/namespaces/ml/replicasets"] * 3  # 8 ReplicaSets, 3 a page
+    assert sorted(set(lists)) == sorted(
+        f"/apis/{path}"
+        for path in (
+            "apps/v1/namespaces/ml/replicasets",
+            "apps/v1/namespaces/ml/statefulsets",
+            "batch/v1/namespaces/ml/jobs",
+            "apps/v1/namespaces/ml/deployments",
+            "jobset.x-k8s.io/v1alpha2/namespaces/ml/jobsets",
+            "leaderworkerset.x-k8s.io/v1/namespaces/ml/leaderworkersets",
+            "serving.kserve.io/v1beta1/namespaces/ml/inferenceservices",
+        )
+    )
+    pages = api.requests_to("/apis/apps/v1/namespaces/ml/replicasets")
+    assert [r.param("continue") is None for r in pages] == [True, False, False]
+
+
+def test_a_custom_kind_not_installed_is_a_finding_not_a_failure() -> None:
+    with FakeApiServer(
+        missing_kinds={"notebooks.kubeflow.org", "leaderworkersets.leaderworkerset.x-k8s.io"}
+    ) as api:
+        api.add(node_json("gpu-1"))
+        api.add(controller_json("StatefulSet", "alice", namespace="notebooks", owner=("Notebook", "alice")))
+        api.add(controller_json("StatefulSet", "bob", namespace="notebooks", owner=("Notebook", "bob")))
+        api.add(_gpu_pod("alice-0", ("StatefulSet", "alice"), namespace="notebooks"))
+        api.add(_gpu_pod("bob-0", ("StatefulSet", "bob"), namespace="notebooks"))
+        with api.api_client() as own_client:
+            snap = _source(own_client).snapshot(NOW)
+        lists = _controller_lists(api)
+    (finding,) = snap.findings
+    assert finding.kind == UNREAD_CONTROLLERS
+    assert finding.detail == (
+        "Notebook objects (notebooks.kubeflow.org/v1) not read: the API server does not serve "
+        "notebooks.kubeflow.org/v1 (is its CustomResourceDefinition installed?): HTTP 404 Not Found: the "
+        "server could not find the requested resource; needed by 2 objects (StatefulSet notebooks/alice, "
+        "StatefulSet notebooks/bob), whose workloads stay unresolved (reported, never acted on)"
+    )
+    # No pod needs a LeaderWorkerSet: that kind is never asked for, and nothing is said of it.
+    assert lists == ["/apis/apps/v1/statefulsets", "/apis/kubeflow.org/v1/notebooks"]
+    assert sorted(snap.controllers) == [
+        ("notebooks", "StatefulSet", "alice"),
+        ("notebooks", "StatefulSet", "bob"),
+    ]
+    alice = resolve(snap)[("notebooks", "alice-0")]
+    assert alice.key == Workload("notebooks", "Notebook", "alice")
+    assert alice.controller is None and alice.reclaim is None
+
+
+def test_a_forbidden_kind_is_a_finding_naming_the_permission(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    _workloads_cluster(api)
+    api.forbid("list", "jobsets", "", group="jobset.x-k8s.io")
+    api.forbid("list", "inferenceservices", "ml", group="serving.kserve.io")
+    snap = _source(api_client).snapshot(NOW)
+    (finding,) = snap.findings
+    assert finding.kind == UNREAD_CONTROLLERS
+    assert finding.detail.startswith(
+        "JobSet objects (jobsets.jobset.x-k8s.io/v1alpha2) not read: no permission: grant verb `list` on "
+        "resource `jobsets` in API group `jobset.x-k8s.io` (cluster-wide): HTTP 403 Forbidden: "
+        'jobsets.jobset.x-k8s.io is forbidden: User "system:serviceaccount:gpu-rebalancer:gpu-rebalancer" '
+        'cannot list resource "jobsets" in API group "jobset.x-k8s.io" at the cluster scope; '
+        "needed by 1 object (Job ml/train-workers-0)"
+    )
+    assert len(api.requests_to("/apis/jobset.x-k8s.io/*")) == 1  # a refusal is not retried
+    assert ("ml", "Job", "train-workers-0") in snap.controllers
+    assert ("ml", "JobSet", "train") not in snap.controllers
+    assert resolve(snap)[("ml", "train-workers-0-0")].reclaim is None
+
+    # Restricted to namespaces, it lists there (where JobSets may be listed) and a refusal names the
+    # namespace.
+    restricted = _source(api_client, namespaces=["ml"]).snapshot(NOW)
+    by_kind = {
+        f.detail.split(" ", 1)[0]: f.detail for f in restricted.findings if f.kind == UNREAD_CONTROLLERS
+    }
+    assert sorted(by_kind) == ["InferenceService"]
+    assert ("ml", "JobSet", "train") in restricted.controllers
+    assert (
+        "in API group `serving.kserve.io` (in namespace ml): HTTP 403 Forbidden"
+        in by_kind["InferenceService"]
+    )
+
+
+def test_controller_lists_retry_transient_errors_and_fail_on_persistent_ones(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    _workloads_cluster(api)
+    api.inject("/apis/apps/v1/deployments", status=503)
+    snap = _source(api_client).snapshot(NOW)
+    assert ("ml", "Deployment", "serve") in snap.controllers
+    assert [r.fault for r in api.requests_to("/apis/apps/v1/deployments")] == ["status=503", None]
+
+    api.inject("/apis/batch/v1/jobs", status=500, times=None, message="etcd is down")
+    with pytest.raises(KubeSourceError) as caught:
+        _source(api_client, retries=1).snapshot(NOW)
+    assert caught.value.problems == ("cannot list jobs.batch: HTTP 500 Internal Server Error: etcd is down",)
+
+
+def test_a_malformed_controller_the_walk_needs_raises(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    _workloads_cluster(api)
+    unneeded = controller_json("ReplicaSet", "broken-but-unused")
+    unneeded["spec"]["replicas"] = "many"
+    api.add(unneeded)
+    assert _source(api_client).snapshot(NOW).controllers  # what no GPU pod needs is never translated
+    needed = controller_json("Deployment", "serve")
+    needed["metadata"]["annotations"] = {"rebalancer.gpu/idle-since": 5}
+    api.add(needed)
+    with pytest.raises(KubeSourceError) as caught:
+        _source(api_client).snapshot(NOW)
+    assert caught.value.problems == (
+        "Deployment ml/serve: metadata.annotations.rebalancer.gpu/idle-since: expected a string, "
+        "got the number 5",
+    )
+
+
+def test_list_controllers_gives_the_objects_for_a_snapshot_directory(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    _workloads_cluster(api)
+    source = _source(api_client)
+    objects, findings = source.list_controllers(source.list_pods())
+    assert findings == []
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] == "Deployment") == [
+        ("Deployment", "llm-predictor"),
+        ("Deployment", "serve"),
+    ]
+    assert all(o["apiVersion"] for o in objects)  # items of typed Lists get theirs back
+    assert len(objects) == len(source.snapshot(NOW).controllers)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rebalancer.history import Workload
 from rebalancer.model import OwnerRef
-from rebalancer.workloads import resolve
+from rebalancer.workloads import resolve, walks_to
 from tests.builders import controller, node, pod, snapshot
 
 
@@ -126,3 +126,16 @@ def test_an_ownership_loop_ends() -> None:
         ],
     )
     assert resolve(snap)[("ml", "p")].key == Workload("ml", "InferenceService", "c")
+
+
+def test_walks_to_is_one_step_of_the_walk() -> None:
+    leader = pod("lws-0", "n", owner=_owner("StatefulSet", "lws"))
+    pods = {leader.key: leader}
+    worker_set = controller("StatefulSet", "lws-0", owner=_owner("Pod", "lws-0"))
+    assert walks_to(worker_set, pods) == Workload("ml", "StatefulSet", "lws")
+    assert walks_to(worker_set, {}) is None  # the leader pod is not in the snapshot
+    replica_set = controller("ReplicaSet", "serve-abc", owner=_owner("Deployment", "serve"))
+    assert walks_to(replica_set, pods) == Workload("ml", "Deployment", "serve")
+    cron_run = controller("Job", "nightly-1", owner=_owner("CronJob", "nightly"))
+    assert walks_to(cron_run, pods) is None  # the Job stays the workload
+    assert walks_to(controller("Deployment", "serve"), pods) is None

@@ -1,19 +1,28 @@
 """The live cluster source: the Kubernetes API (official client) -> Snapshot.
 
-Owns reading the three kinds a cycle needs (the client comes from `rebalancer.kubeapi`), each listed
-with pagination (`limit` + `continue`, restarting the list when a continue token expires) and raw JSON
-responses
-(`_preload_content=False`), which go straight through `kube_objects` into the model: no client model
-objects are built for thousands of pods.
+Owns reading what a cycle needs (the client comes from `rebalancer.kubeapi`), each kind listed with
+pagination (`limit` + `continue`, restarting the list when a continue token expires) and raw JSON
+responses (`_preload_content=False`), which go straight through `kube_objects` into the model: no
+client model objects are built for thousands of pods.
 
 - nodes: every node;
 - pods: every namespace (default) or the given ones, skipping finished pods on the server
   (`status.phase!=Succeeded,status.phase!=Failed`). Placement needs every pod that holds resources, so a
   namespace-restricted source says in a `partial-cluster-view` finding that free capacity may be
-  overstated. Owner resolution is the pod's controller ownerReference (`kube_objects`): ReplicaSet,
-  StatefulSet, Job, JobSet or any custom controller sets `Pod.owner`, which is all the bare-pod guard
-  needs; nothing walks further up (Deployment, CronJob);
-- PodDisruptionBudgets (policy/v1).
+  overstated. A pod's owner is its controller ownerReference (`kube_objects`), which is all the
+  bare-pod guard needs;
+- PodDisruptionBudgets (policy/v1);
+- the controllers of the GPU pods, walked up as `workloads.resolve()` walks them, into
+  `Snapshot.controllers`: one list per kind of `workloads.KINDS` the walk reaches (cluster-wide, or per
+  given namespace that needs it; never one request per pod or per object), in rounds: first the kinds
+  of the GPU pods' controllers (ReplicaSet, StatefulSet, Job...), then the kinds of those objects' own
+  controllers the walk goes into (Deployment, then InferenceService; LeaderWorkerSet or Notebook; JobSet;
+  a LeaderWorkerSet worker StatefulSet through its leader pod's owner), until a round finds no new
+  kind. Only the objects the walk reaches are kept. Kinds outside `KINDS` (DaemonSet, a CronJob above a
+  Job, custom operators) are not read. A list the API server refuses with 404 (a custom kind whose
+  CustomResourceDefinition is not installed) or 403 (no permission) is not a failure: it becomes an
+  `unread-controllers` finding naming the kind and why (the missing permission as verb, resource and
+  API group), and the walk ends below it, leaving those workloads unresolved (report-only downstream).
 
 Telemetry comes from a separate source and is passed in (a `Telemetry`, or a callable given `now` and
 the pods for attribution). A pod bound to a node that is not in the node list (deleted between the
@@ -38,14 +47,30 @@ from kubernetes.client.exceptions import ApiException
 
 from rebalancer.errors import Problems
 from rebalancer.fence import RequestTimeout
+from rebalancer.history import Workload
 from rebalancer.kubeapi import Backoff, describe_error, exponential_backoff, load_api_client, with_retries
-from rebalancer.model import NO_TELEMETRY, Finding, Node, Pdb, Pod, Snapshot, Telemetry
+from rebalancer.model import NO_TELEMETRY, Controller, Finding, Node, Pdb, Pod, Snapshot, Telemetry
 from rebalancer.policy import LoadedPolicy
-from rebalancer.sources.kube_objects import node_from_json, pdb_from_json, pod_from_json, split_unbound
+from rebalancer.sources.kube_objects import (
+    controller_from_json,
+    node_from_json,
+    pdb_from_json,
+    pod_from_json,
+    split_unbound,
+)
 from rebalancer.sources.object_fields import ObjectError
 from rebalancer.telemetry.windows import unknown_node_findings
+from rebalancer.wording import plural
+from rebalancer.workloads import KINDS, Kind, walks_to
 
-__all__ = ["ACTIVE_PODS", "KubeSource", "KubeSourceError", "TelemetryProvider"]
+__all__ = ["ACTIVE_PODS", "UNREAD_CONTROLLERS", "KubeSource", "KubeSourceError", "TelemetryProvider"]
+
+# The finding when a kind of controller the GPU pods need cannot be listed (not installed, no permission).
+UNREAD_CONTROLLERS = "unread-controllers"
+# A list the API server refuses this way is left unread (a finding), never a failed cycle.
+_UNREADABLE = (403, 404)
+# How many of the objects that needed an unread kind a finding names.
+_NAMED = 3
 
 # Finished pods hold no resources; the API server filters them out for us.
 ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
@@ -92,6 +117,7 @@ class KubeSource:
             raise ValueError("page_size must be at least 1")
         self._core = client.CoreV1Api(api_client)
         self._policy_api = client.PolicyV1Api(api_client)
+        self._objects = client.CustomObjectsApi(api_client)
         self._loaded = loaded
         self._namespaces = tuple(dict.fromkeys(namespaces)) if namespaces is not None else None
         self._telemetry = telemetry
@@ -117,13 +143,13 @@ class KubeSource:
     # ---- the snapshot
 
     def snapshot(self, now: datetime, telemetry: Telemetry | TelemetryProvider | None = None) -> Snapshot:
-        """List nodes, pods and PDBs and assemble them with `telemetry` (or the one given at construction)."""
+        """List nodes, pods, PDBs and the GPU pods' controllers and assemble them with `telemetry` (or the
+        one given at construction)."""
         raw_nodes = self.list_nodes()
         raw_pods = self.list_pods()
         raw_pdbs = self.list_pdbs()
 
         problems: list[str] = []
-        policy = self._loaded.policy
         nodes: dict[str, Node] = {}
         for obj in raw_nodes:
             try:
@@ -132,14 +158,7 @@ class KubeSource:
                 problems.append(str(exc))
                 continue
             nodes[node.name] = node
-        pods: dict[tuple[str, str], Pod] = {}
-        for obj in raw_pods:
-            try:
-                pod = pod_from_json(obj, gangs=policy.gangs, sharing=policy.gpu_sharing)
-            except ObjectError as exc:
-                problems.append(str(exc))
-                continue
-            pods[pod.key] = pod
+        pods = self._pods(raw_pods, problems)
         pdbs: list[Pdb] = []
         for obj in raw_pdbs:
             try:
@@ -162,6 +181,18 @@ class KubeSource:
             )
         kept, unbound = split_unbound(pods.values(), nodes, missing_from="the nodes the API listed")
         findings.extend(unbound)
+        raw_controllers, unread = self._walk_controllers(kept)
+        findings.extend(unread)
+        controllers: dict[tuple[str, str, str], Controller] = {}
+        for obj in raw_controllers:
+            try:
+                controller = controller_from_json(obj)
+            except ObjectError as exc:
+                problems.append(str(exc))
+                continue
+            controllers[controller.key] = controller
+        if problems:
+            raise KubeSourceError(problems)
 
         resolved, telemetry_findings = self._resolve_telemetry(
             telemetry if telemetry is not None else self._telemetry, now, {p.key: p for p in kept}
@@ -176,6 +207,126 @@ class KubeSource:
             pdbs=tuple(pdbs),
             telemetry=resolved,
             findings=tuple(findings),
+            controllers=controllers,
+        )
+
+    def _pods(self, raw_pods: Iterable[JsonObj], problems: list[str]) -> dict[tuple[str, str], Pod]:
+        policy = self._loaded.policy
+        pods: dict[tuple[str, str], Pod] = {}
+        for obj in raw_pods:
+            try:
+                pod = pod_from_json(obj, gangs=policy.gangs, sharing=policy.gpu_sharing)
+            except ObjectError as exc:
+                problems.append(str(exc))
+                continue
+            pods[pod.key] = pod
+        return pods
+
+    # ---- controllers
+
+    def list_controllers(self, raw_pods: Iterable[JsonObj]) -> tuple[list[JsonObj], list[Finding]]:
+        """The controller objects the GPU pods among `raw_pods` resolve through (as `snapshot()` reads
+        them, each with its kind and apiVersion), and the `unread-controllers` findings of kinds that
+        could not be listed."""
+        problems: list[str] = []
+        pods = self._pods(raw_pods, problems)
+        if problems:
+            raise KubeSourceError(problems)
+        return self._walk_controllers(pods.values())
+
+    def _walk_controllers(self, pods: Iterable[Pod]) -> tuple[list[JsonObj], list[Finding]]:
+        """Round by round, list the kinds the walk up from the GPU pods reaches next (see the module
+        docstring); the objects reached, and a finding for each kind that could not be listed."""
+        by_key = {pod.key: pod for pod in pods}
+        frontier: dict[Workload, str] = {}  # the controllers to look up next, each with who needs it
+        for pod in by_key.values():
+            if pod.uses_gpu and pod.owner is not None and pod.owner.kind in KINDS:
+                key = Workload(pod.namespace, pod.owner.kind, pod.owner.name)
+                frontier.setdefault(key, f"pod {pod.ref}")
+        listed: dict[str, dict[tuple[str, str], JsonObj]] = {}
+        unread: dict[str, tuple[str, list[str]]] = {}  # kind -> (why, who needed it)
+        reached: dict[Workload, JsonObj] = {}
+        visited = set(frontier)
+        while frontier:
+            for kind in KINDS:
+                if kind in listed or kind in unread or not any(key.kind == kind for key in frontier):
+                    continue
+                namespaces = sorted({key.namespace for key in frontier if key.kind == kind})
+                try:
+                    listed[kind] = self._list_kind(KINDS[kind], namespaces)
+                except _Unread as exc:
+                    unread[kind] = (exc.why, [])
+            following: dict[Workload, str] = {}
+            for key, needed_by in frontier.items():
+                if key.kind in unread:
+                    unread[key.kind][1].append(needed_by)
+                    continue
+                obj = listed[key.kind].get((key.namespace, key.name))
+                if obj is None:
+                    continue  # gone, or never there: the walk ends below it
+                reached[key] = obj
+                try:
+                    up = walks_to(controller_from_json(obj), by_key)
+                except ObjectError:
+                    continue  # reported by the caller, which translates every object reached
+                if up is not None and up.kind in KINDS and up not in visited:
+                    visited.add(up)
+                    following[up] = f"{key.kind} {key.namespace}/{key.name}"
+            frontier = following
+        findings = [self._unread_finding(KINDS[kind], why, needed) for kind, (why, needed) in unread.items()]
+        return list(reached.values()), findings
+
+    def _list_kind(self, kind: Kind, namespaces: Sequence[str]) -> dict[tuple[str, str], JsonObj]:
+        """One kind's objects by (namespace, name), each with its kind and apiVersion: one list over
+        every namespace, or one per namespace of `namespaces` when the source is restricted."""
+        api = self._objects
+        what = f"{kind.resource}.{kind.group}"
+        items: list[JsonObj] = []
+        where: str | None = None
+        try:
+            if self._namespaces is None:
+                items = self._list_all(
+                    what,
+                    api.list_cluster_custom_object,
+                    kind.group,
+                    kind.version,
+                    kind.resource,
+                    refused=_UNREADABLE,
+                )
+            else:
+                for where in namespaces:
+                    items += self._list_all(
+                        f"{what} in {where}",
+                        api.list_namespaced_custom_object,
+                        kind.group,
+                        kind.version,
+                        where,
+                        kind.resource,
+                        refused=_UNREADABLE,
+                    )
+        except _Refused as refused:
+            raise _Unread(_why_unread(kind, where, refused.error)) from None
+        out: dict[tuple[str, str], JsonObj] = {}
+        for item in items:
+            meta = item.get("metadata")
+            if not isinstance(meta, Mapping):
+                continue  # translated (and refused) only if the walk needs it: it cannot, without a name
+            typed = {**item, "kind": kind.kind, "apiVersion": item.get("apiVersion") or kind.api_version}
+            out[(str(meta.get("namespace") or "default"), str(meta.get("name") or ""))] = typed
+        return out
+
+    @staticmethod
+    def _unread_finding(kind: Kind, why: str, needed_by: Sequence[str]) -> Finding:
+        names = ", ".join(needed_by[:_NAMED]) + (
+            f" and {len(needed_by) - _NAMED} more" if len(needed_by) > _NAMED else ""
+        )
+        return Finding(
+            kind=UNREAD_CONTROLLERS,
+            detail=(
+                f"{kind.kind} objects ({kind.resource}.{kind.group}/{kind.version}) not read: {why}; "
+                f"needed by {plural(len(needed_by), 'object')} ({names}), whose workloads stay unresolved "
+                "(reported, never acted on)"
+            ),
         )
 
     @staticmethod
@@ -223,8 +374,12 @@ class KubeSource:
             )
         return items
 
-    def _list_all(self, what: str, call: Callable[..., Any], *args: str, **params: str) -> list[JsonObj]:
-        """Every item of a list, page by page; a whole new list when a continue token expires (410)."""
+    def _list_all(
+        self, what: str, call: Callable[..., Any], *args: str, refused: Sequence[int] = (), **params: str
+    ) -> list[JsonObj]:
+        """Every item of a list, page by page; a whole new list when a continue token expires (410). An
+        answer whose status is in `refused` raises `_Refused` (the caller's to report), any other error
+        KubeSourceError."""
         for restart in range(self._list_restarts + 1):
             items: list[JsonObj] = []
             token: str | None = None
@@ -238,6 +393,8 @@ class KubeSource:
             except ApiException as exc:
                 if exc.status == 410 and restart < self._list_restarts:
                     continue
+                if exc.status in refused:
+                    raise _Refused(exc) from None
                 raise KubeSourceError([f"cannot list {what}: {describe_error(exc)}"]) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -274,3 +431,33 @@ class KubeSource:
         if not isinstance(page, dict):
             raise KubeSourceError([f"cannot list {what}: the API answered {type(page).__name__}"])
         return page
+
+
+class _Refused(Exception):
+    """A list answered with a status its caller handles (`_list_all(refused=...)`)."""
+
+    def __init__(self, error: ApiException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Unread(Exception):
+    """A kind of controller that cannot be listed, and why."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+def _why_unread(kind: Kind, namespace: str | None, error: ApiException) -> str:
+    """Why a kind could not be listed: not served (404), or the permission that is missing (403)."""
+    if error.status == 404:
+        return (
+            f"the API server does not serve {kind.resource}.{kind.group}/{kind.version} (is its "
+            f"CustomResourceDefinition installed?): {describe_error(error)}"
+        )
+    scope = f"in namespace {namespace}" if namespace is not None else "cluster-wide"
+    return (
+        f"no permission: grant verb `list` on resource `{kind.resource}` in API group `{kind.group}` "
+        f"({scope}): {describe_error(error)}"
+    )

@@ -3,7 +3,10 @@
 Owns the translation of Node, Pod and PodDisruptionBudget dicts into `rebalancer.model` types: resource
 quantities (CPU in millicores, everything else in whole units, rounded up as Kubernetes does), effective
 pod requests (the scheduler's formula, including init and sidecar containers and pod overhead), GPU use
-(whole devices or a share of one), node affinity, tolerations, spread constraints and gang membership.
+(whole devices or a share of one), node affinity, tolerations, spread constraints and gang membership;
+and of controller objects (ReplicaSet, Deployment, StatefulSet, Job, JobSet, LeaderWorkerSet, Notebook,
+InferenceService, any other kind) into `Controller`: identity, labels and annotations, its own
+controller, and the replicas or suspension a reclaim changes.
 Both the snapshot-directory source and the live cluster source call it, so they agree exactly.
 
 It must not do I/O, read the clock or build kubernetes client model objects (too slow for large
@@ -21,6 +24,7 @@ from typing import Any
 from rebalancer.model import (
     GPU_RESOURCE,
     MILLI_PER_GPU,
+    Controller,
     Finding,
     GpuRequest,
     LabelRequirement,
@@ -50,6 +54,7 @@ from rebalancer.sources.object_fields import (
     resource_list,
 )
 from rebalancer.wording import quoted
+from rebalancer.workloads import KINDS
 
 MEMORY_RESOURCE = "memory"
 
@@ -57,7 +62,21 @@ MEMORY_RESOURCE = "memory"
 # `In` with no values can never hold, so this selector matches nothing under every matcher.
 MATCH_NOTHING = LabelSelector(match_expressions=(LabelRequirement(key="", operator="In", values=()),))
 
-__all__ = ["MATCH_NOTHING", "node_from_json", "pdb_from_json", "pod_from_json", "split_unbound"]
+__all__ = [
+    "MATCH_NOTHING",
+    "REPLICATED_KINDS",
+    "SUSPENDABLE_KINDS",
+    "controller_from_json",
+    "node_from_json",
+    "pdb_from_json",
+    "pod_from_json",
+    "split_unbound",
+]
+
+# Controller kinds whose `spec.replicas` a reclaim scales (the API defaults an absent one to 1), and
+# those whose `spec.suspend` it sets (absent: not suspended).
+REPLICATED_KINDS = frozenset({"ReplicaSet", "Deployment", "StatefulSet", "LeaderWorkerSet"})
+SUSPENDABLE_KINDS = frozenset({"Job", "JobSet"})
 
 
 # --------------------------------------------------------------------------- selectors and scheduling
@@ -447,6 +466,49 @@ def pdb_from_json(obj: Mapping[str, Any]) -> Pdb:
         selector = _label_selector(reader, reader.mapping(spec, "selector", "spec"), "spec.selector")
     allowed = reader.integer(status, "disruptionsAllowed", "status", 0) or 0
     return Pdb(namespace=namespace, name=name, selector=selector, disruptions_allowed=max(0, allowed))
+
+
+# --------------------------------------------------------------------------- controllers
+
+
+def controller_from_json(obj: Mapping[str, Any]) -> Controller:
+    """A controller object dict (any kind: as listed, or from a snapshot file) -> Controller.
+
+    `owner` is its controller ownerReference only. `replicas` is `spec.replicas` for the kinds of
+    `REPLICATED_KINDS` (absent: 1, as the API server defaults it), `suspended` is `spec.suspend` for
+    those of `SUSPENDABLE_KINDS` (absent: False); both are None for other kinds. An object without an
+    apiVersion (an item of a typed List) gets its kind's from `workloads.KINDS` when it is one of them.
+    """
+    raw_kind = obj.get("kind") if isinstance(obj, Mapping) else None
+    kind = raw_kind if isinstance(raw_kind, str) else ""
+    reader, meta = read_metadata(obj, kind or "Controller", namespaced=True)
+    if not kind:
+        raise reader.error("kind", "required field is missing" if raw_kind is None else "expected a string")
+    namespace, _, name = reader.name.partition("/")
+    spec = reader.mapping(obj, "spec", "")
+    replicas: int | None = None
+    if kind in REPLICATED_KINDS:
+        replicas = reader.integer(spec, "replicas", "spec", 1)
+        if replicas is None or replicas < 0:
+            raise reader.error(
+                "spec.replicas",
+                f"{quote_value(replicas)} is not a number of replicas (a whole number, 0 or more)",
+            )
+    known = KINDS.get(kind)
+    api_version = reader.string(obj, "apiVersion", "") or (known.api_version if known is not None else "")
+    return Controller(
+        namespace=namespace,
+        kind=kind,
+        name=name,
+        api_version=api_version,
+        uid=reader.string(meta, "uid", "metadata"),
+        resource_version=reader.string(meta, "resourceVersion", "metadata"),
+        labels=reader.string_map(meta, "labels", "metadata"),
+        annotations=reader.string_map(meta, "annotations", "metadata"),
+        owner=_owner(reader, meta),
+        replicas=replicas,
+        suspended=reader.boolean(spec, "suspend", "spec") if kind in SUSPENDABLE_KINDS else None,
+    )
 
 
 def split_unbound(

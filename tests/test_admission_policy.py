@@ -2,9 +2,12 @@
 against a table of node and pod updates by gpu-rebalancer's ServiceAccount.
 
 - every write the code makes is admitted: the exact JSON patches of KubeTainter (applied by the fake API
-  server to nodes of `node_json`), and the actuator's checkpoint merge patches;
+  server to nodes of `node_json`), the actuator's checkpoint merge patches, and every write of the
+  idle-GPU reclaim (`reclaim.WorkloadWriter`: notify, clear, reclaim by scale, suspend and stop, and
+  restore, each applied by the fake API server to the workload);
 - everything else is refused with the message of the rule it breaks: NoExecute taints, someone else's
-  taints, labels, spec fields, other annotations, pod specs and labels, pods that did not opt in;
+  taints, labels, spec fields, other annotations, pod specs and labels, pods that did not opt in, a
+  workload's image, replicas (outside `scale`), labels, the owner's snooze;
 - every rule refuses something in the table (none is dead), and the policies apply only to the
   ServiceAccount of deploy/rbac.yaml.
 
@@ -30,8 +33,12 @@ from rebalancer.guards import (
     CHECKPOINT_DONE_ANNOTATION,
     EVICTION_REQUESTED_AT_ANNOTATION,
 )
+from rebalancer.model import Decision, Proposal, WorkloadAction
 from rebalancer.node_marks import DRAINING_TAINT_KEY, KubeTainter
-from tests.fake_apiserver import FakeApiServer, merge_patch, node_json, pod_json
+from rebalancer.reclaim import WorkloadWriter
+from rebalancer.workloads import IDLE_SINCE, KINDS, SCALED_DOWN_FROM, SNOOZE_UNTIL
+from tests import builders
+from tests.fake_apiserver import FakeApiServer, controller_json, merge_patch, node_json, pod_json
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY_FILE = ROOT / "deploy" / "admission-policy.yaml"
@@ -116,18 +123,17 @@ class AdmissionPolicy:
 
 def _policies() -> dict[str, AdmissionPolicy]:
     docs = [d for d in yaml.safe_load_all(POLICY_FILE.read_text(encoding="utf-8")) if d]
-    found = {}
-    for doc in docs:
-        if doc["kind"] == "ValidatingAdmissionPolicy":
-            (rule,) = doc["spec"]["matchConstraints"]["resourceRules"]
-            (resource,) = rule["resources"]
-            found[resource] = AdmissionPolicy(doc)
-    return found
+    return {
+        doc["metadata"]["name"]: AdmissionPolicy(doc)
+        for doc in docs
+        if doc["kind"] == "ValidatingAdmissionPolicy"
+    }
 
 
 POLICIES = _policies()
-NODES = POLICIES["nodes"]
-PODS = POLICIES["pods"]
+NODES = POLICIES["gpu-rebalancer-node-changes"]
+PODS = POLICIES["gpu-rebalancer-pod-changes"]
+WORKLOADS = POLICIES["gpu-rebalancer-workload-changes"]
 
 NODE_SPEC = "gpu-rebalancer may change only rebalancer.gpu/ taints of a node's spec"
 NODE_METADATA = "gpu-rebalancer may not change a node's labels"
@@ -139,6 +145,9 @@ POD_METADATA = "gpu-rebalancer may not change a pod's labels"
 POD_ANNOTATIONS = "gpu-rebalancer may change only the rebalancer.gpu/eviction-requested-at"
 NOT_OPTED_IN = "gpu-rebalancer may ask for a checkpoint"
 NOT_OUR_ANSWER = "gpu-rebalancer may only remove rebalancer.gpu/checkpoint-done"
+WORKLOAD_SPEC = "gpu-rebalancer may change only spec.suspend of a workload"
+WORKLOAD_METADATA = "gpu-rebalancer may not change a workload's labels"
+WORKLOAD_ANNOTATIONS = "gpu-rebalancer may change only its reclaim record"
 
 OTHER_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 DRAINING = {"key": DRAINING_TAINT_KEY, "value": "cycle-7", "effect": "NoSchedule"}
@@ -149,6 +158,7 @@ def _refused_by(policy: AdmissionPolicy, old: Obj, new: Obj) -> list[str]:
     starts = [
         NODE_SPEC, NODE_METADATA, NODE_TAINTS, NO_EXECUTE, NODE_ANNOTATIONS,
         POD_SPEC, POD_METADATA, POD_ANNOTATIONS, NOT_OPTED_IN, NOT_OUR_ANSWER,
+        WORKLOAD_SPEC, WORKLOAD_METADATA, WORKLOAD_ANNOTATIONS,
     ]  # fmt: skip
     refused = policy.refusals(old, new)
     named = [start for start in starts for message in refused if message.startswith(start)]
@@ -159,20 +169,27 @@ def _refused_by(policy: AdmissionPolicy, old: Obj, new: Obj) -> list[str]:
 # --------------------------------------------------------------------------- the policy as deployed
 
 
-def test_both_policies_fail_closed_and_deny_through_a_binding() -> None:
+def test_every_policy_fails_closed_and_denies_through_a_binding() -> None:
     docs = [d for d in yaml.safe_load_all(POLICY_FILE.read_text(encoding="utf-8")) if d]
     policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
     bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
-    assert len(policies) == 2
+    assert len(policies) == 3
     assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(policies)
     for binding in bindings:
         assert binding["spec"]["validationActions"] == ["Deny"]
         assert "matchResources" not in binding["spec"]  # everything the policy matches
+    matched: set[tuple[str, str]] = set()
     for policy in policies.values():
         assert policy["spec"]["failurePolicy"] == "Fail"
-        (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
-        assert rule["apiGroups"] == [""] and rule["operations"] == ["UPDATE"]
-        assert rule["resources"] in (["nodes"], ["pods"])  # the main resources; status is not ours
+        for rule in policy["spec"]["matchConstraints"]["resourceRules"]:
+            assert rule["operations"] == ["UPDATE"]
+            matched |= {(group, resource) for group in rule["apiGroups"] for resource in rule["resources"]}
+    # The main resources the service account may patch; status is not ours, scale holds only replicas.
+    assert matched == {
+        ("", "nodes"),
+        ("", "pods"),
+        *((kind.group, kind.resource) for kind in KINDS.values() if kind.reclaim is not None),
+    }
 
 
 def test_the_policies_apply_to_the_service_account_only() -> None:
@@ -410,11 +427,126 @@ def test_pod_updates(old: Obj, edit: Callable[[Obj], object], refused: list[str]
     assert _refused_by(PODS, old, _edit(old, edit)) == refused
 
 
+# --------------------------------------------------------------------------- workloads
+
+
+def _workload_change(
+    api: FakeApiServer, kind: str, api_version: str, write: Callable[[], object]
+) -> tuple[Obj, Obj]:
+    """The workload before and after `write`, as the policy sees the writes to its main resource: a
+    replicas change made through the `scale` subresource is not one of them (the policy does not match
+    `scale`), so it is taken out of the comparison, and only when the write did go through `scale`."""
+    api.clear_requests()
+    before = copy.deepcopy(api.get(kind, "top", "ml", api_version))
+    write()
+    after = api.get(kind, "top", "ml", api_version)
+    assert before is not None and after is not None
+    seen = copy.deepcopy(after)
+    if api.requests_to("*/top/scale", "PATCH"):
+        assert not api.requests_to("*/top", "PUT")
+        seen["spec"]["replicas"] = before["spec"]["replicas"]
+    return before, seen
+
+
+def _reclaim(how: str, verb: str, kind: str) -> Decision:
+    pod = builders.pod("w-0", "gpu-1")
+    action = WorkloadAction(
+        verb=verb, workload=("ml", kind, "top"), controller=None, how=how if verb == "reclaim" else None
+    )  # type: ignore[arg-type]
+    proposal = Proposal(strategy="idle-gpu", kind="workload", pods=(pod,), reason="idle", action=action)
+    return Decision(proposal=proposal, approved=True)
+
+
+@pytest.mark.parametrize(
+    ("kind", "api_version", "how"),
+    [
+        ("Deployment", "apps/v1", "scale"),
+        ("StatefulSet", "apps/v1", "scale"),
+        ("Job", "batch/v1", "suspend"),
+        ("JobSet", "jobset.x-k8s.io/v1alpha2", "suspend"),
+        ("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", "scale"),
+        ("Notebook", "kubeflow.org/v1", "stop"),
+    ],
+)
+def test_every_workload_write_of_the_reclaim_is_admitted(
+    api: FakeApiServer, api_client: client.ApiClient, kind: str, api_version: str, how: str
+) -> None:
+    scalable = how == "scale"
+    api.add(
+        controller_json(
+            kind, "top", annotations={SNOOZE_UNTIL: "2026-01-01T00:00:00Z"}, replicas=2 if scalable else None
+        )
+    )
+    writer = WorkloadWriter(api_client)
+    writes = [
+        lambda: writer.apply(_reclaim(how, "notify", kind), builders.NOW),
+        lambda: writer.apply(_reclaim(how, "clear", kind), builders.NOW),
+        lambda: writer.apply(_reclaim(how, "notify", kind), builders.NOW),
+        lambda: writer.apply(_reclaim(how, "reclaim", kind), builders.NOW),
+        lambda: writer.restore("ml", kind, "top"),
+    ]
+    for write in writes:
+        old, new = _workload_change(api, kind, api_version, write)
+        assert old != new, "the write changed nothing: the case tests nothing"
+        assert WORKLOADS.refusals(old, new) == []
+    final = api.get(kind, "top", "ml", api_version)
+    assert final is not None and final["metadata"]["annotations"] == {SNOOZE_UNTIL: "2026-01-01T00:00:00Z"}
+
+
+def _deployment(annotations: Mapping[str, str] | None = None) -> Obj:
+    deployment = controller_json("Deployment", "top", replicas=2, annotations=annotations)
+    deployment["metadata"]["resourceVersion"] = "41"
+    return deployment
+
+
+def _annotate(changes: Mapping[str, str | None]) -> Callable[[Obj], object]:
+    def edit(obj: Obj) -> None:
+        obj.update(merge_patch(obj, {"metadata": {"annotations": dict(changes)}}))
+
+    return edit
+
+
+def _set_template_image(obj: Obj) -> None:
+    obj["spec"]["template"]["spec"]["containers"][0]["image"] = "evil:latest"
+
+
+WORKLOAD_CASES: dict[str, tuple[Obj, Callable[[Obj], object], list[str]]] = {
+    "record a reclaim": (
+        _deployment({IDLE_SINCE: "t"}),
+        _annotate({IDLE_SINCE: None, SCALED_DOWN_FROM: "2"}),
+        [],
+    ),
+    "suspend": (_deployment(), lambda d: d["spec"].update(suspend=True), []),
+    "change the image": (_deployment(), _set_template_image, [WORKLOAD_SPEC]),
+    "scale through the main resource": (
+        _deployment(),
+        lambda d: d["spec"].update(replicas=0),
+        [WORKLOAD_SPEC],
+    ),
+    "change a label": (_deployment(), lambda d: d["metadata"]["labels"].update(app="x"), [WORKLOAD_METADATA]),
+    "snooze for the owner": (
+        _deployment({IDLE_SINCE: "t"}),
+        _annotate({SNOOZE_UNTIL: "2099-01-01T00:00:00Z"}),
+        [WORKLOAD_ANNOTATIONS],
+    ),
+    "remove the owner's snooze": (
+        _deployment({SNOOZE_UNTIL: "2099-01-01T00:00:00Z"}),
+        _annotate({SNOOZE_UNTIL: None}),
+        [WORKLOAD_ANNOTATIONS],
+    ),
+}
+
+
+@pytest.mark.parametrize(("old", "edit", "refused"), WORKLOAD_CASES.values(), ids=WORKLOAD_CASES.keys())
+def test_workload_updates(old: Obj, edit: Callable[[Obj], object], refused: list[str]) -> None:
+    assert _refused_by(WORKLOADS, old, _edit(old, edit)) == refused
+
+
 # --------------------------------------------------------------------------- no dead rule
 
 
 def test_every_rule_refuses_something_in_the_table() -> None:
-    for policy, cases in ((NODES, NODE_CASES), (PODS, POD_CASES)):
+    for policy, cases in ((NODES, NODE_CASES), (PODS, POD_CASES), (WORKLOADS, WORKLOAD_CASES)):
         exercised = {start for _, _, refused in cases.values() for start in refused}
         named = {start for message in policy.messages for start in exercised if message.startswith(start)}
         assert len(named) == len(policy.messages) == len(exercised), (

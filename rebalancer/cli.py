@@ -141,6 +141,9 @@ def cmd_strategies(_args: argparse.Namespace) -> int:
 
 # ---- `rebalancer snapshot`: the snapshot directory format of DESIGN §4, from a live cluster and Prometheus
 
+# The controllers behind the GPU pods (any kind of `workloads.KINDS`), so that a replay resolves the
+# same workloads.
+WORKLOADS_FILE = "workloads.json"
 _CLUSTER_LISTS = (
     ("nodes.json", "NodeList", "v1", KubeSource.list_nodes),
     ("pods.json", "PodList", "v1", KubeSource.list_pods),
@@ -161,7 +164,9 @@ def _snapshot_now(text: str | None) -> datetime:
 
 
 def _capture_cluster(args: argparse.Namespace, loaded: LoadedPolicy, out: Path) -> None:
-    """nodes.json / pods.json / pdbs.json as typed Lists; a warning (or, when asked for, an error) if not."""
+    """nodes.json / pods.json / pdbs.json as typed Lists, and workloads.json: a List of the controllers
+    the GPU pods resolve through (a warning for each kind that could not be read); a warning (or, when
+    asked for, an error) if not."""
     explicit = args.kubeconfig is not None or args.context is not None
     try:
         source = KubeSource(load_api_client(args.kubeconfig, args.context), loaded)
@@ -169,6 +174,10 @@ def _capture_cluster(args: argparse.Namespace, loaded: LoadedPolicy, out: Path) 
             (name, {"apiVersion": version, "kind": kind, "items": list(read(source))})
             for name, kind, version, read in _CLUSTER_LISTS
         ]
+        controllers, unread = source.list_controllers(dict(lists)["pods.json"]["items"])
+        lists.append((WORKLOADS_FILE, {"apiVersion": "v1", "kind": "List", "items": controllers}))
+        for finding in unread:
+            print(f"rebalancer: warning: {finding.detail}", file=sys.stderr)
     except (KubeSourceError, KubeConfigError) as exc:
         if explicit:
             raise InputError([f"snapshot: {problem}" for problem in exc.problems]) from None

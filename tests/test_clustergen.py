@@ -1,8 +1,9 @@
 """tools/clustergen, the cluster generator behind the demo cluster and the scale benchmark.
 
 The demo's byte-for-byte regeneration is tests/test_policy.py's; here: the benchmark's population at a
-small size is deterministic and loads, the streaming writers write what the one-shot forms would, and
-the controllers' naming and the device plugin's hand-out behave as documented.
+small size is deterministic and loads, the streaming writers write what the one-shot forms would, the
+controllers' naming and the device plugin's hand-out behave as documented, and the controller objects
+carry the names and uids their pods' ownerReferences give.
 """
 
 from __future__ import annotations
@@ -119,3 +120,48 @@ def test_time_sliced_pods_pack_onto_the_fullest_gpu_with_room() -> None:
     held = [[p.workload.name for p in gpu.holders] for gpu in devices]
     assert held[:3] == [["half", "half"], ["half", "quarter", "quarter"], []]
     assert len(devices[1].labels()) == 3  # one series per (GPU, pod)
+
+
+def test_controllers_carry_the_names_and_uids_their_pods_name() -> None:
+    nodes = {n.name: n for n in (_node("n1"), _node("n2"))}
+    ids = Ids("test")
+    workloads = [
+        Workload(
+            "ml", "Deployment", "serve", ("n1", "n2"), image="s:1", cpu="1", memory="1Gi", gpus=1,
+            controller_annotations={"team": "a"},
+        ),
+        Workload("ml", "StatefulSet", "nb", ("n1",), image="j:1", cpu="1", memory="1Gi", gpus=1),
+        Workload("ml", "IndexedJob", "train", ("n1", "n2"), image="t:1", cpu="1", memory="1Gi", gpus=2),
+        Workload("ml", "Job", "eval", ("n2",), image="e:1", cpu="1", memory="1Gi"),
+        Workload("ops", "DaemonSet", "agent", ("n1", "n2"), image="a:1", cpu="10m", memory="16Mi"),
+    ]  # fmt: skip
+    taken: set[tuple[str, str]] = set()
+    pods = [
+        clustergen.pod_json(p, "10.0.0.9", ids, NOW)
+        for w in workloads
+        for p in clustergen.pods_of(w, nodes, ids, taken)
+    ]
+    objects = clustergen.all_controllers(workloads, ids, NOW)
+    by_ref = {(o["metadata"]["namespace"], o["kind"], o["metadata"]["name"]): o for o in objects}
+    assert sorted(kind for _, kind, _ in by_ref) == ["Deployment", "Job", "Job", "ReplicaSet", "StatefulSet"]
+    for pod in pods:
+        (owner,) = pod["metadata"]["ownerReferences"]
+        if owner["kind"] == "DaemonSet":
+            continue  # not written: the rebalancer does not read DaemonSets
+        controller = by_ref[(pod["metadata"]["namespace"], owner["kind"], owner["name"])]
+        assert controller["metadata"]["uid"] == owner["uid"]
+        assert controller["apiVersion"] == owner["apiVersion"]
+        selector = controller["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= pod["metadata"]["labels"].items()
+        assert controller["metadata"]["creationTimestamp"] < pod["metadata"]["creationTimestamp"]
+    (replica_set,) = [o for o in objects if o["kind"] == "ReplicaSet"]
+    (ref,) = replica_set["metadata"]["ownerReferences"]
+    deployment = by_ref[("ml", "Deployment", "serve")]
+    assert (ref["kind"], ref["name"], ref["uid"]) == ("Deployment", "serve", deployment["metadata"]["uid"])
+    assert deployment["spec"]["replicas"] == replica_set["spec"]["replicas"] == 2
+    assert deployment["metadata"]["annotations"]["team"] == "a"
+    assert "team" not in replica_set["metadata"]["annotations"]
+    train = by_ref[("ml", "Job", "train")]["spec"]
+    assert (train["completionMode"], train["completions"], train["suspend"]) == ("Indexed", 2, False)
+    assert train["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert list(by_ref) == sorted(by_ref)  # kubectl's order: namespace, kind, name

@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
+from rebalancer.history import Workload
 from rebalancer.model import Finding, GpuRequest
 from rebalancer.policy import ConfiguredStrategy, LoadedPolicy, Policy, parse_policy
 from rebalancer.registry import StrategyArgs
 from rebalancer.sources import files
 from rebalancer.sources.files import SnapshotError, load_snapshot_dir
+from rebalancer.workloads import resolve
 from tests.builders import NOW
 
 SAMPLES = Path(__file__).parent / "fixtures" / "snapshots" / "dcgm-samples"
@@ -587,3 +589,113 @@ def test_deeply_nested_yaml_is_a_located_error(tmp_path: Path, depth: int) -> No
     [problem] = problems_of(tmp_path)
     assert problem.startswith(f"{tmp_path / 'deep.yaml'}:")
     assert "nest" in problem
+
+
+# --------------------------------------------------------------------------- controllers
+
+
+def controller(
+    kind: str, name: str, owner: tuple[str, str, str] | None = None, **spec: Any
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "ml", "uid": f"uid-{name}", "resourceVersion": "77"}
+    if owner is not None:
+        api_version, owner_kind, owner_name = owner
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": api_version,
+                "kind": owner_kind,
+                "name": owner_name,
+                "uid": "u",
+                "controller": True,
+            }
+        ]
+    return {"kind": kind, "metadata": meta, "spec": spec}
+
+
+def owned_pod(name: str, owner: tuple[str, str, str]) -> dict[str, Any]:
+    body = pod(name, "n1")
+    api_version, kind, owner_name = owner
+    body["metadata"]["ownerReferences"] = [
+        {"apiVersion": api_version, "kind": kind, "name": owner_name, "uid": "u", "controller": True}
+    ]
+    return body
+
+
+def test_controllers_are_read_and_pods_resolve_through_them(tmp_path: Path) -> None:
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    write(
+        tmp_path,
+        "cluster.json",
+        kube_list(
+            node("n1"),
+            owned_pod("serve-5f-a", ("apps/v1", "ReplicaSet", "serve-5f")),
+            owned_pod("nb-0", ("apps/v1", "StatefulSet", "nb")),
+            owned_pod("nightly-1-x", ("batch/v1", "Job", "nightly-1")),
+        ),
+    )
+    # As `kubectl get rs,deploy -A -o json` prints typed lists: items without kind or apiVersion.
+    replica_sets = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSetList",
+        "items": [
+            {
+                k: v
+                for k, v in controller("ReplicaSet", "serve-5f", ("apps/v1", "Deployment", "serve")).items()
+                if k != "kind"
+            }
+        ],
+    }
+    write(tmp_path, "replicasets.json", replica_sets)
+    write(
+        tmp_path,
+        "workloads.json",
+        kube_list(
+            {**controller("Deployment", "serve", replicas=0), "apiVersion": "apps/v1"},
+            {
+                **controller("StatefulSet", "nb", ("kubeflow.org/v1", "Notebook", "nb")),
+                "apiVersion": "apps/v1",
+            },
+            {**controller("Notebook", "nb"), "apiVersion": "kubeflow.org/v1"},
+            {**controller("Job", "nightly-1", ("batch/v1", "CronJob", "nightly")), "apiVersion": "batch/v1"},
+            {**controller("CronJob", "nightly"), "apiVersion": "batch/v1"},
+        ),
+    )
+    snap = load_snapshot_dir(tmp_path, loaded())
+    assert sorted(snap.controllers) == [
+        ("ml", "Deployment", "serve"),
+        ("ml", "Job", "nightly-1"),
+        ("ml", "Notebook", "nb"),
+        ("ml", "ReplicaSet", "serve-5f"),
+        ("ml", "StatefulSet", "nb"),
+    ]
+    replica_set = snap.controllers[("ml", "ReplicaSet", "serve-5f")]
+    assert (replica_set.api_version, replica_set.replicas, replica_set.resource_version) == (
+        "apps/v1",
+        1,
+        "77",
+    )
+    assert snap.controllers[("ml", "Deployment", "serve")].replicas == 0
+    assert snap.controllers[("ml", "Job", "nightly-1")].suspended is False
+    # A CronJob is not read: the Job it started is the workload.
+    assert [f.detail for f in snap.findings] == [
+        "ignored 1 objects of kinds the rebalancer does not use: CronJob (1)"
+    ]
+    got = resolve(snap)
+    assert got[("ml", "serve-5f-a")].key == Workload("ml", "Deployment", "serve")
+    assert got[("ml", "nb-0")].reclaim == "stop"
+    assert got[("ml", "nightly-1-x")].parent is not None
+
+
+def test_a_duplicate_or_malformed_controller_is_a_problem(tmp_path: Path) -> None:
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    write(tmp_path, "a.json", kube_list(controller("Deployment", "serve")))
+    write(
+        tmp_path,
+        "b.json",
+        kube_list(controller("Deployment", "serve"), controller("Job", "j", suspend="yes")),
+    )
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert problems_of(tmp_path) == (
+        f"{b} items[0]: duplicate Deployment ml/serve (first in {a} items[0])",
+        f"{b} items[1]: Job ml/j: spec.suspend: expected true or false, got the string 'yes'",
+    )

@@ -7,11 +7,14 @@ import json
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import yaml
 
+from rebalancer import rfc3339
+from rebalancer.history import Workload
 from rebalancer.policy import (
     BUILTIN_DEFAULT_ORDER,
     GuardsConfig,
@@ -26,6 +29,8 @@ from rebalancer.policy import (
     parse_policy,
 )
 from rebalancer.registry import all_strategies
+from rebalancer.sources.files import load_snapshot_dir
+from rebalancer.workloads import IDLE_SINCE, resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ROOT / "policies"
@@ -755,11 +760,41 @@ def test_demo_cluster_files_are_what_the_generator_writes(tmp_path: Path) -> Non
         timeout=120,
     )
     written = sorted(p.name for p in tmp_path.iterdir())
-    assert written == ["dcgm.om", "nodes.json", "pdbs.json", "pods.json", "policy.yaml", "snapshot.yaml"]
+    assert written == [
+        "dcgm.om",
+        "nodes.json",
+        "pdbs.json",
+        "pods.json",
+        "policy.yaml",
+        "snapshot.yaml",
+        "workloads.json",
+    ]
     for name in written:
         assert (tmp_path / name).read_bytes() == (DEMO / name).read_bytes(), (
             f"{name} is stale: rerun generate.py"
         )
+
+
+def test_every_demo_pod_resolves_to_the_controller_behind_it() -> None:
+    """The demo's workloads.json holds every controller of its pods that the rebalancer reads (all but the
+    GPU Operator's DaemonSets), and alice's notebook was found idle five hours before `now`."""
+    snapshot = load_snapshot_dir(DEMO, load_policy(DEMO / "policy.yaml"))
+    resolved = resolve(snapshot)
+    unresolved = {(r.key.namespace, r.key.kind) for r in resolved.values() if r.controller is None}
+    assert unresolved == {("gpu-operator", "DaemonSet")}
+    assert not [f for f in snapshot.findings if f.kind == "ignored-objects"]
+    alice = resolved[("notebooks", "alice-llm-playground-0")]
+    assert alice.key == Workload("notebooks", "StatefulSet", "alice-llm-playground")
+    assert alice.controller is not None and alice.reclaim == "scale"
+    idle_since = alice.controller.annotations[IDLE_SINCE]
+    assert idle_since == "2026-11-29T07:00:00Z"
+    assert rfc3339.parse(idle_since) == snapshot.now - timedelta(hours=5)
+    bob = resolved[("notebooks", "bob-eval-harness-0")].controller
+    assert bob is not None and IDLE_SINCE not in bob.annotations
+    serve = {r.key for key, r in resolved.items() if key[1].startswith("llm-serve-")}
+    assert serve == {Workload("inference", "Deployment", "llm-serve")}
+    llm_serve = snapshot.controllers[("inference", "Deployment", "llm-serve")]
+    assert llm_serve.replicas == 4
 
 
 @pytest.mark.parametrize(

@@ -41,9 +41,10 @@ from rebalancer.sources.files import load_snapshot_dir
 from rebalancer.sources.kube import KubeSource
 from rebalancer.sources.prometheus import PrometheusTelemetrySource
 from rebalancer.sources.prometheus_http import PrometheusHttp
+from rebalancer.workloads import IDLE_SINCE, resolve
 from strategies.idle_gpu import IdleGpuArgs, idle_gpu
 from tests.builders import NOW
-from tests.fake_apiserver import FakeApiServer
+from tests.fake_apiserver import FakeApiServer, controller_json
 
 if TYPE_CHECKING:
     from tests.prometheus_server import PrometheusServer, ServerFactory
@@ -579,6 +580,10 @@ def test_snapshot_command_replays_to_the_same_telemetry(
     policy.write_text(yaml.safe_dump({"strategies": [{"name": "idle-gpu", "args": {"window": "1h"}}]}))
     out = tmp_path / "snap"
     now = NOW - timedelta(minutes=3, milliseconds=250)
+    # idle-0's workload: its ReplicaSet's Deployment, with the state a reclaim keeps on it.
+    fake_cluster.add(controller_json("Deployment", "idle", annotations={IDLE_SINCE: "2026-11-29T07:00:00Z"}))
+    fake_cluster.add(controller_json("ReplicaSet", "idle-0-rs", owner=("Deployment", "idle")))
+    fake_cluster.add(controller_json("Deployment", "unrelated"))
     code = main(
         [
             "snapshot", "--out", str(out), "--window", "30m", "--policy", str(policy),
@@ -594,8 +599,15 @@ def test_snapshot_command_replays_to_the_same_telemetry(
         "pods.json",
         "snapshot.yaml",
         "telemetry.om",
+        "workloads.json",
     ]
     assert (out / "telemetry.om").read_text().endswith("# EOF\n")
+    workloads = json.loads((out / "workloads.json").read_text())
+    assert (workloads["apiVersion"], workloads["kind"]) == ("v1", "List")
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in workloads["items"]) == [
+        ("Deployment", "idle"),
+        ("ReplicaSet", "idle-0-rs"),
+    ]
 
     loaded = loaded_policy()
     replayed = load_snapshot_dir(out, loaded)
@@ -606,12 +618,48 @@ def test_snapshot_command_replays_to_the_same_telemetry(
     telemetry, _ = live_source(dcgm_server).telemetry(now, {p.key: p for p in replayed.pods})
     # The snapshot holds the policy's 1h of history, so every window up to 1h replays exactly.
     assert_same_telemetry(telemetry, replayed.telemetry)
+    # ... and the same workloads as the live source reads.
+    with fake_cluster.api_client() as api_client:
+        live = KubeSource(api_client, loaded).snapshot(now)
+    assert replayed.controllers == live.controllers
+    assert len(replayed.controllers) == 2
+    idle = resolve(replayed)[("ml", "idle-0")]
+    assert idle.controller is not None and idle.controller.annotations == {IDLE_SINCE: "2026-11-29T07:00:00Z"}
 
     # ... and `rebalancer once --snapshot` replays it.
     assert main(["once", "--snapshot", str(out), "--policy", str(policy), "--output", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     idle_pods = {f["pod"] for f in report["findings"] if f["kind"] == "idle-gpu"}
     assert {"idle-0", "mig-idle", "share-0", "share-1", "infer-0"} <= idle_pods
+
+
+def test_snapshot_warns_of_the_workloads_it_cannot_read(
+    dcgm_server: PrometheusServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with FakeApiServer(missing_kinds={"notebooks.kubeflow.org"}) as cluster:
+        for obj in cluster_objects():
+            cluster.add(obj)
+        cluster.add(controller_json("StatefulSet", "infer-0-rs", namespace="serve", owner=("Notebook", "nb")))
+        infer = cluster.get("Pod", "infer-0", "serve")
+        assert infer is not None
+        infer["metadata"]["ownerReferences"][0].update(kind="StatefulSet", name="infer-0-rs")
+        cluster.add(infer)
+        out = tmp_path / "snap"
+        code = main(
+            [
+                "snapshot", "--out", str(out), "--prometheus-url", dcgm_server.url, "--now", NOW.isoformat(),
+                "--kubeconfig", str(kubeconfig(tmp_path / "kubeconfig", cluster)),
+            ]
+        )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    (warning,) = [line for line in captured.err.splitlines() if "workloads stay unresolved" in line]
+    assert warning.startswith(
+        "rebalancer: warning: Notebook objects (notebooks.kubeflow.org/v1) not read: the API server does not "
+        "serve notebooks.kubeflow.org/v1"
+    )
+    workloads = json.loads((out / "workloads.json").read_text())
+    assert [(o["kind"], o["metadata"]["name"]) for o in workloads["items"]] == [("StatefulSet", "infer-0-rs")]
 
 
 def test_the_kube_source_takes_the_prometheus_source_as_its_telemetry(

@@ -3,7 +3,9 @@ deploy/checkpoint-rbac.example.yaml in the pod's namespace.
 
 Every component that talks to the API server runs against the recording fake API server of
 tests/fake_apiserver.py the way the daemon runs it: leader election on the Lease, a live daemon cycle
-(cluster snapshot, gpu-consolidation draining a node: drain mark, evictions, Events), the start-up
+(cluster snapshot with the workloads behind its GPU pods, whose controllers of every kind the source
+reads are listed: ReplicaSets, Deployments, StatefulSets, Jobs, JobSets, LeaderWorkerSets, Notebooks,
+InferenceServices; gpu-consolidation draining a node: drain mark, evictions, Events), the start-up
 cleanup of stale drain marks, checkpoint-before-evict (a pod annotation, in a namespace that applied the
 template, and refused with 403 in one that did not), a PodDisruptionBudget read after its 429, the
 actuator's memory in the state ConfigMap the Deployment names (read, created, patched), and giving the
@@ -49,7 +51,14 @@ from rebalancer.policy import EvictionConfig, parse_policy
 from rebalancer.sinks.events import KubeEventsSink
 from rebalancer.sources.kube import KubeSource
 from tests.builders import NOW
-from tests.fake_apiserver import FakeApiServer, RecordedRequest, node_json, pdb_json, pod_json
+from tests.fake_apiserver import (
+    FakeApiServer,
+    RecordedRequest,
+    controller_json,
+    node_json,
+    pdb_json,
+    pod_json,
+)
 from tests.test_deploy import NAMESPACE, ROOT, _run_parser, container, find, load_documents
 
 SERVICE_ACCOUNT = "gpu-rebalancer"
@@ -205,6 +214,41 @@ def _cluster(api: FakeApiServer) -> None:
         )
     )
     api.forbid("patch", "pods", UNGRANTED)  # as the API server does: no Role there grants it
+    # A full node of GPU pods behind every kind of workload the snapshot resolves (never drained, never
+    # a destination): each kind of controller is listed.
+    api.add(node_json("w-1"))
+    workloads = [
+        ("Notebook", "alice", None),
+        ("StatefulSet", "alice", ("Notebook", "alice")),
+        ("LeaderWorkerSet", "lws", None),
+        ("StatefulSet", "lws", ("LeaderWorkerSet", "lws")),
+        ("StatefulSet", "lws-0", ("Pod", "lws-0")),
+        ("JobSet", "train", None),
+        ("Job", "train-workers-0", ("JobSet", "train")),
+        ("InferenceService", "llm", None),
+        ("Deployment", "llm-predictor", ("InferenceService", "llm")),
+        ("ReplicaSet", "llm-predictor-7c", ("Deployment", "llm-predictor")),
+    ]
+    for kind, name, owner in workloads:
+        api.add(controller_json(kind, name, namespace=TEAM, owner=owner))
+    for name, gpus, kind, owner, version in (
+        ("alice-0", 1, "StatefulSet", "alice", "apps/v1"),
+        ("lws-0", 1, "StatefulSet", "lws", "apps/v1"),
+        ("lws-0-1", 1, "StatefulSet", "lws-0", "apps/v1"),
+        ("train-workers-0-0", 2, "Job", "train-workers-0", "batch/v1"),
+        ("llm-predictor-7c-x", 3, "ReplicaSet", "llm-predictor-7c", "apps/v1"),
+    ):
+        api.add(
+            pod_json(
+                name,
+                "w-1",
+                namespace=TEAM,
+                gpus=gpus,
+                owner_kind=kind,
+                owner_name=owner,
+                owner_api_version=version,
+            )
+        )
     # A node still marked by an earlier run that is gone: cleaned at start-up.
     api.add(node_json("old", taints=[{"key": DRAINING_TAINT_KEY, "value": "c0", "effect": "NoSchedule"}]))
 
@@ -251,6 +295,7 @@ def exercise(api: FakeApiServer, api_client: client.ApiClient) -> list[RecordedR
     )
     report = daemon.run_cycle(raise_errors=True)
     assert report is not None and report.mode == "live"
+    assert not [f for f in report.findings if f.kind == "unread-controllers"]  # every kind was listed
     assert {row.outcome for row in report.decisions if row.strategy == "gpu-consolidation"} == {"evicted"}
     assert report.freed_nodes == ("a-1",)
 
@@ -323,6 +368,14 @@ def test_the_exercise_covers_what_the_daemon_does(seen: list[Access]) -> None:
         ("get", "configmaps", ""),
         ("create", "configmaps", ""),
         ("patch", "configmaps", ""),
+        ("list", "replicasets", ""),
+        ("list", "deployments", ""),
+        ("list", "statefulsets", ""),
+        ("list", "jobs", ""),
+        ("list", "jobsets", ""),
+        ("list", "leaderworkersets", ""),
+        ("list", "notebooks", ""),
+        ("list", "inferenceservices", ""),
     } <= verbs
 
 

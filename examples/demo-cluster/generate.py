@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Write the demo cluster snapshot directory: nodes, pods, PDBs, DCGM history, `now`, demo policy.
+"""Write the demo cluster snapshot directory: nodes, pods, PDBs, workloads, DCGM history, `now`, policy.
 
-The output is what `kubectl get nodes,pods,pdb -A -o json` and a Prometheus OpenMetrics export give
-(DESIGN §4): `nodes.json`, `pods.json`, `pdbs.json` (each a `List`), `dcgm.om` (dcgm-exporter series
-at 60 s resolution over the last two hours, timestamps in seconds), `snapshot.yaml` (`now`) and
-`policy.yaml` (policies/default.yaml with idle workloads in namespace `notebooks` reclaimed).
+The output is what `kubectl get nodes,pods,pdb -A -o json`, `kubectl get rs,deploy,sts,jobs -A -o json`
+and a Prometheus OpenMetrics export give (DESIGN §4): `nodes.json`, `pods.json`, `pdbs.json`,
+`workloads.json` (the Deployments, ReplicaSets, StatefulSets and Jobs behind the pods; each a `List`),
+`dcgm.om` (dcgm-exporter series at 60 s resolution over the last two hours, timestamps in seconds),
+`snapshot.yaml` (`now`) and `policy.yaml` (policies/default.yaml with idle workloads in namespace
+`notebooks` reclaimed).
 
 This script owns only the story: the NODES and WORKLOADS tables, the PDBs, the leaked VRAM and the demo
 policy. Turning tables into Kubernetes objects and DCGM series is tools/clustergen's, shared with the
@@ -44,6 +46,7 @@ from tools.clustergen import (  # noqa: E402
     NodeSpec,
     Shape,
     Workload,
+    all_controllers,
     assign_ips,
     busy,
     check,
@@ -72,6 +75,9 @@ SAMPLES = 120  # DCGM samples per series: two hours ...
 STEP = 60  # ... one a minute ...
 LAST_SAMPLE_AGE = 15  # ... the newest scraped 15 s before `now`
 ZONES = {"a": "us-east-1a", "b": "us-east-1b"}
+# rebalancer.workloads.IDLE_SINCE (this script is standard library only): when a workload's owner was
+# first told its GPUs are idle.
+IDLE_SINCE = "rebalancer.gpu/idle-since"
 
 # --------------------------------------------------------------------------- nodes
 
@@ -171,6 +177,8 @@ WORKLOADS = [
         node_selector=on(A100), container="alice-llm-playground",
         labels={"notebook-name": "alice-llm-playground"},
         annotations={"notebooks.kubeflow.org/last-activity": ts(NOW - 2 * DAY - 5 * HOUR)},
+        # Its owner was told five hours ago that its GPU sits idle.
+        controller_annotations={IDLE_SINCE: ts(NOW - 5 * HOUR)},
         volumes=(claim("alice-llm-playground-workspace"),),
     ),
     Workload(
@@ -290,6 +298,7 @@ def main() -> None:
     write_list(out / "nodes.json", (node_json(node, IDS, NOW) for node in NODES))
     write_list(out / "pods.json", (pod_json(pod, ip, IDS, NOW) for pod, ip in assign_ips(pods)))
     write_list(out / "pdbs.json", PDBS)
+    write_list(out / "workloads.json", all_controllers(WORKLOADS, IDS, NOW))
     devices = gpus(NODES, pods, IDS)
     write_openmetrics(
         out / "dcgm.om", devices, NOW, SAMPLES, STEP, last_sample_age=LAST_SAMPLE_AGE, leaked=LEAKED

@@ -5,9 +5,13 @@ is `snapshot_layout`'s):
 
 - every `*.json` / `*.yaml` / `*.yml` file (except the top-level `snapshot.yaml`) holding Kubernetes
   objects or `List`s of them (as `kubectl get nodes,pods,pdb -A -o json` prints): Node, Pod,
-  PodDisruptionBudget; other kinds, and documents with neither `apiVersion` nor `kind` (a policy file
-  kept alongside), are ignored and reported in an `ignored-objects` finding (the policy file in use is
-  skipped silently);
+  PodDisruptionBudget, and the controller kinds of `workloads.KINDS` (ReplicaSet, Deployment,
+  StatefulSet, Job, JobSet, LeaderWorkerSet, Notebook, InferenceService: as `kubectl get
+  rs,deploy,sts,jobs -A -o json` prints them, or the `workloads.json` that `rebalancer snapshot` writes)
+  into `Snapshot.controllers`, every one read, so that workloads resolve as against the live cluster;
+  other kinds (a CronJob too: a Job is the workload), and documents with neither `apiVersion` nor
+  `kind` (a policy file kept alongside), are ignored and reported in an `ignored-objects` finding (the
+  policy file in use is skipped silently);
 - every `*.prom` / `*.om` file: DCGM exporter series in Prometheus text format or OpenMetrics (an `.om`
   file must be OpenMetrics, ending with `# EOF`), aggregated for the policy's telemetry windows;
 - the optional `snapshot.yaml` with `now: <RFC 3339 with timezone>`; without it `now` is the newest
@@ -44,22 +48,29 @@ import yaml
 from rebalancer import rfc3339, yaml_input
 from rebalancer.errors import InputError
 from rebalancer.gcpause import collector_paused
-from rebalancer.model import Finding, Node, Pdb, Pod, Snapshot, Telemetry
+from rebalancer.model import Controller, Finding, Node, Pdb, Pod, Snapshot, Telemetry
 from rebalancer.policy import LoadedPolicy
-from rebalancer.sources.kube_objects import node_from_json, pdb_from_json, pod_from_json, split_unbound
+from rebalancer.sources.kube_objects import (
+    controller_from_json,
+    node_from_json,
+    pdb_from_json,
+    pod_from_json,
+    split_unbound,
+)
 from rebalancer.sources.object_fields import ObjectError, object_ref
 from rebalancer.sources.snapshot_layout import SnapshotFile, UnreadableFile, read_problem, walk
 from rebalancer.telemetry.exposition import ExpositionError, Series, parse_exposition_lines
 from rebalancer.telemetry.identity import telemetry_metrics
 from rebalancer.telemetry.windows import aggregate, unknown_node_findings
 from rebalancer.wording import clip, plural, quoted
+from rebalancer.workloads import KINDS
 
 __all__ = ["METRIC_SUFFIXES", "OBJECT_SUFFIXES", "SNAPSHOT_FILE", "SnapshotError", "load_snapshot_dir"]
 
 SNAPSHOT_FILE = "snapshot.yaml"
 OBJECT_SUFFIXES = (".json", ".yaml", ".yml")
 METRIC_SUFFIXES = (".prom", ".om")
-USED_KINDS = ("Node", "Pod", "PodDisruptionBudget")
+USED_KINDS = ("Node", "Pod", "PodDisruptionBudget", *KINDS)
 # JSON files at least this large are streamed item by item when they hold a List: decoding a kubectl
 # dump of 50,000 pods (~400 MB) whole holds its text and every decoded object at once, over 1 GiB.
 STREAM_JSON_BYTES = 64 * 1024 * 1024
@@ -79,6 +90,7 @@ class _Collected:
     nodes: dict[str, Node]
     pods: dict[tuple[str, str], Pod]
     pdbs: dict[tuple[str, str], Pdb]
+    controllers: dict[tuple[str, str, str], Controller]
     seen: dict[tuple[str, str], str]
     ignored: Counter[str]
     not_objects: list[str]
@@ -289,9 +301,12 @@ def _add_object(obj: Mapping[str, Any], where: str, loaded: LoadedPolicy, out: _
         elif kind == "Pod":
             pod = pod_from_json(obj, gangs=policy.gangs, sharing=policy.gpu_sharing)
             out.pods[pod.key] = pod
-        else:
+        elif kind == "PodDisruptionBudget":
             pdb = pdb_from_json(obj)
             out.pdbs[pdb.key] = pdb
+        else:
+            controller = controller_from_json(obj)
+            out.controllers[controller.key] = controller
     except ObjectError as exc:
         out.problems.append(f"{where}: {exc}")
 
@@ -408,7 +423,9 @@ def _load_snapshot_dir(root: Path, loaded: LoadedPolicy) -> Snapshot:
         raise SnapshotError(
             [f"{root}: not a directory (a snapshot is a directory of .json/.yaml/.prom files)"]
         )
-    out = _Collected(nodes={}, pods={}, pdbs={}, seen={}, ignored=Counter(), not_objects=[], problems=[])
+    out = _Collected(
+        nodes={}, pods={}, pdbs={}, controllers={}, seen={}, ignored=Counter(), not_objects=[], problems=[]
+    )
     now: datetime | None = None
     cfg = loaded.policy.telemetry
     wanted = telemetry_metrics(cfg) if cfg is not None else None
@@ -484,4 +501,5 @@ def _load_snapshot_dir(root: Path, loaded: LoadedPolicy) -> Snapshot:
         pdbs=tuple(out.pdbs.values()),
         telemetry=telemetry,
         findings=tuple(findings),
+        controllers=out.controllers,
     )

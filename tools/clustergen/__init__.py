@@ -2,19 +2,23 @@
 (examples/demo-cluster/generate.py) and the scale benchmark (bench/scale.py).
 
 A script describes its cluster as tables (`NodeSpec` rows, `Workload` rows, PDBs, leaked VRAM) and this
-package turns them into what `kubectl get nodes,pods,pdb -A -o json` and a dcgm-exporter OpenMetrics
-export give, deterministically (`Ids`): the same tables write the same bytes.
+package turns them into what `kubectl get nodes,pods,pdb -A -o json`, `kubectl get rs,deploy,sts,jobs -A
+-o json` and a dcgm-exporter OpenMetrics export give, deterministically (`Ids`): the same tables write
+the same bytes.
 
 - `common`: `Ids` (seeded streams, uids, digests, name suffixes), `ts`, units, `write_list`;
 - `nodes`: `Shape`, the shared shapes, `NodeSpec`, `node_json`;
 - `workloads`: utilisation profiles, `Workload`, pod template pieces, the GPU Operator's DaemonSets;
 - `pods`: `PodSpec`, `pods_of` (controllers' naming), `assign_ips`, `pod_json`, `pdb_json`, `check`;
+- `controllers`: `controllers_of` / `all_controllers`, the Deployments, ReplicaSets, StatefulSets and
+  Jobs behind the pods;
 - `dcgm`: `Gpu`, `gpus` (the device plugin's hand-out), `write_openmetrics`.
 
 Standard library only, so that the scripts run from a checkout without the project installed.
 """
 
 from tools.clustergen.common import DAY, GIB, HOUR, Ids, Json, ts, write_list
+from tools.clustergen.controllers import all_controllers, controllers_of
 from tools.clustergen.dcgm import METRICS, Gpu, Leaked, SeriesValues, gpus, write_openmetrics
 from tools.clustergen.nodes import (
     A100,
@@ -97,10 +101,12 @@ __all__ = [
     "SeriesValues",
     "Shape",
     "Workload",
+    "all_controllers",
     "assign_ips",
     "busy",
     "check",
     "claim",
+    "controllers_of",
     "gpu_operator",
     "gpus",
     "host_path",

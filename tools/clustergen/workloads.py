@@ -52,6 +52,8 @@ class Workload:
 
     `gpus` is per pod: whole GPUs (`nvidia.com/gpu`), or with `shared` replicas of a time-sliced GPU
     (`nvidia.com/gpu.shared`). `fb_used_mib` is the framebuffer each pod's GPUs show in use.
+    `annotations` are the pods', `controller_annotations` the controller object's (a Deployment's, not
+    its ReplicaSet's).
     """
 
     namespace: str
@@ -69,6 +71,7 @@ class Workload:
     scheduler: str = "default-scheduler"
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
+    controller_annotations: dict[str, str] = field(default_factory=dict)
     node_selector: dict[str, str] = field(default_factory=dict)
     affinity: Json = field(default_factory=dict)
     spread: tuple[Json, ...] = ()

@@ -152,7 +152,8 @@ def _summary_lines(report: CycleReport) -> list[str]:
     ]
     if s.reclaims:
         verb = "would be reclaimed" if report.mode == "dry-run" else "reclaimed"
-        lines.append(f"idle workloads {verb}: {s.reclaims} ({s.gpus_reclaimed:g} GPUs)")
+        gpus = f"{s.gpus_reclaimed:g} GPU" + ("" if s.gpus_reclaimed == 1 else "s")
+        lines.append(f"idle workloads {verb}: {s.reclaims} ({gpus})")
     if report.predictions or report.predictions_awaiting:
         lines.append(f"landings: {_landings_text(report)}")
     if report.findings:

@@ -258,6 +258,7 @@ def notice(action: WorkloadAction, result: OutcomeResult, now: datetime, uid: st
         text = f"{ref} {'would be' if dry else 'was'} {done}: {gpus} {since}{cost}."
         if action.how != "evict":
             text += f" Undo: rebalancer restore {ref}"
+        snooze = None  # done: the undo is what the owner needs now
     else:
         text = f"{ref} is busy again: its idle mark {'would be' if dry else 'was'} lifted."
         snooze = None

@@ -48,10 +48,40 @@ def test_demo_report_follows_the_json_contract(demo_report: dict[str, object]) -
     decisions = demo_report["decisions"]
     assert isinstance(decisions, list)
     for row in decisions:
-        assert row["action"] in ("evict", "skip")
-        assert row["outcome"] in ("would-evict", None)
+        # DESIGN §7's actions, and the additive workload actions of idle-gpu (with their workload).
+        assert row["action"] in ("evict", "skip", "notify", "reclaim", "clear")
+        assert row["outcome"] in (
+            "would-evict",
+            "would-notify",
+            "would-scale",
+            "would-suspend",
+            "would-stop",
+            None,
+        )
         assert (row["action"] == "skip") == (row["blocked_by"] is not None)
+        if row["action"] in ("notify", "reclaim", "clear"):
+            assert row["workload"] is not None
+        if row["action"] == "evict":
+            assert row["workload"] is None
         assert row["reason"]
+
+
+def test_the_demo_reclaims_the_idle_notebook_by_scaling_its_statefulset(
+    demo_report: dict[str, object],
+) -> None:
+    decisions = demo_report["decisions"]
+    assert isinstance(decisions, list)
+    idle = {row["pod"]: row for row in decisions if row["strategy"] == "idle-gpu"}
+    alice, bob = idle["alice-llm-playground-0"], idle["bob-eval-harness-0"]
+    assert (alice["action"], alice["outcome"]) == ("reclaim", "would-scale")
+    assert alice["workload"] == "notebooks/StatefulSet/alice-llm-playground"
+    assert (bob["action"], bob["blocked_by"]) == ("skip", "opt-out")
+    [notice] = demo_report["workload_actions"]  # type: ignore[misc]
+    assert notice["workload"] == "notebooks/StatefulSet/alice-llm-playground"
+    assert "would be scaled to 0 replicas" in notice["message"]
+    summary = demo_report["summary"]
+    assert isinstance(summary, dict)
+    assert (summary["reclaims"], summary["gpus_reclaimed"]) == (1, 1)
 
 
 def test_demo_shows_every_strategy_and_the_safety_refusals(demo_report: dict[str, object]) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from rebalancer.model import OwnerRef, Snapshot
 from rebalancer.policy import TelemetryConfig
+from rebalancer.sources.prometheus import WASTE_LABEL, idle_steps_query
 from rebalancer.telemetry.exposition import Sample, Series
 from rebalancer.waste import (
     GONE,
@@ -144,6 +145,20 @@ def test_the_threshold_is_in_percent_whatever_the_metric_scale() -> None:
     ]
     found = {s.labels["pod"]: s.idle for s in steps_from_samples(util, cfg, window(), 5.0)}
     assert found == {"p": 1, "q": 0}
+    query = idle_steps_query(cfg, window(), 5.0)
+    assert "nv_gpu_utilization" in query and "< bool 0.05" in query
+
+
+def test_the_query_depends_on_the_policy_and_period_only() -> None:
+    query = idle_steps_query(CFG, window(hours=24), 5.0)
+    assert query.count("DCGM_FI_DEV_GPU_UTIL[299999ms]") == 4
+    assert "[86399999ms:300s]" in query
+    assert f'"{WASTE_LABEL}", "covered"' in query and f'"{WASTE_LABEL}", "idle"' in query
+    # Series of one GPU and pod count once: collapsed on every label the mapping reads.
+    assert "max by (Hostname, hostname, kubernetes_node, node, exported_pod, pod," in query
+
+
+# --------------------------------------------------------------------------- the tally
 
 
 def by_group(waste: Waste) -> dict[str, tuple[float, float, float | None]]:

@@ -1,12 +1,21 @@
-"""Idle GPU-hours per team: the step rules and the tally."""
+"""Idle GPU-hours per team: the step rules, the tally, and `rebalancer waste`'s inputs and outputs.
+
+The Prometheus side, end to end, is in test_waste_prometheus.py.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import csv
+import io
+import json
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+from rebalancer.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, main
 from rebalancer.model import OwnerRef, Snapshot
 from rebalancer.policy import TelemetryConfig
 from rebalancer.sources.prometheus import WASTE_LABEL, idle_steps_query
@@ -24,6 +33,13 @@ from rebalancer.waste import (
 )
 from tests.builders import controller, node, pod, snapshot
 
+if TYPE_CHECKING:
+    from tests.prometheus_server import StubFactory
+
+pytest_plugins = ["tests.prometheus_server"]
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "examples" / "demo-cluster"
 CFG = TelemetryConfig()
 END = datetime(2026, 10, 10, tzinfo=UTC)
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -357,3 +373,335 @@ def test_group_by_accepts_only_its_three_forms(text: str) -> None:
 def test_gpu_products_are_the_model_name_with_dashes() -> None:
     assert gpu_product("NVIDIA H100 80GB HBM3") == "NVIDIA-H100-80GB-HBM3"
     assert gpu_product("NVIDIA-L4") == "NVIDIA-L4"
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def pod_json(
+    name: str, namespace: str, node_name: str, owner: tuple[str, str], team: str | None
+) -> dict[str, object]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-{name}",
+            "labels": {"team": team} if team else {},
+            "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": owner[0], "name": owner[1], "uid": "x", "controller": True}
+            ],
+        },
+        "spec": {
+            "nodeName": node_name,
+            "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+# (namespace, pod, node, GPU model, controller, team label, utilisation of its minutes)
+SmallGpu = tuple[str | None, str | None, str, str, tuple[str, str] | None, str | None, Callable[[int], float]]
+SMALL: tuple[SmallGpu, ...] = (
+    ("ml", "notebook-0", "a100-1", A100, ("StatefulSet", "notebook"), "science", lambda m: 1.0),
+    ("ml", "train-0", "a100-1", A100, ("Job", "train"), "science", lambda m: 90.0 if m % 30 < 15 else 0.0),
+    ("serve", "infer-0", "t4-1", "Tesla T4", ("ReplicaSet", "infer-5c"), None, lambda m: 0.0),
+    (None, None, "a100-1", A100, None, None, lambda m: 0.0),
+)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A snapshot directory: two nodes, three GPU pods, a GPU no pod holds, two hours of samples."""
+    directory = tmp_path_factory.mktemp("small")
+    lines = ["# TYPE DCGM_FI_DEV_GPU_UTIL gauge"]
+    objects: list[dict[str, object]] = [
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": gpu_product(model)}},
+            "status": {"allocatable": {"cpu": "8", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": "4"}},
+        }
+        for name, model in (("a100-1", A100), ("t4-1", "Tesla T4"))
+    ]
+    for index, (namespace, name, node_name, model, owner, team, util) in enumerate(SMALL):
+        found = labels(str(index), name, namespace or "", model=model, node_name=node_name, gpu=str(index))
+        text = ",".join(f'{k}="{v}"' for k, v in sorted(found.items()))
+        lines += [
+            f"DCGM_FI_DEV_GPU_UTIL{{{text}}} {util(m)!r} {END.timestamp() - 60 * m:.3f}"
+            for m in range(119, -1, -1)
+        ]
+        if name is not None and namespace is not None and owner is not None:
+            objects.append(pod_json(name, namespace, node_name, owner, team))
+    (directory / "cluster.json").write_text(
+        json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+    )
+    (directory / "dcgm.om").write_text("\n".join([*lines, "# EOF"]) + "\n")
+    (directory / "snapshot.yaml").write_text(f"now: {END.isoformat()}\n")
+    return directory
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["waste", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def in_small(small: Path, *argv: str) -> tuple[str, ...]:
+    return ("--snapshot", str(small), "--since", "2h", *argv)
+
+
+def test_json_and_csv_give_the_same_groups(capsys: pytest.CaptureFixture[str], small: Path) -> None:
+    code, out, err = run(capsys, *in_small(small, "--by", "workload", "--output", "json"))
+    assert code == EXIT_OK, err
+    report = json.loads(out)
+    assert list(report) == [
+        "period",
+        "step_seconds",
+        "threshold_percent",
+        "by",
+        "history",
+        "currency",
+        "groups",
+        "totals",
+        "unattributed",
+        "top_workloads",
+        "notes",
+    ]
+    assert report["period"] == {
+        "start": "2026-10-09T22:00:00Z",
+        "end": "2026-10-10T00:00:00Z",
+        "seconds": 7200,
+    }
+    assert (report["step_seconds"], report["threshold_percent"], report["by"]) == (300, 5.0, "workload")
+    usage = {"idle_gpu_hours", "allocated_gpu_hours", "idle_share", "cost"}
+    for group in report["groups"]:
+        assert set(group) == {"group", "namespace", "pods", "top_workloads"} | usage
+        for entry in group["top_workloads"]:
+            assert set(entry) == {"workload", "namespace", "pods"} | usage
+    assert set(report["totals"]) == {"pods"} | usage
+    assert set(report["unattributed"]) == {"series", "gpu_hours", "idle_gpu_hours", "cost"}
+    rows = {g["group"]: g for g in report["groups"]}
+    assert set(rows) == {"ml/StatefulSet/notebook", "ml/Job/train", "serve/ReplicaSet/infer-5c"}
+    assert rows["serve/ReplicaSet/infer-5c"]["cost"] is None  # a T4: no price in the policy
+    assert report["totals"]["allocated_gpu_hours"] == pytest.approx(
+        sum(g["allocated_gpu_hours"] for g in report["groups"])
+    )
+
+    code, out, err = run(capsys, *in_small(small, "--by", "workload", "--output", "csv"))
+    assert code == EXIT_OK, err
+    table = list(csv.reader(io.StringIO(out)))
+    assert table[0] == [
+        "group",
+        "namespace",
+        "pods",
+        "idle_gpu_hours",
+        "allocated_gpu_hours",
+        "idle_share",
+        "cost",
+    ]
+    assert [row[0] for row in table[1:]] == [g["group"] for g in report["groups"]]
+    for row, group in zip(table[1:], report["groups"], strict=True):
+        assert row[1] == group["namespace"]
+        assert int(row[2]) == group["pods"]
+        assert [float(cell) if cell else None for cell in row[3:]] == [
+            group[key] for key in ("idle_gpu_hours", "allocated_gpu_hours", "idle_share", "cost")
+        ]
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown"])
+def test_human_formats_show_the_groups_and_the_total(
+    capsys: pytest.CaptureFixture[str], small: Path, fmt: str
+) -> None:
+    code, out, err = run(capsys, *in_small(small, "--output", fmt))
+    assert code == EXIT_OK, err
+    assert "Idle GPU-hours by namespace, 2026-10-09T22:00:00Z to 2026-10-10T00:00:00Z" in out
+    assert "ml" in out and "serve" in out
+    assert ("TOTAL" if fmt == "text" else "**total**") in out
+    assert "not attributed to any pod (unallocated GPUs, leaked VRAM): 2.00 GPU-hours in 1 series" in out
+    assert "no price for GPU model 'Tesla T4'" in out
+
+
+def test_the_demo_cluster_shows_its_idle_notebooks(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "--snapshot", str(DEMO), "--since", "2h", "--output", "json")
+    assert code == EXIT_OK, err
+    report = json.loads(out)
+    # The demo's notebooks idle for hours; its GPU holding leaked VRAM has no pod.
+    assert [w["workload"] for w in report["top_workloads"]] == [
+        "notebooks/StatefulSet/alice-llm-playground",
+        "notebooks/StatefulSet/bob-eval-harness",
+    ]
+    assert report["unattributed"]["series"] >= 1
+
+
+def prices_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "prices.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_prices_file_replaces_the_policy_prices(
+    capsys: pytest.CaptureFixture[str], small: Path, tmp_path: Path
+) -> None:
+    # Keyed by DCGM's modelName or by the node label's form: both name the same GPU.
+    path = prices_file(tmp_path, "NVIDIA A100-SXM4-80GB: 2.0\nTesla-T4: 0.5\n")
+    code, out, err = run(capsys, *in_small(small, "--prices", str(path), "--output", "json"))
+    assert code == EXIT_OK, err
+    report = json.loads(out)
+    rows = {g["group"]: g for g in report["groups"]}
+    assert rows["ml"]["cost"] == pytest.approx(rows["ml"]["idle_gpu_hours"] * 2.0, abs=0.01)
+    assert rows["serve"]["cost"] == pytest.approx(rows["serve"]["idle_gpu_hours"] * 0.5, abs=0.01)
+    assert report["unattributed"]["cost"] == pytest.approx(
+        report["unattributed"]["gpu_hours"] * 2.0, abs=0.01
+    )
+    assert report["notes"] == []
+
+
+@pytest.mark.parametrize(
+    ("text", "problems"),
+    [
+        (
+            "NVIDIA-L4: cheap\nNVIDIA-A100-SXM4-80GB: -1\nNVIDIA-H100-80GB-HBM3: true\n",
+            [
+                ":1: 'NVIDIA-L4': expected USD per GPU-hour (a number), got 'cheap'",
+                ":2: 'NVIDIA-A100-SXM4-80GB': a price must be from 0 to 10000 USD per GPU-hour",
+                ":3: 'NVIDIA-H100-80GB-HBM3': expected USD per GPU-hour (a number), got True",
+            ],
+        ),
+        ("- NVIDIA-L4\n", [":1: expected a mapping of GPU model to USD per GPU-hour"]),
+        ("", [":1: expected a mapping of GPU model to USD per GPU-hour (NVIDIA-L4: 1.15), got nothing"]),
+        ("NVIDIA-L4: [1\n", [": YAML syntax error"]),
+        ("NVIDIA L4: 1\nNVIDIA-L4: 2\n", [":2: 'NVIDIA-L4': NVIDIA-L4 is priced twice, 1.0 and 2"]),
+    ],
+    ids=["values", "a-list", "empty", "syntax", "twice"],
+)
+def test_a_bad_prices_file_is_exit_2_naming_file_line_and_model(
+    capsys: pytest.CaptureFixture[str], small: Path, tmp_path: Path, text: str, problems: list[str]
+) -> None:
+    path = prices_file(tmp_path, text)
+    code, out, err = run(capsys, *in_small(small, "--prices", str(path)))
+    assert code == EXIT_BAD_INPUT
+    assert out == ""
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == len(problems)
+    for line, problem in zip(lines, problems, strict=True):
+        assert line.startswith(f"rebalancer: error: {path}")
+        assert problem in line
+
+
+def test_a_missing_prices_file_is_exit_2(
+    capsys: pytest.CaptureFixture[str], small: Path, tmp_path: Path
+) -> None:
+    code, _, err = run(capsys, *in_small(small, "--prices", str(tmp_path / "nope.yaml")))
+    assert code == EXIT_BAD_INPUT
+    assert err.startswith(f"rebalancer: error: {tmp_path / 'nope.yaml'}: cannot read prices")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ("--since", "1h", "--step", "7m"),
+            "--since / --step: the period (1h) is not a whole number of steps (7m)",
+        ),
+        (
+            ("--step", "10s"),
+            "--step 10s is shorter than telemetry.scrape_interval (15s): steps without a sample",
+        ),
+        (("--until", "2026-11-29"), "--until: '2026-11-29' is a date; give a time with a timezone"),
+        (("--kubeconfig", "k"), "--snapshot and --kubeconfig / --context name two cluster views: give one"),
+        (("--prometheus-url", "ftp://x"), "--prometheus-url: expected an http(s):// URL (got 'ftp://x')"),
+    ],
+)
+def test_bad_flags_are_exit_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], small: Path, argv: tuple[str, ...], message: str
+) -> None:
+    code, out, err = run(capsys, "--snapshot", str(small), *argv)
+    assert code == EXIT_BAD_INPUT
+    assert out == ""
+    (line,) = err.splitlines()
+    assert line.startswith(f"rebalancer: error: waste: {message}")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--by", "team"), "argument --by: expected namespace, workload or label:KEY, got 'team'"),
+        (("--since", "soon"), "argument --since: invalid duration 'soon'"),
+        (("--step", "0s"), "argument --step: expected a positive duration, got '0s'"),
+        (("--top", "-1"), "argument --top: expected a number of entries (0 or more), got '-1'"),
+    ],
+)
+def test_unparsable_flags_are_exit_2(
+    capsys: pytest.CaptureFixture[str], small: Path, argv: tuple[str, ...], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["waste", *in_small(small, *argv)])
+    assert exc.value.code == EXIT_BAD_INPUT
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"rebalancer: error: {message}")
+
+
+def test_without_any_history_it_says_where_to_find_one(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys)
+    assert code == EXIT_BAD_INPUT
+    assert "waste: no history: pass --prometheus-url URL" in err
+
+
+def answered(
+    samples: Sequence[tuple[Mapping[str, str], float]],
+) -> Callable[[dict[str, str]], tuple[int, bytes]]:
+    result = [{"metric": dict(labels), "value": [END.timestamp(), repr(value)]} for labels, value in samples]
+    body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+    return lambda _params: (200, body)
+
+
+def test_prometheus_answers_become_the_table(
+    capsys: pytest.CaptureFixture[str], stub_prometheus: StubFactory
+) -> None:
+    pod_labels = labels("a", "p")
+    stub = stub_prometheus(
+        responder=answered(
+            [({**pod_labels, WASTE_LABEL: "covered"}, 12.0), ({**pod_labels, WASTE_LABEL: "idle"}, 6.0)]
+        )
+    )
+    code, out, err = run(
+        capsys, "--prometheus-url", stub.url, "--since", "1h", "--until", END.isoformat(), "--output", "json"
+    )
+    assert code == EXIT_OK, err
+    assert len(stub.requests) == 1
+    (asked,) = stub.requests
+    assert asked["time"] == f"{END.timestamp():.3f}"
+    assert asked["query"] == idle_steps_query(CFG, window(), 5.0)
+    (group,) = json.loads(out)["groups"]
+    assert (group["group"], group["idle_gpu_hours"], group["allocated_gpu_hours"]) == ("ml", 0.5, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("samples", "problem"),
+    [
+        ([(labels("a", "p"), 1.0)], f"a series without its {WASTE_LABEL} label"),
+        ([({**labels("a", "p"), WASTE_LABEL: "covered"}, 1.5)], "a step count of 1.5 is not a count"),
+        ([({**labels("a", "p"), WASTE_LABEL: "idle"}, 2.0)], "2 idle of None covered steps"),
+    ],
+)
+def test_an_impossible_prometheus_answer_is_exit_1(
+    capsys: pytest.CaptureFixture[str],
+    stub_prometheus: StubFactory,
+    samples: Sequence[tuple[Mapping[str, str], float]],
+    problem: str,
+) -> None:
+    stub = stub_prometheus(responder=answered(samples))
+    code, out, err = run(capsys, "--prometheus-url", stub.url, "--since", "1h", "--until", END.isoformat())
+    assert code == EXIT_FAILED
+    assert out == ""
+    assert err.startswith(f"rebalancer: error: waste: Prometheus at {stub.url}: ")
+    assert problem in err
+
+
+def test_prometheus_down_is_exit_1(capsys: pytest.CaptureFixture[str], stub_prometheus: StubFactory) -> None:
+    stub = stub_prometheus(responder=lambda _params: (503, b"overloaded"))
+    code, _, err = run(capsys, "--prometheus-url", stub.url, "--since", "1h", "--until", END.isoformat())
+    assert code == EXIT_FAILED
+    assert "HTTP 503" in err and "Traceback" not in err

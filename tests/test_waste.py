@@ -535,6 +535,18 @@ def test_the_demo_cluster_shows_its_idle_notebooks(capsys: pytest.CaptureFixture
     assert report["unattributed"]["series"] >= 1
 
 
+def test_the_readme_example_is_what_the_command_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Idle GPU-hours by team", 1)[1]
+    command = next(line for line in section.splitlines() if "--snapshot examples/demo-cluster" in line)
+    argv = command.split("#", 1)[0].split()
+    assert argv[:2] == ["rebalancer", "waste"]
+    shown = section.split("The last one prints:", 1)[1].split("```", 2)[1].lstrip("\n")
+    code, out, err = run(capsys, *(str(ROOT / a) if a.startswith("examples/") else a for a in argv[2:]))
+    assert code == EXIT_OK, err
+    assert out.replace(str(ROOT) + "/", "") == shown
+
+
 def prices_file(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "prices.yaml"
     path.write_text(text, encoding="utf-8")

@@ -186,24 +186,29 @@ def steps_from_samples(
 ) -> list[SeriesSteps]:
     """Step counts of the policy's utilisation series from raw samples, as the Prometheus query counts
     them: per step, each series' mean; per group of series with the same mapped labels, the largest
-    mean; covered when there is one, idle when it is below the threshold. Samples without a timestamp
-    are not history and are left out."""
+    mean; covered when there is one, idle when it is below the threshold. One series read from several
+    files is one series (one value per timestamp, the last read wins), as Prometheus would hold it.
+    Samples without a timestamp are not history and are left out."""
     cfg = resolve_preset(cfg)
     names = mapped_labels(cfg.labels)
     threshold = threshold_percent / cfg.utilization.scale
-    groups: dict[tuple[tuple[str, str], ...], dict[int, float]] = defaultdict(dict)
+    merged: dict[tuple[tuple[str, str], ...], dict[int, float]] = defaultdict(dict)
     for one in series:
         if one.metric != cfg.utilization.name:
             continue
-        key = tuple((name, one.labels[name]) for name in names if one.labels.get(name))
-        per_step: dict[int, list[float]] = defaultdict(list)
+        points = merged[tuple(sorted(one.labels.items()))]
         for sample in one.samples:
-            if sample.timestamp is None:
-                continue
-            step = window.step_of(seconds_to_ms(sample.timestamp))
+            if sample.timestamp is not None:
+                points[seconds_to_ms(sample.timestamp)] = sample.value
+    groups: dict[tuple[tuple[str, str], ...], dict[int, float]] = defaultdict(dict)
+    for labels, points in merged.items():
+        found = dict(labels)
+        per_step: dict[int, list[float]] = defaultdict(list)
+        for ms, value in sorted(points.items()):
+            step = window.step_of(ms)
             if step is not None:
-                per_step[step].append(sample.value)
-        means = groups[key]
+                per_step[step].append(value)
+        means = groups[tuple((name, found[name]) for name in names if found.get(name))]
         for step, values in per_step.items():
             means[step] = _larger(means.get(step), math.fsum(values) / len(values))
     return [

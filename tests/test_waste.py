@@ -148,6 +148,15 @@ def test_a_series_scraped_twice_counts_once_and_bad_samples_are_never_idle() -> 
     assert found == {"p": (2, 2), "q": (2, 1)}
 
 
+def test_one_series_read_from_two_files_is_one_series() -> None:
+    end = END.timestamp()
+    one = labels("a", "p")
+    halves = [series([(end - 10, 0.0)], **one), series([(end - 20, 9.0), (end - 400, 50.0)], **one)]
+    (counted,) = steps_from_samples(halves, CFG, window(), 5.0)
+    # The last step's mean is of both files' samples (4.5: idle), not the larger of two means.
+    assert (counted.covered, counted.idle) == (2, 1)
+
+
 def test_the_threshold_is_in_percent_whatever_the_metric_scale() -> None:
     cfg = TelemetryConfig(preset="nv-gpu")  # utilisation as a 0-1 ratio, scale 100
     end = END.timestamp()

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 pytest_plugins = ["tests.prometheus_server"]
 pytestmark = pytest.mark.prometheus
 
-# Far from the instants the other Prometheus tests of the session read (2026-11-29, 2026-10-30, 2022).
+# Far from the instants the other tests on the shared server read (2026-11-29, 2026-10-30, 2022).
 UNTIL = datetime(2026, 10, 10, tzinfo=UTC)
 CROWD_UNTIL = datetime(2026, 9, 20, tzinfo=UTC)
 DAY = 86400

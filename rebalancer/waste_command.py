@@ -115,7 +115,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_duration,
         default=_duration(DEFAULT_STEP),
         metavar="DURATION",
-        help=f"resolution: a step with a sample counts in full, one without not at all ({DEFAULT_STEP})",
+        help="resolution: a step with a sample counts in full, one without not at all "
+        f"(default {DEFAULT_STEP})",
     )
     parser.add_argument(
         "--by",
@@ -124,7 +125,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="namespace|workload|label:KEY",
         help="rows of the table (default namespace); workload and label:KEY need a cluster view",
     )
-    parser.add_argument("--top", type=_top, default=DEFAULT_TOP, metavar="N", help="top idle workloads shown")
+    parser.add_argument(
+        "--top",
+        type=_top,
+        default=DEFAULT_TOP,
+        metavar="N",
+        help=f"top idle workloads shown (default {DEFAULT_TOP})",
+    )
     parser.add_argument("--policy", metavar="FILE", help="policy file (default: built-in)")
     parser.add_argument("--prices", metavar="FILE", help="YAML mapping GPU model -> USD per GPU-hour")
     parser.add_argument("--output", choices=("text", "json", "markdown", "csv"), default="text")

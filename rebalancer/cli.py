@@ -52,6 +52,8 @@ from rebalancer.sources.kube import KubeSource, KubeSourceError
 from rebalancer.sources.prometheus import PrometheusError, PrometheusTelemetrySource
 from rebalancer.telemetry.exposition import render_openmetrics
 from rebalancer.telemetry.windows import LOOKBACK_SECONDS
+from rebalancer.waste_command import add_arguments as add_waste_arguments
+from rebalancer.waste_command import run as run_waste
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -278,6 +280,11 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
+def cmd_waste(args: argparse.Namespace) -> int:
+    """`rebalancer waste`: idle GPU-hours and their cost per team over a period (rebalancer.waste)."""
+    return run_waste(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rebalancer", description="A descheduler for GPU clusters.")
     parser.add_argument("--version", action="version", version=f"gpu-rebalancer {__version__}")
@@ -341,6 +348,10 @@ def build_parser() -> argparse.ArgumentParser:
     simulate = sub.add_parser("simulate", help="replay a GPU cluster trace and report node-hours")
     add_simulate_arguments(simulate)
     simulate.set_defaults(func=cmd_simulate)
+
+    waste = sub.add_parser("waste", help="idle GPU-hours and their cost per team over a period")
+    add_waste_arguments(waste)
+    waste.set_defaults(func=cmd_waste)
     return parser
 
 

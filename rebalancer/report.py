@@ -121,7 +121,8 @@ def to_json(report: CycleReport) -> str:
     return json.dumps(to_dict(report), indent=2)
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Aligned columns, two spaces apart, the headers first."""
     widths = [len(h) for h in headers]
     for row in rows:
         widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
@@ -179,7 +180,7 @@ def render_text(report: CycleReport) -> str:
     out = [f"gpu-rebalancer {report.mode} report at {_rfc3339(report.now)}", ""]
     if report.decisions:
         rows = [_cells(d) for d in report.decisions]
-        out += _table(["STRATEGY", "POD", "NODE", "VERDICT", "TARGET", "REASON"], rows)
+        out += text_table(["STRATEGY", "POD", "NODE", "VERDICT", "TARGET", "REASON"], rows)
     else:
         out.append("No evictions proposed.")
     if report.findings:
@@ -211,14 +212,17 @@ def render_text(report: CycleReport) -> str:
         ]
         out += [
             f"  {line}"
-            for line in _table(["STRATEGY", "EVICTED", "PREDICTED", "RESULT", "LANDED", "REPLACEMENT"], rows)
+            for line in text_table(
+                ["STRATEGY", "EVICTED", "PREDICTED", "RESULT", "LANDED", "REPLACEMENT"], rows
+            )
         ]
     out += ["", "Summary:"]
     out += [f"  {line}" for line in _summary_lines(report)]
     return "\n".join(out) + "\n"
 
 
-def _md_cell(text: str) -> str:
+def md_cell(text: str) -> str:
+    """Text safe inside one markdown table cell."""
     return text.replace("|", "\\|").replace("\n", " ")
 
 
@@ -227,21 +231,21 @@ def render_markdown(report: CycleReport) -> str:
     out += [f"- {line}" for line in _summary_lines(report)]
     if report.decisions:
         out += ["", "| strategy | pod | node | verdict | target | reason |", "|---|---|---|---|---|---|"]
-        out += ["| " + " | ".join(_md_cell(c) for c in _cells(d)) + " |" for d in report.decisions]
+        out += ["| " + " | ".join(md_cell(c) for c in _cells(d)) + " |" for d in report.decisions]
     if report.findings:
         out += ["", "### Findings", ""]
         for f in report.findings:
             where = " ".join(x for x in (f.node, f.gpu, f"{f.namespace}/{f.pod}" if f.pod else None) if x)
-            out.append(f"- **{f.kind}** {_md_cell(where)}: {_md_cell(f.detail)}")
+            out.append(f"- **{f.kind}** {md_cell(where)}: {md_cell(f.detail)}")
     if report.notices:
         out += ["", "### Idle workloads", ""]
-        out += [f"- `{n.result}` {_md_cell(n.text)}" for n in report.notices]
+        out += [f"- `{n.result}` {md_cell(n.text)}" for n in report.notices]
     if report.skipped_strategies:
         out += ["", "### Skipped strategies", ""]
-        out += [f"- `{s.strategy}`: {_md_cell(s.reason)}" for s in report.skipped_strategies]
+        out += [f"- `{s.strategy}`: {md_cell(s.reason)}" for s in report.skipped_strategies]
     if report.hints:
         out += ["", "### Hints", ""]
-        out += [f"- {_md_cell(h)}" for h in report.hints]
+        out += [f"- {md_cell(h)}" for h in report.hints]
     return "\n".join(out) + "\n"
 
 

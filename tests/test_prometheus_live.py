@@ -12,10 +12,8 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import random
-import tarfile
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
@@ -45,6 +43,7 @@ from rebalancer.workloads import IDLE_SINCE, resolve
 from strategies.idle_gpu import IdleGpuArgs, idle_gpu
 from tests.builders import NOW
 from tests.fake_apiserver import FakeApiServer, controller_json
+from tests.genai_trace import read_genai_trace
 
 if TYPE_CHECKING:
     from tests.prometheus_server import PrometheusServer, ServerFactory
@@ -52,7 +51,6 @@ if TYPE_CHECKING:
 pytest_plugins = ["tests.prometheus_server"]
 pytestmark = pytest.mark.prometheus
 
-GENAI = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba-genai-v2026"
 STEP = 30
 WINDOWS = frozenset({120, 300, 1800, 3600})
 IDLE = IdleGpuArgs(namespaces=("ml",))
@@ -475,17 +473,7 @@ def genai_name(index: int) -> str:
 
 @pytest.fixture(scope="module")
 def genai(dcgm_server: PrometheusServer, tmp_path_factory: pytest.TempPathFactory) -> GenAi:
-    archive = GENAI / "pod_gpu_duty_cycle_anon.tar.gz"
-    # The shared data sits beside the checkout in CI; its absence is a broken setup, not a skip.
-    assert archive.exists(), f"{archive} is missing: the GenAI duty-cycle trace is needed for this test"
-    root = tmp_path_factory.mktemp("genai")
-    with tarfile.open(archive) as tar:
-        tar.extractall(root, filter="data")
-    by_ip: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    with (root / "pod_gpu_duty_cycle_anon.csv").open(newline="") as handle:
-        for row in csv.DictReader(handle):
-            by_ip[row["container_ip"]].append((float(row["timestamp_anon"]), float(row["value"])))
-    assert len(by_ip) == 143
+    by_ip = read_genai_trace(tmp_path_factory.mktemp("genai"))
 
     lines = ["# TYPE DCGM_FI_DEV_GPU_UTIL gauge"]
     samples: dict[str, list[tuple[float, float]]] = {}

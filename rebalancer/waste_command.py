@@ -1,0 +1,332 @@
+"""`rebalancer waste`: idle GPU-hours and their cost per team over a period, from DCGM history.
+
+Owns the command's flags and its wiring, and nothing of the counting (`rebalancer.waste`) or the
+rendering (`rebalancer.waste_report`):
+
+- the policy (`--policy`, default the built-in one): the idle-gpu strategy's `max_utilization_percent`
+  (its arguments in the policy, even when disabled there, else the strategy's defaults), the telemetry
+  metric and label names, the Prometheus connection, the GPU prices (or `--prices FILE`, a YAML mapping
+  of GPU model to USD per GPU-hour, keyed by `nvidia.com/gpu.product` or by DCGM's `modelName`);
+- the history: Prometheus (`--prometheus-url` or `telemetry.prometheus.url`; one query for the whole
+  period, `PrometheusTelemetrySource.idle_steps`), or, when no Prometheus is configured, the
+  `.prom` / `.om` files of `--snapshot DIR` (`sources.snapshot_history`);
+- the cluster view that maps pods to workloads and labels: `--snapshot DIR`, or the live cluster
+  (`--kubeconfig`, `--context`, in-cluster config) when grouping by workload or label, or when a
+  kubeconfig or context is named;
+- the period: `--since` (default 7d) in `--step` steps (default 5m) ending at `--until` (RFC 3339), or
+  at the snapshot's `now` when the history is the snapshot's, else at the clock's now (`daemon.clock`,
+  read once here).
+
+Bad input (flags, policy, prices file, snapshot) raises `InputError` (exit 2), naming what is wrong and
+where; Prometheus or the cluster failing raises `Problems` (exit 1). It must not count or render.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from rebalancer import rfc3339, yaml_input
+from rebalancer.daemon.args import add_service_account_token_argument
+from rebalancer.daemon.clock import utcnow
+from rebalancer.errors import InputError, Problems
+from rebalancer.kubeapi import load_api_client
+from rebalancer.model import Snapshot
+from rebalancer.policy import (
+    MAX_GPU_PRICE_PER_HOUR,
+    LoadedPolicy,
+    PrometheusConfig,
+    TelemetryConfig,
+    default_policy,
+    format_duration,
+    load_policy,
+    parse_duration,
+)
+from rebalancer.redaction import redact, redact_url
+from rebalancer.registry import StrategyContext, get_strategy
+from rebalancer.sources.files import load_snapshot_dir
+from rebalancer.sources.kube import KubeSource
+from rebalancer.sources.prometheus import PrometheusError, PrometheusTelemetrySource
+from rebalancer.sources.snapshot_history import snapshot_series
+from rebalancer.waste import (
+    GroupBy,
+    PriceOf,
+    SeriesSteps,
+    check_steps,
+    gpu_product,
+    period,
+    steps_from_samples,
+    tally,
+)
+from rebalancer.waste_report import render
+from rebalancer.wording import quoted
+
+__all__ = ["add_arguments", "run"]
+
+IDLE_GPU = "idle-gpu"
+DEFAULT_SINCE = "7d"
+DEFAULT_STEP = "5m"
+DEFAULT_TOP = 5
+
+
+def _duration(text: str) -> int:
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive duration, got {quoted(text)}")
+    return seconds
+
+
+def _group_by(text: str) -> GroupBy:
+    try:
+        return GroupBy.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _top(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a number of entries (0 or more), got {quoted(text)}")
+    return int(text)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `rebalancer waste`."""
+    parser.add_argument(
+        "--since",
+        type=_duration,
+        default=_duration(DEFAULT_SINCE),
+        metavar="DURATION",
+        help=f"the period, ending at --until (default {DEFAULT_SINCE})",
+    )
+    parser.add_argument(
+        "--until", metavar="RFC3339", help="end of the period (default: now, or the snapshot's now)"
+    )
+    parser.add_argument(
+        "--step",
+        type=_duration,
+        default=_duration(DEFAULT_STEP),
+        metavar="DURATION",
+        help="resolution: a step with a sample counts in full, one without not at all "
+        f"(default {DEFAULT_STEP})",
+    )
+    parser.add_argument(
+        "--by",
+        type=_group_by,
+        default=GroupBy(kind="namespace"),
+        metavar="namespace|workload|label:KEY",
+        help="rows of the table (default namespace); workload and label:KEY need a cluster view",
+    )
+    parser.add_argument(
+        "--top",
+        type=_top,
+        default=DEFAULT_TOP,
+        metavar="N",
+        help=f"top idle workloads shown (default {DEFAULT_TOP})",
+    )
+    parser.add_argument("--policy", metavar="FILE", help="policy file (default: built-in)")
+    parser.add_argument("--prices", metavar="FILE", help="YAML mapping GPU model -> USD per GPU-hour")
+    parser.add_argument("--output", choices=("text", "json", "markdown", "csv"), default="text")
+    parser.add_argument(
+        "--snapshot", metavar="DIR", help="cluster view (and, without Prometheus, history) from a snapshot"
+    )
+    parser.add_argument("--prometheus-url", metavar="URL", help="overrides telemetry.prometheus.url")
+    add_service_account_token_argument(parser)
+    parser.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig for the cluster view")
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context")
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _threshold(loaded: LoadedPolicy) -> float:
+    """The idle-gpu strategy's `max_utilization_percent` in this policy (enabled or not), else its default."""
+    spec = get_strategy(IDLE_GPU)
+    if spec is None:
+        raise InputError([f"waste: the {IDLE_GPU} strategy is not installed"])
+    entry = next((s for s in loaded.policy.strategies if s.name == IDLE_GPU), None)
+    args = spec.args_model.model_validate(entry.args if entry is not None else {})
+    value = getattr(args, "max_utilization_percent", None)
+    if not isinstance(value, int | float):
+        raise InputError([f"waste: the {IDLE_GPU} strategy has no max_utilization_percent"])
+    return float(value)
+
+
+def _prometheus(cfg: TelemetryConfig, url: str | None) -> PrometheusConfig | None:
+    conn = cfg.prometheus
+    if url is None:
+        return conn
+    base = conn.model_dump() if conn is not None else {}
+    try:
+        return PrometheusConfig.model_validate({**base, "url": url})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        detail = str(error["msg"]).removeprefix("Value error, ")
+        if error["type"] == "string_pattern_mismatch":
+            detail = "expected an http(s):// URL"
+        raise InputError([f"waste: --prometheus-url: {detail} (got {quoted(url)})"]) from None
+
+
+def _key_lines(root: yaml.Node | None) -> dict[str, int]:
+    if not isinstance(root, yaml.MappingNode):
+        return {}
+    return {k.value: k.start_mark.line + 1 for k, _ in root.value if isinstance(k, yaml.ScalarNode)}
+
+
+def load_prices(path: str) -> dict[str, float]:
+    """`--prices FILE`: GPU model -> USD per GPU-hour, keyed in `nvidia.com/gpu.product` form. Raises
+    InputError naming the file, line and model of every problem."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise InputError([f"{path}: cannot read prices: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise InputError([f"{path}: not UTF-8 text ({exc.reason})"]) from None
+    try:
+        root, data = yaml_input.compose_and_load(text)
+    except yaml.YAMLError as exc:
+        line, problem = yaml_input.problem_of(exc, text)
+        raise InputError([f"{path}:{line or 1}: YAML syntax error: {problem}"]) from None
+    if not isinstance(data, dict) or not data:
+        got = "nothing" if data is None or data == {} else f"a {type(data).__name__}"
+        raise InputError(
+            [f"{path}:1: expected a mapping of GPU model to USD per GPU-hour (NVIDIA-L4: 1.15), got {got}"]
+        )
+    lines = _key_lines(root)
+    problems: list[str] = []
+    prices: dict[str, float] = {}
+    for model, value in data.items():
+        where = f"{path}:{lines.get(str(model), 1)}: {quoted(model)}"
+        if not isinstance(model, str) or not model.strip():
+            problems.append(f"{where}: a GPU model must be a non-empty string")
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            problems.append(f"{where}: expected USD per GPU-hour (a number), got {quoted(value)}")
+            continue
+        if not 0 <= value <= MAX_GPU_PRICE_PER_HOUR:
+            problems.append(f"{where}: a price must be from 0 to {MAX_GPU_PRICE_PER_HOUR} USD per GPU-hour")
+            continue
+        key = gpu_product(model)
+        if key in prices and prices[key] != value:
+            problems.append(f"{where}: {key} is priced twice, {prices[key]} and {value}")
+            continue
+        prices[key] = float(value)
+    if problems:
+        raise InputError(problems)
+    return prices
+
+
+def _price_of(loaded: LoadedPolicy, prices_file: str | None) -> PriceOf:
+    """How the savings estimate prices a GPU (`StrategyContext.price_per_gpu_hour`), from `--prices`
+    (no default price) or the policy's `prices`."""
+    if prices_file is not None:
+        return StrategyContext(gpu_prices=load_prices(prices_file)).price_per_gpu_hour
+    prices = loaded.policy.prices
+    return StrategyContext(
+        gpu_prices={gpu_product(k): v for k, v in prices.per_gpu_hour.items()},
+        default_gpu_price=prices.default_per_gpu_hour,
+    ).price_per_gpu_hour
+
+
+def _until(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        return rfc3339.parse(text.strip())
+    except ValueError as exc:
+        raise InputError([f"waste: --until: {exc}"]) from None
+
+
+def _cluster(
+    args: argparse.Namespace, loaded: LoadedPolicy, snapshot: Snapshot | None, now: datetime
+) -> Snapshot | None:
+    """The cluster view: the snapshot's, else the live cluster's when the grouping or the flags ask."""
+    if snapshot is not None:
+        return snapshot
+    if not args.by.needs_cluster and args.kubeconfig is None and args.context is None:
+        return None
+    return KubeSource(load_api_client(args.kubeconfig, args.context), loaded).snapshot(now)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def run(args: argparse.Namespace) -> int:
+    """`rebalancer waste`; writes the table to stdout."""
+    now = utcnow()
+    loaded = load_policy(args.policy) if args.policy else default_policy()
+    cfg = loaded.policy.telemetry
+    if cfg is None:
+        raise InputError(["waste: telemetry is disabled in the policy (telemetry: null)"])
+    if args.snapshot is not None and (args.kubeconfig is not None or args.context is not None):
+        raise InputError(["waste: --snapshot and --kubeconfig / --context name two cluster views: give one"])
+    if args.step < cfg.scrape_interval:
+        raise InputError(
+            [
+                f"waste: --step {format_duration(args.step)} is shorter than telemetry.scrape_interval "
+                f"({format_duration(cfg.scrape_interval)}): steps without a sample would not be counted"
+            ]
+        )
+    try:
+        check_steps(args.since, args.step)
+    except ValueError as exc:
+        raise InputError([f"waste: --since / --step: {exc}"]) from None
+    until = _until(args.until)
+    threshold = _threshold(loaded)
+    price_of = _price_of(loaded, args.prices)
+    conn = _prometheus(cfg, args.prometheus_url)
+    if conn is None and args.snapshot is None:
+        raise InputError(
+            [
+                "waste: no history: pass --prometheus-url URL, set telemetry.prometheus.url, or give "
+                "--snapshot DIR holding DCGM history (.prom / .om files)"
+            ]
+        )
+    snapshot = load_snapshot_dir(Path(args.snapshot), loaded) if args.snapshot is not None else None
+    if until is None:
+        # The snapshot's history ends at its `now`; Prometheus' history at the clock's.
+        until = snapshot.now if conn is None and snapshot is not None else now
+    window = period(until, args.since, args.step)
+
+    cluster = _cluster(args, loaded, snapshot, now)
+    steps: list[SeriesSteps]
+    if conn is None:
+        root = Path(args.snapshot)
+        series, files = snapshot_series(root, (cfg.utilization.name,))
+        if not series:
+            raise InputError(
+                [f"waste: {root}: no {cfg.utilization.name} series in {files} .prom / .om files"]
+            )
+        steps = steps_from_samples(series, cfg, window, threshold)
+        history = f"snapshot {root}"
+    else:
+        source = PrometheusTelemetrySource(
+            cfg, (), prometheus=conn, allow_service_account_token=args.allow_service_account_token
+        )
+        where = redact_url(conn.url)
+        try:
+            steps = source.idle_steps(window, threshold)
+        except PrometheusError as exc:
+            raise Problems([f"waste: Prometheus at {where}: {redact(str(exc))}"]) from None
+        history = f"Prometheus at {where}"
+    waste = tally(
+        steps,
+        cfg,
+        window,
+        threshold_percent=threshold,
+        by=args.by,
+        price_of=price_of,
+        cluster=cluster,
+        top=args.top,
+        history=history,
+    )
+    sys.stdout.write(render(waste, args.output))
+    return 0

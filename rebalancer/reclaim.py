@@ -53,6 +53,7 @@ from rebalancer.workloads import (
     IDLE_SINCE,
     KINDS,
     KUBEFLOW_STOPPED,
+    RECLAIM_RBAC_TEMPLATE,
     RECLAIM_REASON,
     RECLAIMED_AT,
     RECLAIMED_BY,
@@ -170,7 +171,7 @@ class WorkloadWriter:
                 return f"{IDLE_SINCE} removed from {where}"
             return self._reclaim(action, target, current, notes, reason=reason, now=now)
 
-        return self._attempt(write, done)
+        return self._attempt(write, done, target.namespace)
 
     def _reclaim(
         self,
@@ -262,7 +263,7 @@ class WorkloadWriter:
             self._patch(target, current, notes, ops)
             return f"{where} " + ", ".join(undone) + "; reclaim record removed"
 
-        result, detail = self._attempt(write, "cleared")
+        result, detail = self._attempt(write, "cleared", namespace)
         return Restored(ref, result == "cleared", detail)
 
     def reclaimed(self, namespace: str | None = None) -> tuple[tuple[str, str, str], ...]:
@@ -279,7 +280,9 @@ class WorkloadWriter:
 
     # ----------------------------------------------------------------- requests
 
-    def _attempt(self, write: Callable[[], str], done: OutcomeResult) -> tuple[OutcomeResult, str]:
+    def _attempt(
+        self, write: Callable[[], str], done: OutcomeResult, namespace: str | None = None
+    ) -> tuple[OutcomeResult, str]:
         try:
             return done, with_retries(
                 write, retries=self._retries, backoff=self._backoff, sleep=self._sleep, retry_if=_retry_write
@@ -291,6 +294,9 @@ class WorkloadWriter:
         except ApiException as exc:
             if exc.status == 404:
                 return "gone", "the workload no longer exists"
+            if exc.status == 403 and namespace is not None:
+                grant = f"kubectl -n {namespace} apply -f {RECLAIM_RBAC_TEMPLATE}"
+                return "error", f"{describe_answer(exc)}; the namespace grants it with: {grant}"
             return "error", describe_answer(exc)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             return "error", f"{describe_answer(exc)} (after {self._retries + 1} attempts)"

@@ -48,6 +48,7 @@ __all__ = [
     "KUBEFLOW_STOPPED",
     "RECLAIMED_AT",
     "RECLAIMED_BY",
+    "RECLAIM_RBAC_TEMPLATE",
     "RECLAIM_REASON",
     "RESULTS",
     "SCALED_DOWN_FROM",
@@ -80,6 +81,8 @@ SCALED_DOWN_FROM = ANNOTATION_PREFIX + "scaled-down-from"
 RECLAIMED_AT = ANNOTATION_PREFIX + "reclaimed-at"
 RECLAIMED_BY = ANNOTATION_PREFIX + "reclaimed-by"
 RECLAIM_REASON = ANNOTATION_PREFIX + "reclaim-reason"
+# The Role (and its RoleBinding) a namespace applies so the rebalancer may tell and reclaim there.
+RECLAIM_RBAC_TEMPLATE = "deploy/reclaim-rbac.example.yaml"
 # Kubeflow's own: the Notebook controller scales the notebook's StatefulSet to 0 while it is set.
 KUBEFLOW_STOPPED = "kubeflow-resource-stopped"
 

@@ -205,7 +205,7 @@ def test_namespaced_objects_live_in_the_namespace() -> None:
             "gpu-packed-scheduler-authentication-reader",
         ):
             assert namespace == "kube-system"  # the Role it binds lives there
-        elif path.name == "checkpoint-rbac.example.yaml":
+        elif path.name in ("checkpoint-rbac.example.yaml", "reclaim-rbac.example.yaml"):
             assert namespace is None, f"{where} is applied with -n <team namespace>: it names none"
         else:
             assert namespace == NAMESPACE, f"{where} must be in {NAMESPACE}"
@@ -645,6 +645,7 @@ def test_the_admission_policies_bind_to_the_rebalancer_service_account() -> None
     assert {p["metadata"]["name"] for p in policies} == {
         "gpu-rebalancer-node-changes",
         "gpu-rebalancer-pod-changes",
+        "gpu-rebalancer-workload-changes",
     }
     for policy in policies:
         (condition,) = policy["spec"]["matchConditions"]

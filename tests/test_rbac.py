@@ -1,5 +1,6 @@
 """deploy/rbac.yaml grants exactly the API calls gpu-rebalancer makes; checkpoint requests need
-deploy/checkpoint-rbac.example.yaml in the pod's namespace.
+deploy/checkpoint-rbac.example.yaml in the pod's namespace, and telling or reclaiming idle workloads
+deploy/reclaim-rbac.example.yaml in theirs.
 
 Every component that talks to the API server runs against the recording fake API server of
 tests/fake_apiserver.py the way the daemon runs it: leader election on the Lease, a live daemon cycle
@@ -8,10 +9,11 @@ reads are listed: ReplicaSets, Deployments, StatefulSets, Jobs, JobSets, LeaderW
 InferenceServices; gpu-consolidation draining a node: drain mark, evictions, Events), the start-up
 cleanup of stale drain marks, checkpoint-before-evict (a pod annotation, in a namespace that applied the
 template, and refused with 403 in one that did not), a PodDisruptionBudget read after its 429, the
-actuator's memory in the state ConfigMap the Deployment names (read, created, patched), and giving the
-Lease up. Each request the fake saw is turned into the (verb, resource, subresource) the API server
+actuator's memory in the state ConfigMap the Deployment names (read, created, patched), the idle-GPU
+reclaim's writes (telling, reclaiming and restoring a workload of each kind, and lifting a busy one's
+idle mark, in the namespace that applied the reclaim template), and giving the Lease up. Each request the fake saw is turned into the (verb, resource, subresource) the API server
 authorizes (GET: get / list / watch, POST: create, PUT: update, PATCH: patch, DELETE: delete /
-deletecollection) and checked against the ClusterRole and Roles bound to the service account, the
+deletecollection) and checked against the ClusterRole and Roles bound to the service account, each
 template's Role bound in the namespace that applied it; then every verb granted on every resource must
 have been used.
 
@@ -45,11 +47,13 @@ from rebalancer.daemon.loop import Clock, Daemon, DaemonSinks, Leadership, LiveE
 from rebalancer.daemon.wiring import build_state_store, kube_snapshot_source
 from rebalancer.guards import CHECKPOINT_RBAC_TEMPLATE
 from rebalancer.guards import EVICTION_REQUESTED_AT_ANNOTATION as EVICTION_REQUESTED_AT
-from rebalancer.model import Decision, Proposal, Snapshot
+from rebalancer.model import Decision, Pod, Proposal, Snapshot, WorkloadAction
 from rebalancer.node_marks import DRAINING_TAINT_KEY
 from rebalancer.policy import EvictionConfig, parse_policy
+from rebalancer.reclaim import WorkloadWriter
 from rebalancer.sinks.events import KubeEventsSink
 from rebalancer.sources.kube import KubeSource
+from rebalancer.workloads import KINDS, RECLAIM_RBAC_TEMPLATE, result_of
 from tests.builders import NOW
 from tests.fake_apiserver import (
     FakeApiServer,
@@ -169,14 +173,30 @@ def checkpoint_template(namespace: str) -> list[dict[str, Any]]:
     return docs
 
 
-def grants(service_account: str = SERVICE_ACCOUNT, *, checkpoints: Iterable[str] = (TEAM,)) -> list[Grant]:
-    """Every rule bound to the service account: deploy/rbac.yaml, and the checkpoint template applied in
-    each namespace of `checkpoints`."""
+def reclaim_template(namespace: str) -> list[dict[str, Any]]:
+    """The reclaim template as `kubectl -n <namespace> apply -f` creates it."""
+    docs = load_documents(ROOT / RECLAIM_RBAC_TEMPLATE)
+    for doc in docs:
+        assert "namespace" not in doc["metadata"], "the template is applied with -n: it names no namespace"
+        doc["metadata"]["namespace"] = namespace
+    return docs
+
+
+def grants(
+    service_account: str = SERVICE_ACCOUNT,
+    *,
+    checkpoints: Iterable[str] = (TEAM,),
+    reclaims: Iterable[str] = (TEAM,),
+) -> list[Grant]:
+    """Every rule bound to the service account: deploy/rbac.yaml, the checkpoint template applied in
+    each namespace of `checkpoints` and the reclaim template in each of `reclaims`."""
     from tests.test_deploy import DEPLOY
 
     docs = load_documents(DEPLOY / "rbac.yaml")
     for namespace in checkpoints:
         docs += checkpoint_template(namespace)
+    for namespace in reclaims:
+        docs += reclaim_template(namespace)
     subject = {"kind": "ServiceAccount", "name": service_account, "namespace": NAMESPACE}
     roles = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")): d for d in docs}
     found: list[Grant] = []
@@ -229,6 +249,7 @@ def _cluster(api: FakeApiServer) -> None:
         ("Deployment", "llm-predictor", ("InferenceService", "llm")),
         ("ReplicaSet", "llm-predictor-7c", ("Deployment", "llm-predictor")),
     ]
+    workloads += [("Deployment", "serve", None), ("ReplicaSet", "batch-5f", None)]
     for kind, name, owner in workloads:
         api.add(controller_json(kind, name, namespace=TEAM, owner=owner))
     for name, gpus, kind, owner, version in (
@@ -312,8 +333,46 @@ def exercise(api: FakeApiServer, api_client: client.ApiClient) -> list[RecordedR
     assert [f.namespace for f in actuator.end_cycle(waiting, completed=True)] == [UNGRANTED]
     assert EVICTION_REQUESTED_AT in (api.pod(TEAM, "ckpt") or {})["metadata"]["annotations"]
     assert EVICTION_REQUESTED_AT not in (api.pod(UNGRANTED, "eval") or {})["metadata"]["annotations"]
+    _reclaim_every_kind(api_client)
     daemon.shutdown()  # gives the Lease up
     return api.requests
+
+
+# Each kind a reclaim changes, and how: the workloads of `_cluster` (the writer acts on the object it is
+# given, whoever owns it), plus a plain Deployment and ReplicaSet.
+_RECLAIMED = (
+    ("Deployment", "serve", "scale"),
+    ("ReplicaSet", "batch-5f", "scale"),
+    ("StatefulSet", "lws", "scale"),
+    ("LeaderWorkerSet", "lws", "scale"),
+    ("Job", "train-workers-0", "suspend"),
+    ("JobSet", "train", "suspend"),
+    ("Notebook", "alice", "stop"),
+)
+
+
+def _reclaim_every_kind(api_client: client.ApiClient) -> None:
+    """Tell, reclaim and restore one workload of each kind; a busy one cleared; what restore lists."""
+    writer = WorkloadWriter(api_client, sleep=_NoSleep())
+
+    def carry_out(action: WorkloadAction) -> None:
+        pod = Pod(namespace=TEAM, name=f"{action.workload[2]}-0")
+        proposal = Proposal(strategy="idle-gpu", kind="workload", pods=(pod,), reason="idle", action=action)
+        [outcome] = writer.apply(Decision(proposal=proposal, approved=True), NOW)
+        assert outcome.result == result_of(action, dry_run=False), outcome.detail
+
+    for kind, name, how in _RECLAIMED:
+        told = WorkloadAction(verb="notify", workload=(TEAM, kind, name), controller=None)
+        carry_out(told)
+        carry_out(replace(told, verb="reclaim", how=how))  # type: ignore[arg-type]
+    busy = WorkloadAction(verb="notify", workload=(TEAM, "Deployment", "llm-predictor"), controller=None)
+    carry_out(busy)
+    carry_out(replace(busy, verb="clear"))
+    reclaimed = writer.reclaimed(TEAM)
+    assert reclaimed == tuple(sorted((TEAM, kind, name) for kind, name, _ in _RECLAIMED))
+    for namespace, kind, name in reclaimed:
+        done = writer.restore(namespace, kind, name)
+        assert done.ok, done.detail
 
 
 @pytest.fixture(scope="module")
@@ -376,6 +435,13 @@ def test_the_exercise_covers_what_the_daemon_does(seen: list[Access]) -> None:
         ("list", "leaderworkersets", ""),
         ("list", "notebooks", ""),
         ("list", "inferenceservices", ""),
+        ("patch", "deployments", ""),
+        ("patch", "deployments", "scale"),
+        ("patch", "statefulsets", "scale"),
+        ("patch", "leaderworkersets", "scale"),
+        ("patch", "jobs", ""),
+        ("patch", "jobsets", ""),
+        ("patch", "notebooks", ""),
     } <= verbs
 
 
@@ -453,6 +519,22 @@ def test_checkpoint_requests_are_granted_only_where_the_template_is_applied() ->
     assert [(g.rule["apiGroups"], g.rule["resources"], g.rule["verbs"]) for g in template] == [
         ([""], ["pods"], ["patch"])
     ]
+
+
+def test_workload_writes_are_granted_only_where_the_reclaim_template_is_applied() -> None:
+    def patch(namespace: str, resource: str = "deployments", sub: str = "") -> Access:
+        return Access("patch", "apps", resource, sub, namespace=namespace, name="serve")
+
+    assert not any(g.allows(patch(TEAM)) for g in grants(reclaims=()))
+    assert [g.role for g in grants() if g.allows(patch(TEAM, sub="scale"))] == ["gpu-rebalancer-reclaim"]
+    assert not any(g.allows(patch(UNGRANTED)) for g in grants())
+    template = [g for g in grants(checkpoints=(), reclaims=("team-a",)) if g.namespace == "team-a"]
+    assert {verb for g in template for verb, _, _ in g.pairs()} == {"get", "patch"}
+    granted = {(group, resource) for g in template for group, resource, _ in _flatten([g])}
+    assert granted == {
+        *((kind.group, kind.resource) for kind in KINDS.values() if kind.reclaim is not None),
+        *((kind.group, f"{kind.resource}/scale") for kind in KINDS.values() if kind.reclaim == "scale"),
+    }
 
 
 def test_the_fake_refuses_as_the_api_server_does() -> None:

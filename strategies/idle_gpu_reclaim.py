@@ -159,7 +159,9 @@ class Lifecycle:
         if held is not None:
             return None, self._finding(evidence, held)
         if self.idle_since is None:
-            grace = timedelta(seconds=rule.grace) if rule.action == "reclaim" else None
+            grace = (
+                timedelta(seconds=rule.grace) if rule.action == "reclaim" and self.workload.reclaim else None
+            )
             note = "owner to be told" + (f" ({self.bad_since}: replaced)" if self.bad_since else "")
             then = ""
             if grace is not None and (how := self.workload.reclaim) is not None:
@@ -174,7 +176,7 @@ class Lifecycle:
         if how is None:
             return None, self._finding(
                 evidence,
-                f"owner told at {told}; report only: a {self.workload.key.kind} cannot be reclaimed here",
+                f"owner told at {told}; report only: no reclaim frees the GPUs of an idle {self.workload.key.kind}",
             )
         due = self.idle_since + timedelta(seconds=rule.grace)
         if self.snapshot.now < due:

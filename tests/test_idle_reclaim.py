@@ -323,3 +323,21 @@ def test_the_dry_run_reports_would_scale_with_the_workload_and_writes_nothing() 
     assert out["summary"]["reclaims"] == 1
     assert out["summary"]["gpus_reclaimed"] == 1
     assert out["summary"]["evictions"] == 0
+
+
+def test_an_inference_service_is_told_but_never_promised_or_given_a_reclaim() -> None:
+    p = pod("llm-1", "gpu-a-1", owner=OwnerRef(kind="ReplicaSet", name="llm-predictor-5f"))
+    rows = [gpu_sample("gpu-a-1", "GPU-0", pod=p, util=0.1)]
+    chain = [
+        controller("ReplicaSet", "llm-predictor-5f", owner=OwnerRef(kind="Deployment", name="llm-predictor")),
+        controller("Deployment", "llm-predictor", owner=OwnerRef(kind="InferenceService", name="llm")),
+    ]
+    [told] = _run([p], rows, _args("reclaim"), [*chain, controller("InferenceService", "llm")]).proposals
+    assert told.action is not None
+    assert (told.action.verb, told.action.grace_until) == ("notify", None)
+    assert "after" not in told.reason
+    later = _run(
+        [p], rows, _args("reclaim"), [*chain, controller("InferenceService", "llm", annotations=_told(9))]
+    )
+    assert later.proposals == ()
+    assert "no reclaim frees the GPUs of an idle InferenceService" in _only_finding(later).detail

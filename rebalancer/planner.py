@@ -405,27 +405,12 @@ _CHECKS = (
 # per-pod guards (a pod that may not be disrupted is not threatened with it); a reclaim takes the
 # pods away, so the budgets count it too, and the PDBs when it is an eviction (a bare pod); lifting
 # the idle mark undoes only the rebalancer's own annotation.
+_RECLAIM_CHECKS = (_static, _gang, _cooldown, _disruption_budget, _limit_cycle, _limit_namespace, _limit_node)
+# By (verb, whether it is an eviction).
 _WORKLOAD_CHECKS: Mapping[tuple[str, bool], tuple[Callable[[_Context], _Block | None], ...]] = {
     ("notify", False): (_static,),
-    ("reclaim", False): (
-        _static,
-        _gang,
-        _cooldown,
-        _disruption_budget,
-        _limit_cycle,
-        _limit_namespace,
-        _limit_node,
-    ),
-    ("reclaim", True): (
-        _static,
-        _gang,
-        _cooldown,
-        _disruption_budget,
-        _limit_cycle,
-        _limit_namespace,
-        _limit_node,
-        _pdb,
-    ),
+    ("reclaim", False): _RECLAIM_CHECKS,
+    ("reclaim", True): (*_RECLAIM_CHECKS, _pdb),
     ("clear", False): (),
 }
 

@@ -360,15 +360,36 @@ class WorkloadWriter:
         notes: Mapping[str, str],
         ops: list[dict[str, Any]] | None = None,
     ) -> None:
+        """The workload's annotations (and `ops`), if it is still at the version read."""
+        self._json_patch(
+            target,
+            [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": _version(current)},
+                {"op": "add", "path": "/metadata/annotations", "value": dict(notes)},
+                *(ops or ()),
+            ],
+        )
+
+    def _patch_scale(self, target: _Target, scale: Mapping[str, Any], replicas: int) -> None:
+        """The replicas, through `scale`, if the workload is still at the version read."""
+        self._json_patch(
+            target,
+            [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": _version(scale)},
+                {"op": "replace", "path": "/spec/replicas", "value": replicas},
+            ],
+            scale=True,
+        )
+
+    def _json_patch(self, target: _Target, body: list[dict[str, Any]], *, scale: bool = False) -> None:
         kind = target.kind
-        version = (current.get("metadata") or {}).get("resourceVersion", "")
-        body: list[dict[str, Any]] = [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": version},
-            {"op": "add", "path": "/metadata/annotations", "value": dict(notes)},
-            *(ops or ()),
-        ]
+        patch = (
+            self._api.patch_namespaced_custom_object_scale
+            if scale
+            else self._api.patch_namespaced_custom_object
+        )
         timeout = clip_timeout(self._timeout, self.fence.check())
-        response = self._api.patch_namespaced_custom_object(
+        response = patch(
             kind.group,
             kind.version,
             target.namespace,
@@ -382,27 +403,9 @@ class WorkloadWriter:
         )
         read_json(cast("urllib3.BaseHTTPResponse", response))
 
-    def _patch_scale(self, target: _Target, scale: Mapping[str, Any], replicas: int) -> None:
-        kind = target.kind
-        version = (scale.get("metadata") or {}).get("resourceVersion", "")
-        body = [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": version},
-            {"op": "replace", "path": "/spec/replicas", "value": replicas},
-        ]
-        timeout = clip_timeout(self._timeout, self.fence.check())
-        response = self._api.patch_namespaced_custom_object_scale(
-            kind.group,
-            kind.version,
-            target.namespace,
-            kind.resource,
-            target.name,
-            body,
-            dry_run="All" if self._server_dry_run else None,
-            _content_type=_JSON_PATCH,
-            _preload_content=False,
-            _request_timeout=timeout,
-        )
-        read_json(cast("urllib3.BaseHTTPResponse", response))
+
+def _version(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion", ""))
 
 
 def _replicas(scale: Mapping[str, Any]) -> int:

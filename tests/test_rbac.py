@@ -11,11 +11,11 @@ cleanup of stale drain marks, checkpoint-before-evict (a pod annotation, in a na
 template, and refused with 403 in one that did not), a PodDisruptionBudget read after its 429, the
 actuator's memory in the state ConfigMap the Deployment names (read, created, patched), the idle-GPU
 reclaim's writes (telling, reclaiming and restoring a workload of each kind, and lifting a busy one's
-idle mark, in the namespace that applied the reclaim template), and giving the Lease up. Each request the fake saw is turned into the (verb, resource, subresource) the API server
-authorizes (GET: get / list / watch, POST: create, PUT: update, PATCH: patch, DELETE: delete /
-deletecollection) and checked against the ClusterRole and Roles bound to the service account, each
-template's Role bound in the namespace that applied it; then every verb granted on every resource must
-have been used.
+idle mark, in the namespace that applied the reclaim template), and giving the Lease up. Each request
+the fake saw is turned into the (verb, resource, subresource) the API server authorizes (GET: get / list
+/ watch, POST: create, PUT: update, PATCH: patch, DELETE: delete / deletecollection) and checked against
+the ClusterRole and Roles bound to the service account, each template's Role bound in the namespace that
+applied it; then every verb granted on every resource must have been used.
 
 The end-to-end tests of the other modules (every test module that uses the fake API server) are also
 run once more with a recorder on the client: each call made from project code (not from a test's own
@@ -164,18 +164,9 @@ class Grant:
                     yield verb, resource, name
 
 
-def checkpoint_template(namespace: str) -> list[dict[str, Any]]:
-    """The checkpoint template as `kubectl -n <namespace> apply -f` creates it."""
-    docs = load_documents(ROOT / CHECKPOINT_RBAC_TEMPLATE)
-    for doc in docs:
-        assert "namespace" not in doc["metadata"], "the template is applied with -n: it names no namespace"
-        doc["metadata"]["namespace"] = namespace
-    return docs
-
-
-def reclaim_template(namespace: str) -> list[dict[str, Any]]:
-    """The reclaim template as `kubectl -n <namespace> apply -f` creates it."""
-    docs = load_documents(ROOT / RECLAIM_RBAC_TEMPLATE)
+def applied_template(template: str, namespace: str) -> list[dict[str, Any]]:
+    """A template (the checkpoint or the reclaim RBAC) as `kubectl -n <namespace> apply -f` creates it."""
+    docs = load_documents(ROOT / template)
     for doc in docs:
         assert "namespace" not in doc["metadata"], "the template is applied with -n: it names no namespace"
         doc["metadata"]["namespace"] = namespace
@@ -194,9 +185,9 @@ def grants(
 
     docs = load_documents(DEPLOY / "rbac.yaml")
     for namespace in checkpoints:
-        docs += checkpoint_template(namespace)
+        docs += applied_template(CHECKPOINT_RBAC_TEMPLATE, namespace)
     for namespace in reclaims:
-        docs += reclaim_template(namespace)
+        docs += applied_template(RECLAIM_RBAC_TEMPLATE, namespace)
     subject = {"kind": "ServiceAccount", "name": service_account, "namespace": NAMESPACE}
     roles = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")): d for d in docs}
     found: list[Grant] = []

@@ -112,6 +112,7 @@ def test_base_snapshot_is_small() -> None:
         "dcgm.om",
         "metrics.prom",
         "snapshot.yaml",
+        "workloads.json",
     }
 
 

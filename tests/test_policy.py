@@ -739,7 +739,7 @@ def test_namespace_priority_example_maps_filters_to_guards() -> None:
 # --------------------------------------------------------------------------- demo cluster
 
 
-def test_demo_policy_is_the_default_plus_the_notebooks_opt_in() -> None:
+def test_demo_policy_is_the_default_plus_the_notebooks_reclaim() -> None:
     default = load_default()
     demo = load_policy(DEMO / "policy.yaml")
     assert demo.policy.model_dump(exclude={"strategies"}) == default.policy.model_dump(exclude={"strategies"})
@@ -747,7 +747,9 @@ def test_demo_policy_is_the_default_plus_the_notebooks_opt_in() -> None:
     for mine, theirs in zip(demo.strategies, default.strategies, strict=True):
         expected = theirs.args.model_dump()
         if mine.name == "idle-gpu":
-            expected["namespaces"] = ("notebooks",)
+            expected["actions"] = (
+                {"action": "reclaim", "namespaces": ("notebooks",), "selector": None, "grace": 4 * 3600},
+            )
         assert mine.args.model_dump() == expected, mine.name
 
 

@@ -174,9 +174,9 @@ class Lifecycle:
             return None, self._finding(evidence, f"owner told at {told}")
         how = self.workload.reclaim
         if how is None:
+            kind = self.workload.key.kind
             return None, self._finding(
-                evidence,
-                f"owner told at {told}; report only: no reclaim frees the GPUs of an idle {self.workload.key.kind}",
+                evidence, f"owner told at {told}; report only: no reclaim frees the GPUs of an idle {kind}"
             )
         due = self.idle_since + timedelta(seconds=rule.grace)
         if self.snapshot.now < due:

@@ -2,18 +2,44 @@
 
 Owns the device arithmetic shared by the placement simulation and the trace replay: a node's devices
 are a list of free milli-GPU (1000 a device); a pod needs `count` distinct devices with `milli` free
-each. It must stay pure.
+each. Also what share of its GPU a MIG instance is (`mig_share`), for idle GPU-hours and their cost.
+It must stay pure.
 """
 
 from __future__ import annotations
 
+import re
+
 from rebalancer.model import MILLI_PER_GPU, Node
 from rebalancer.selectors import parse_int
 
-__all__ = ["GPU_COUNT_LABEL", "best_fit_devices", "devices_for_existing", "gpu_device_count", "has_devices"]
+__all__ = [
+    "GPU_COUNT_LABEL",
+    "best_fit_devices",
+    "devices_for_existing",
+    "gpu_device_count",
+    "has_devices",
+    "mig_share",
+]
 
 # GPU feature discovery's label for the physical devices of a node.
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+
+
+# Compute slices of a MIG-capable GPU, by a part of its model name (NVIDIA's MIG user guide: A30 has
+# 4, A100, H100, H200 and B200 have 7). A profile `<N>g.<memory>` holds N of them.
+_MIG_SLICES = (("A30", 4), ("A100", 7), ("H100", 7), ("H200", 7), ("B200", 7))
+_MIG_PROFILE = re.compile(r"^(\d+)g\.")
+
+
+def mig_share(profile: str, model: str) -> float | None:
+    """The share of its GPU a MIG instance of `profile` (`3g.40gb`) is on `model`; None when the profile
+    or the model does not say."""
+    found = _MIG_PROFILE.match(profile)
+    slices = next((count for part, count in _MIG_SLICES if part in model), None)
+    if found is None or slices is None:
+        return None
+    return min(int(found.group(1)), slices) / slices
 
 
 def gpu_device_count(node: Node) -> int:

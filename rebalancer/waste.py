@@ -41,13 +41,13 @@ the step counts and the cluster view) and renders nothing (`waste_report` does).
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
+from rebalancer.gpu_devices import mig_share
 from rebalancer.model import Pod, Snapshot
 from rebalancer.policy import LabelMapping, TelemetryConfig, format_duration
 from rebalancer.telemetry.exposition import Series
@@ -58,7 +58,6 @@ from rebalancer.workloads import resolve
 
 __all__ = [
     "GONE",
-    "MIG_SLICES_PER_GPU",
     "GroupBy",
     "GroupWaste",
     "Period",
@@ -80,10 +79,6 @@ __all__ = [
 
 # The group of a namespace's pods that the history names but the cluster view does not hold.
 GONE = "(pods no longer in the cluster)"
-# A MIG profile `<N>g.<memory>` holds N of the GPU's compute slices; A100, H100 and H200 have 7.
-MIG_SLICES_PER_GPU = 7
-_SEVEN_SLICE_MODELS = ("A100", "H100", "H200")
-_MIG_PROFILE = re.compile(r"(\d+)g\.")
 
 # The hourly price of one GPU of a `nvidia.com/gpu.product` value (None: the model is unknown).
 PriceOf = Callable[[str | None], float | None]
@@ -235,9 +230,9 @@ def gpu_share(identity: SeriesIdentity) -> tuple[float, str | None]:
     """GPU-equivalents of a series' device, and why it is an approximation (None when it is not)."""
     if identity.mig_instance is None and identity.mig_profile is None:
         return 1.0, None
-    found = _MIG_PROFILE.match(identity.mig_profile or "")
-    if found is not None and any(model in identity.model_name for model in _SEVEN_SLICE_MODELS):
-        return min(int(found.group(1)), MIG_SLICES_PER_GPU) / MIG_SLICES_PER_GPU, None
+    share = mig_share(identity.mig_profile or "", identity.model_name)
+    if share is not None:
+        return share, None
     profile = identity.mig_profile or "no profile label"
     model = identity.model_name or "no model label"
     return 1.0, f"{profile} on {model}"

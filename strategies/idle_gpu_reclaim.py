@@ -23,12 +23,12 @@ This module must stay pure: no I/O, no clock (`snapshot.now`). It applies no gua
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from rebalancer import rfc3339
+from rebalancer.gpu_devices import mig_share
 from rebalancer.model import (
     MIG_RESOURCE_PREFIX,
     Finding,
@@ -46,10 +46,6 @@ from rebalancer.wording import plural
 from rebalancer.workloads import IDLE_SINCE, SNOOZE_UNTIL, Resolved
 from strategies.idle_gpu_evidence import NAME, REPORT, IdleAction, IdleGpuArgs, Verdict, fmt, idle_text
 
-# `nvidia.com/mig-3g.40gb`: 3 of the GPU's 7 compute slices.
-_MIG_SLICES = re.compile(r"^(\d+)g\.")
-_SLICES_PER_GPU = 7
-
 # What each way of reclaiming does, for the reports and the owner's message.
 RECLAIM_WORDS: Mapping[ReclaimHow, str] = {
     "scale": "scaled to 0 replicas",
@@ -59,13 +55,13 @@ RECLAIM_WORDS: Mapping[ReclaimHow, str] = {
 }
 
 
-def gpu_equivalents(pod: Pod) -> float:
-    """GPUs the pod holds: whole devices and shares as they are, a MIG instance as its slices of 7."""
+def gpu_equivalents(pod: Pod, model: str) -> float:
+    """GPUs the pod holds: whole devices and shares as they are, a MIG instance as its share of a GPU of
+    `model` (1 when the profile or the model does not say)."""
     held = pod.gpu.gpus
     for resource, count in pod.requests.items():
         if resource.startswith(MIG_RESOURCE_PREFIX) and count > 0:
-            found = _MIG_SLICES.match(resource.removeprefix(MIG_RESOURCE_PREFIX))
-            held += count * (int(found.group(1)) / _SLICES_PER_GPU if found else 1.0)
+            held += count * (mig_share(resource.removeprefix(MIG_RESOURCE_PREFIX), model) or 1.0)
     return held
 
 
@@ -109,7 +105,7 @@ class Lifecycle:
         self.args = judged.args
         self.verdicts = judged.verdicts
         self._ctx = judged.ctx
-        self.gpus = sum(gpu_equivalents(pod) for pod in holders)
+        self.gpus = sum(gpu_equivalents(pod, self._model(pod)) for pod in holders)
         prices = [self._price(pod) for pod in holders]
         self.cost_per_hour: float | None = (
             None if any(p is None for p in prices) else sum(p or 0.0 for p in prices)
@@ -120,10 +116,14 @@ class Lifecycle:
             self.idle_since = snapshot.now  # a clock ahead of ours: the grace period starts now
         self.snooze_until, self.bad_snooze = _time(annotations, SNOOZE_UNTIL)
 
-    def _price(self, pod: Pod) -> float | None:
+    def _model(self, pod: Pod) -> str:
         node = self.snapshot.nodes.get(pod.node_name or "")
-        per_gpu = self._ctx.price_per_gpu_hour(node.gpu_model if node is not None else None)
-        return None if per_gpu is None else per_gpu * gpu_equivalents(pod)
+        return (node.gpu_model or "") if node is not None else ""
+
+    def _price(self, pod: Pod) -> float | None:
+        model = self._model(pod)
+        per_gpu = self._ctx.price_per_gpu_hour(model or None)
+        return None if per_gpu is None else per_gpu * gpu_equivalents(pod, model)
 
     # ----------------------------------------------------------------- idle
 

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from rebalancer import rfc3339
 from rebalancer.cycle import run_cycle
 from rebalancer.evictor import DryRunEvictor
+from rebalancer.gpu_devices import mig_share
 from rebalancer.model import (
     Controller,
     Finding,
@@ -29,6 +30,7 @@ from rebalancer.registry import StrategyContext
 from rebalancer.report import to_dict
 from rebalancer.workloads import IDLE_SINCE, SNOOZE_UNTIL
 from strategies.idle_gpu import IdleGpuArgs, idle_gpu
+from strategies.idle_gpu_reclaim import gpu_equivalents
 from tests.builders import NOW, controller, gpu_sample, node, pod, snapshot, telemetry
 
 PRICE = 5.10  # per A100-hour in the context below
@@ -341,3 +343,24 @@ def test_an_inference_service_is_told_but_never_promised_or_given_a_reclaim() ->
     )
     assert later.proposals == ()
     assert "no reclaim frees the GPUs of an idle InferenceService" in _only_finding(later).detail
+
+
+@pytest.mark.parametrize(
+    ("profile", "model", "share"),
+    [
+        ("3g.40gb", "NVIDIA-A100-SXM4-80GB", 3 / 7),
+        ("1g.10gb", "NVIDIA-H100-80GB-HBM3", 1 / 7),
+        ("2g.12gb", "NVIDIA-A30", 2 / 4),
+        ("7g.80gb", "NVIDIA-A100-SXM4-80GB", 1.0),
+        ("3g.40gb", "NVIDIA-L4", None),  # no MIG on that model: unknown
+        ("mixed", "NVIDIA-A100-SXM4-80GB", None),
+    ],
+)
+def test_a_mig_instance_is_its_share_of_the_gpu_model(profile: str, model: str, share: float | None) -> None:
+    assert mig_share(profile, model) == (pytest.approx(share) if share is not None else None)
+
+
+def test_a_workload_of_mig_instances_holds_their_slices() -> None:
+    mig = pod("m-0", "gpu-a-1", gpus=0, owner=None, extra={"nvidia.com/mig-3g.40gb": 2})
+    assert gpu_equivalents(mig, "NVIDIA-A100-SXM4-80GB") == pytest.approx(6 / 7)
+    assert gpu_equivalents(mig, "unknown") == 2  # a profile the model does not explain counts whole

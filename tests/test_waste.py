@@ -253,13 +253,14 @@ def test_the_exporters_own_pod_is_charged_to_no_team() -> None:
 def test_mig_instances_count_as_their_slices_where_the_model_says_how_many() -> None:
     mig = {"GPU_I_ID": "1", "GPU_I_PROFILE": "3g.40gb"}
     counted = [
-        steps(12, 12, gpu="a", pod="p", **mig),
-        steps(12, 12, gpu="b", pod="q", model="NVIDIA A30", **mig),
+        steps(12, 12, gpu="a", pod="p", **mig),  # an A100: 3 of its 7 compute slices
+        steps(12, 12, gpu="b", pod="q", model="NVIDIA A30", GPU_I_ID="1", GPU_I_PROFILE="2g.12gb"),  # 2 of 4
+        steps(12, 12, gpu="c", pod="r", model="NVIDIA RTX 6000", **mig),  # slices unknown
     ]
     waste = tally(counted, CFG, window(), threshold_percent=5.0, by=GroupBy("namespace"), price_of=price_of)
     (ml,) = waste.groups
-    assert ml.usage.allocated_gpu_hours == pytest.approx(3 / 7 + 1)
-    assert any("1 MIG series (3g.40gb on NVIDIA A30) counted as one GPU" in n for n in waste.notes)
+    assert ml.usage.allocated_gpu_hours == pytest.approx(3 / 7 + 2 / 4 + 1)
+    assert any("1 MIG series (3g.40gb on NVIDIA RTX 6000) counted as one GPU" in n for n in waste.notes)
 
 
 def test_idle_hours_of_a_model_without_a_price_leave_the_cost_unknown() -> None:

@@ -32,7 +32,9 @@ still checkpointing) is a guard of the planner, which plans with the history thi
 
 It must not plan or re-judge decisions (the planner did), read the clock (every time is the snapshot's
 `now`), write Events (sinks/events.py does), touch taints and annotations other than its own keys, or
-write any object but nodes (its mark), pods (its annotations, evictions) and its own state ConfigMap.
+write any object but nodes (its mark), pods (its annotations, evictions) and its own state ConfigMap;
+an idle workload's own object is written only by the workload actions its KubeEvictor hands to
+rebalancer.reclaim, under the same fence.
 A dry run never reaches it: the dry-run evictor writes nothing.
 """
 

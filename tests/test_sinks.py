@@ -7,13 +7,23 @@ import hmac
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
-from rebalancer.model import CycleReport, Finding, Mode, NodeFacts, OutcomeResult, ReportedDecision, Summary
+from rebalancer.model import (
+    CycleReport,
+    Finding,
+    Mode,
+    NodeFacts,
+    OutcomeResult,
+    ReportedDecision,
+    Summary,
+    WorkloadNotice,
+)
 from rebalancer.policy import SlackSinkConfig, WebhookSinkConfig
 from rebalancer.report import to_dict
 from rebalancer.sinks.log import LogSink
@@ -522,3 +532,34 @@ def test_openmetrics_is_served_when_asked_for() -> None:
     body, content_type = DaemonMetrics().exposition("application/openmetrics-text; version=1.0.0")
     assert content_type.startswith("application/openmetrics-text")
     assert body.rstrip().endswith(b"# EOF")
+
+
+SNOOZE = "kubectl annotate statefulset alice -n notebooks rebalancer.gpu/snooze-until=X --overwrite"
+
+
+def test_slack_tells_owners_of_idle_workloads_with_the_command_to_snooze() -> None:
+    told = WorkloadNotice(
+        workload=("notebooks", "StatefulSet", "alice"),
+        verb="notify",
+        result="notified",
+        message="notebooks/StatefulSet/alice holds 1 GPU idle since 2026-11-29T07:00:00Z, $5.10/h.",
+        snooze_command=SNOOZE,
+    )
+    scaled = WorkloadNotice(
+        workload=("notebooks", "StatefulSet", "bob"),
+        verb="reclaim",
+        result="scaled",
+        message="notebooks/StatefulSet/bob was scaled to 0 replicas. Undo: rebalancer restore nb/StatefulSet/bob",
+        snooze_command=None,
+    )
+    report = replace(make_report("live", decisions=[row("bob-0", "scaled")]), notices=(told, scaled))
+    texts = [
+        b["text"]["text"] for b in build_message(report)["blocks"] if b["type"] == "section" and "text" in b
+    ]
+    [idle] = [t for t in texts if t.startswith("*Idle workloads*")]
+    assert (
+        f"• notebooks/StatefulSet/alice holds 1 GPU idle since 2026-11-29T07:00:00Z, $5.10/h. To keep it: `{SNOOZE}`"
+    ) in idle
+    assert "Undo: rebalancer restore nb/StatefulSet/bob" in idle
+    # A reclaim is reported with the idle workloads, never as a pod that was not evicted.
+    assert not [t for t in texts if t.startswith("*Not evicted*")]

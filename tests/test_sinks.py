@@ -549,7 +549,7 @@ def test_slack_tells_owners_of_idle_workloads_with_the_command_to_snooze() -> No
         workload=("notebooks", "StatefulSet", "bob"),
         verb="reclaim",
         result="scaled",
-        message="notebooks/StatefulSet/bob was scaled to 0 replicas. Undo: rebalancer restore nb/StatefulSet/bob",
+        message="nb/StatefulSet/bob was scaled to 0 replicas. Undo: rebalancer restore nb/StatefulSet/bob",
         snooze_command=None,
     )
     report = replace(make_report("live", decisions=[row("bob-0", "scaled")]), notices=(told, scaled))
@@ -558,7 +558,8 @@ def test_slack_tells_owners_of_idle_workloads_with_the_command_to_snooze() -> No
     ]
     [idle] = [t for t in texts if t.startswith("*Idle workloads*")]
     assert (
-        f"• notebooks/StatefulSet/alice holds 1 GPU idle since 2026-11-29T07:00:00Z, $5.10/h. To keep it: `{SNOOZE}`"
+        "• notebooks/StatefulSet/alice holds 1 GPU idle since 2026-11-29T07:00:00Z, $5.10/h. "
+        f"To keep it: `{SNOOZE}`"
     ) in idle
     assert "Undo: rebalancer restore nb/StatefulSet/bob" in idle
     # A reclaim is reported with the idle workloads, never as a pod that was not evicted.

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Literal, Protocol
 
 from rebalancer import rfc3339
+from rebalancer.cycle_report import CycleReport, NodeFacts, ReportedDecision, Summary, WorkloadNotice
 from rebalancer.evictor import Evictor
 from rebalancer.gcpause import collector_paused
 from rebalancer.guards import CIRCUIT_OPEN as CIRCUIT_OPEN_FINDING
@@ -36,20 +37,15 @@ from rebalancer.history import (
     open_circuits,
 )
 from rebalancer.model import (
-    CycleReport,
     Decision,
     Finding,
     Mode,
-    NodeFacts,
     Outcome,
     Pod,
     Proposal,
-    ReportedDecision,
     SkippedStrategy,
     Snapshot,
     StrategyResult,
-    Summary,
-    WorkloadNotice,
 )
 from rebalancer.planner import plan
 from rebalancer.policy import LoadedPolicy, Policy

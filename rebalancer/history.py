@@ -38,15 +38,8 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from rebalancer import rfc3339
-from rebalancer.model import (
-    NOT_ATTEMPTED,
-    Decision,
-    Outcome,
-    Pod,
-    PredictionCheck,
-    PredictionResult,
-    Snapshot,
-)
+from rebalancer.cycle_report import PredictionCheck
+from rebalancer.model import NOT_ATTEMPTED, Decision, Outcome, Pod, PredictionResult, Snapshot
 from rebalancer.policy import Policy
 from rebalancer.scoring import Prediction
 

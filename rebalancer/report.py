@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from rebalancer.model import PREDICTION_RESULTS, CycleReport, PredictionResult, ReportedDecision
+from rebalancer.cycle_report import CycleReport, ReportedDecision
+from rebalancer.model import PREDICTION_RESULTS, PredictionResult
 
 OutputFormat = Literal["text", "json", "markdown"]
 

@@ -29,17 +29,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from rebalancer import rfc3339
+from rebalancer.cycle_report import WorkloadNotice
 from rebalancer.history import Workload
-from rebalancer.model import (
-    Controller,
-    OutcomeResult,
-    OwnerRef,
-    Pod,
-    ReclaimHow,
-    Snapshot,
-    WorkloadAction,
-    WorkloadNotice,
-)
+from rebalancer.model import Controller, OutcomeResult, OwnerRef, Pod, ReclaimHow, Snapshot, WorkloadAction
 
 __all__ = [
     "ANNOTATION_PREFIX",

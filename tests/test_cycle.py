@@ -8,8 +8,9 @@ from datetime import timedelta
 import pytest
 
 from rebalancer.cycle import assemble_report, evaluate, execute, propose, run_cycle
+from rebalancer.cycle_report import CycleReport
 from rebalancer.evictor import DryRunEvictor
-from rebalancer.model import CycleReport, Decision, Outcome, Snapshot
+from rebalancer.model import Decision, Outcome, Snapshot
 from rebalancer.policy import LoadedPolicy, parse_policy
 from rebalancer.report import render, to_dict
 from tests.builders import A100, H100, NOW, gpu_sample, node, pdb, pod, snapshot, telemetry

@@ -31,9 +31,10 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rebalancer.cycle import run_cycle
+from rebalancer.cycle_report import CycleReport, PredictionCheck
 from rebalancer.evictor import DryRunEvictor
 from rebalancer.guards import PDB
-from rebalancer.model import PREDICTION_RESULTS, CycleReport, OutcomeResult, PredictionCheck
+from rebalancer.model import PREDICTION_RESULTS, OutcomeResult
 from rebalancer.policy import load_policy
 from rebalancer.sinks.metrics import CYCLE_RESULTS, DaemonMetrics
 from rebalancer.sources.files import load_snapshot_dir

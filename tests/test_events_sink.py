@@ -10,8 +10,8 @@ from kubernetes import client
 
 from rebalancer.actuator import ClusterActuator
 from rebalancer.cycle import Sink, run_cycle
+from rebalancer.cycle_report import CycleReport, ReportedDecision, Summary
 from rebalancer.evictor import DryRunEvictor
-from rebalancer.model import CycleReport, ReportedDecision, Summary
 from rebalancer.policy import EvictionConfig, parse_policy
 from rebalancer.sinks.events import EventsSinkError, KubeEventsSink, event_reason
 from rebalancer.sources.kube import KubeSource

@@ -6,9 +6,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 from rebalancer.cycle import run_cycle
+from rebalancer.cycle_report import NodeFacts
 from rebalancer.evictor import DryRunEvictor
 from rebalancer.history import NO_HISTORY, DisruptionHistory, EvictionRecord, Memory, Workload, open_circuits
-from rebalancer.model import Decision, Finding, NodeFacts, Outcome, Proposal
+from rebalancer.model import Decision, Finding, Outcome, Proposal
 from rebalancer.planner import plan
 from rebalancer.policy import parse_policy
 from tests.builders import A100, H100, NOW, gpu_sample, node, pod, snapshot, telemetry

@@ -13,11 +13,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from rebalancer.cycle_report import CycleReport, Summary
 from rebalancer.daemon.args import DEFAULT_LISTEN, DEFAULT_REPORT_LISTEN, add_run_arguments
 from rebalancer.daemon.http import REPORT_PATH, STATUS_PATHS, ServerLimits, StatusServer
 from rebalancer.daemon.loop import DaemonError
 from rebalancer.daemon.wiring import start_status_servers
-from rebalancer.model import CycleReport, Finding, Summary
+from rebalancer.model import Finding
 from rebalancer.sinks.metrics import DaemonMetrics
 from tests.builders import NOW
 

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rebalancer.actuator import ClusterActuator
 from rebalancer.cycle import run_cycle
+from rebalancer.cycle_report import PredictionCheck
 from rebalancer.evictor import DryRunEvictor
 from rebalancer.history import (
     MAX_TIED_KEPT,
@@ -34,7 +35,7 @@ from rebalancer.history import (
     Workload,
     judge_landings,
 )
-from rebalancer.model import Decision, Outcome, OwnerRef, PredictionCheck, Proposal
+from rebalancer.model import Decision, Outcome, OwnerRef, Proposal
 from rebalancer.planner import plan
 from rebalancer.policy import EvictionConfig, parse_policy
 from rebalancer.report import render_text, to_dict

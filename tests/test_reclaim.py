@@ -18,8 +18,9 @@ from kubernetes import client
 from rebalancer import rfc3339
 from rebalancer.cli import main
 from rebalancer.cycle import run_cycle
+from rebalancer.cycle_report import CycleReport
 from rebalancer.evictor import DryRunEvictor, KubeEvictor
-from rebalancer.model import CycleReport, GpuTelemetry, Telemetry
+from rebalancer.model import GpuTelemetry, Telemetry
 from rebalancer.policy import LoadedPolicy, parse_policy
 from rebalancer.reclaim import WorkloadWriter
 from rebalancer.sinks.events import KubeEventsSink

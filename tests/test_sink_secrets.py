@@ -12,8 +12,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import structlog
 
+from rebalancer.cycle_report import CycleReport
 from rebalancer.errors import InputError
-from rebalancer.model import CycleReport, Finding, SkippedStrategy
+from rebalancer.model import Finding, SkippedStrategy
 from rebalancer.policy import (
     PolicyError,
     SlackSinkConfig,

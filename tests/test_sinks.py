@@ -14,16 +14,8 @@ import pytest
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
-from rebalancer.model import (
-    CycleReport,
-    Finding,
-    Mode,
-    NodeFacts,
-    OutcomeResult,
-    ReportedDecision,
-    Summary,
-    WorkloadNotice,
-)
+from rebalancer.cycle_report import CycleReport, NodeFacts, ReportedDecision, Summary, WorkloadNotice
+from rebalancer.model import Finding, Mode, OutcomeResult
 from rebalancer.policy import SlackSinkConfig, WebhookSinkConfig
 from rebalancer.report import to_dict
 from rebalancer.sinks.log import LogSink

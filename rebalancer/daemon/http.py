@@ -27,7 +27,7 @@ from waitress.adjustments import Adjustments  # type: ignore[import-untyped]
 from waitress.server import TcpWSGIServer  # type: ignore[import-untyped]
 from waitress.task import ThreadedTaskDispatcher  # type: ignore[import-untyped]
 
-from rebalancer.model import CycleReport
+from rebalancer.cycle_report import CycleReport
 from rebalancer.redaction import redact_tree
 from rebalancer.report import to_dict
 

@@ -45,6 +45,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from rebalancer.cycle import CycleMemory, Sink, run_cycle
+from rebalancer.cycle_report import CycleReport
 from rebalancer.daemon.clock import utcnow
 from rebalancer.daemon.lease import LeaseElector
 from rebalancer.daemon.reload import PolicyWatcher
@@ -52,7 +53,7 @@ from rebalancer.errors import Problems
 from rebalancer.evictor import DryRunEvictor, Evictor
 from rebalancer.fence import FenceLost, WriteFence
 from rebalancer.history import Memory
-from rebalancer.model import NOT_ATTEMPTED, CycleReport, Decision, Finding, Mode, Outcome, Snapshot
+from rebalancer.model import NOT_ATTEMPTED, Decision, Finding, Mode, Outcome, Snapshot
 from rebalancer.policy import LoadedPolicy, NotifyConfig, format_duration
 from rebalancer.sinks.log import LogSink
 from rebalancer.sinks.metrics import DaemonMetrics

@@ -39,6 +39,7 @@ import structlog
 from kubernetes import client
 
 from rebalancer.actuator import ClusterActuator
+from rebalancer.cycle_report import CycleReport
 from rebalancer.daemon.http import ALL_PATHS, REPORT_PATH, STATUS_PATHS, ServerLimits, Status, StatusServer
 from rebalancer.daemon.lease import LeaseElector
 from rebalancer.daemon.loop import (
@@ -55,7 +56,7 @@ from rebalancer.errors import InputError
 from rebalancer.evictor import REQUESTER, KubeEvictor
 from rebalancer.fence import WriteFence
 from rebalancer.kubeapi import load_api_client
-from rebalancer.model import CycleReport, Snapshot
+from rebalancer.model import Snapshot
 from rebalancer.policy import LoadedPolicy, NotifyConfig, PrometheusConfig, default_policy, format_duration
 from rebalancer.sinks.events import KubeEventsSink
 from rebalancer.sinks.log import configure_logging

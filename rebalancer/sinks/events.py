@@ -34,9 +34,10 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rebalancer.cycle_report import CycleReport, ReportedDecision, WorkloadNotice
 from rebalancer.fence import RequestTimeout
 from rebalancer.kubeapi import describe_transport_error
-from rebalancer.model import CycleReport, OutcomeResult, ReportedDecision, WorkloadNotice
+from rebalancer.model import OutcomeResult
 from rebalancer.redaction import redact
 from rebalancer.workloads import KINDS
 

@@ -23,7 +23,7 @@ from typing import IO, Any, Literal
 
 import structlog
 
-from rebalancer.model import CycleReport
+from rebalancer.cycle_report import CycleReport
 from rebalancer.redaction import redact, redact_tree
 from rebalancer.report import to_dict
 

@@ -42,7 +42,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from rebalancer import __version__
-from rebalancer.model import CycleReport
+from rebalancer.cycle_report import CycleReport
 
 __all__ = [
     "CYCLE_RESULTS",

@@ -37,7 +37,8 @@ import structlog
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from rebalancer.model import CycleReport, Finding
+from rebalancer.cycle_report import CycleReport
+from rebalancer.model import Finding
 from rebalancer.policy import SinkFilters
 
 __all__ = [

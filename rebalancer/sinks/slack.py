@@ -22,7 +22,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from rebalancer.model import CycleReport, Finding, ReportedDecision, WorkloadNotice
+from rebalancer.cycle_report import CycleReport, ReportedDecision, WorkloadNotice
+from rebalancer.model import Finding
 from rebalancer.policy import SlackSinkConfig, plain_http_to_remote_host
 from rebalancer.redaction import redact, redact_tree
 from rebalancer.sinks.notify import Delivery, HttpSink, SinkError, read_secret, selected_findings

@@ -1,0 +1,123 @@
+"""The cycle's report: what every sink publishes, and nothing else.
+
+Owns the frozen types of a finished cycle's report (`CycleReport`: its rows, summary, the facts of
+the nodes it names, the landings judged, the notices to owners of idle workloads). Built by
+`cycle.assemble_report`; rendered by `report`, published by the sinks. Like `model`, it must not do
+I/O, read the clock or know about any client library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from rebalancer.model import Finding, Mode, OutcomeResult, PredictionResult, SkippedStrategy, WorkloadVerb
+
+
+@dataclass(frozen=True, slots=True)
+class ReportedDecision:
+    """One row of the report: one pod, its proposal's verdict and what happened to it."""
+
+    strategy: str
+    namespace: str
+    pod: str
+    node: str | None
+    # `notify` / `reclaim` / `clear`: an approved workload action (`Proposal.action`), not an eviction.
+    action: Literal["evict", "skip", "notify", "reclaim", "clear"]
+    outcome: OutcomeResult | None
+    reason: str
+    blocked_by: str | None
+    group: str | None
+    target_node: str | None
+    uid: str = ""  # the pod's, so an Event on it matches `kubectl describe`
+    # `namespace/Kind/name` of the workload a workload action changes; None for evictions.
+    workload: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    nodes: int
+    gpus: int
+    pods: int
+    proposals: int
+    evictions: int
+    blocked: int
+    nodes_freed: int
+    gpus_freed: int
+    estimated_savings_per_hour: float | None
+    # Idle workloads whose GPUs were given back (or would be, in a dry run), and those GPU-equivalents.
+    reclaims: int = 0
+    gpus_reclaimed: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What a report says of a node it names (freed, or in a finding), for sinks that have no snapshot."""
+
+    gpu_model: str | None
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionCheck:
+    """An evicted pod's predicted destination checked against where its workload's replacement landed
+    (`landed` and `replacement` None while none is placed: `pending`)."""
+
+    strategy: str
+    namespace: str
+    pod: str
+    predicted: str
+    result: PredictionResult
+    landed: str | None = None
+    replacement: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadNotice:
+    """What a workload action did (or would do) to one workload, for its owner: the sinks' message
+    (Slack, webhook, the Event on the workload) and the command that snoozes the next step."""
+
+    workload: tuple[str, str, str]  # (namespace, kind, name)
+    verb: WorkloadVerb
+    result: OutcomeResult
+    message: str
+    snooze_command: str | None
+    uid: str = ""  # the workload's, so the Event on it matches `kubectl describe`
+    gpus: float = 0.0
+    cost_per_hour: float | None = None
+    idle_since: datetime | None = None
+    grace_until: datetime | None = None
+
+    @property
+    def ref(self) -> str:
+        namespace, kind, name = self.workload
+        return f"{namespace}/{kind}/{name}"
+
+    @property
+    def text(self) -> str:
+        """The message with the command to snooze, for sinks that show one string."""
+        return f"{self.message} To keep it: {self.snooze_command}" if self.snooze_command else self.message
+
+
+@dataclass(frozen=True, slots=True)
+class CycleReport:
+    """Everything a cycle did and found: what every sink publishes (they see nothing else)."""
+
+    mode: Mode
+    now: datetime
+    summary: Summary
+    decisions: tuple[ReportedDecision, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    skipped_strategies: tuple[SkippedStrategy, ...] = ()
+    hints: tuple[str, ...] = ()
+    freed_nodes: tuple[str, ...] = ()
+    proposals_by_strategy: Mapping[str, int] = field(default_factory=dict)
+    nodes: Mapping[str, NodeFacts] = field(default_factory=dict)
+    # Evictions of earlier live cycles whose replacement's landing was judged at this cycle's snapshot,
+    # and how many evictions still wait for theirs.
+    predictions: tuple[PredictionCheck, ...] = ()
+    predictions_awaiting: int = 0
+    # Idle workloads whose owners were told, or whose GPUs were reclaimed, this cycle.
+    notices: tuple[WorkloadNotice, ...] = ()

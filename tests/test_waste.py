@@ -18,7 +18,7 @@ import pytest
 from rebalancer.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, main
 from rebalancer.model import OwnerRef, Snapshot
 from rebalancer.policy import TelemetryConfig
-from rebalancer.sources.prometheus import WASTE_LABEL, idle_steps_query
+from rebalancer.sources.prometheus_steps import WASTE_LABEL, idle_steps_query
 from rebalancer.telemetry.exposition import Sample, Series
 from rebalancer.waste import (
     GONE,

@@ -26,7 +26,8 @@ Owns talking to Prometheus (its HTTP API through requests, `prometheus_http`: pr
   with `telemetry.exposition.render_openmetrics`;
 - `PrometheusTelemetrySource.idle_steps(period, threshold)`: for `rebalancer waste`, the covered and idle
   steps of every utilisation series over a whole period (`rebalancer.waste` says what they mean), in
-  one query however many pods there are (`idle_steps_query`): a subquery stepping through the period
+  one query however many pods there are (`prometheus_steps.idle_steps_query`, which also reads the
+  answer): a subquery stepping through the period
   whose inner ranges are the steps themselves, evaluated by Prometheus, so the answer is two numbers
   per series, not its samples.
 
@@ -71,6 +72,7 @@ from rebalancer.sources.prometheus_http import (
     PrometheusHttp,
     bearer_headers,
 )
+from rebalancer.sources.prometheus_steps import idle_steps_query, steps_of
 from rebalancer.telemetry.exposition import Sample, Series
 from rebalancer.telemetry.identity import (
     GroupKey,
@@ -89,15 +91,13 @@ from rebalancer.telemetry.windows import (
     row,
     seconds_to_ms,
 )
-from rebalancer.waste import Period, SeriesSteps, mapped_labels
+from rebalancer.waste import Period, SeriesSteps
 
 __all__ = [
     "RETRY_STATUSES",
-    "WASTE_LABEL",
     "PrometheusError",
     "PrometheusTelemetrySource",
     "Query",
-    "idle_steps_query",
     "query_plan",
 ]
 
@@ -154,37 +154,6 @@ def query_plan(cfg: TelemetryConfig, windows: Iterable[int]) -> tuple[Query, ...
         for metric in dict.fromkeys((util, used, free)):
             add(metric, "newest", window, _newest_expr(metric, window))
     return tuple(plan.values())
-
-
-# The label `idle_steps_query` adds to tell its two answers apart: `covered` and `idle` steps.
-WASTE_LABEL = "rebalancer_waste"
-
-
-def idle_steps_query(cfg: TelemetryConfig, window: Period, threshold_percent: float) -> str:
-    """The one PromQL expression of `idle_steps`, to evaluate at `window.end`.
-
-    Per step `(t - step, t]` (a range one millisecond short of the step: Prometheus 2.x ranges include
-    both ends, and a sample on a step boundary belongs to one step only; on 3.x, whose ranges are
-    left-open, a sample exactly 1 ms after a boundary is missed), each series' mean is `sum_over_time /
-    count_over_time` (exact, where `avg_over_time`'s running mean drifts in the last digits), and
-    series differing only in labels the mapping does not read are one (`max by`). The subquery steps
-    through the period one millisecond short of it, so its first step ends one step after the start;
-    steps are aligned to the epoch, as `window.end` is. `count_over_time` of it counts the steps with a
-    sample, `sum_over_time` of `< bool threshold` the idle ones; `label_replace` tells them apart.
-    """
-    cfg = resolve_preset(cfg)
-    metric = cfg.utilization.name
-    inner = f"[{window.step * 1000 - 1}ms]"
-    mean = f"sum_over_time({metric}{inner}) / count_over_time({metric}{inner})"
-    per_gpu = f"max by ({', '.join(mapped_labels(cfg.labels))}) ({mean})"
-    steps = f"[{window.seconds * 1000 - 1}ms:{window.step}s]"
-    threshold = threshold_percent / cfg.utilization.scale
-    covered = f"count_over_time(({per_gpu}){steps})"
-    idle = f"sum_over_time(({per_gpu} < bool {threshold!r}){steps})"
-    return (
-        f'label_replace({covered}, "{WASTE_LABEL}", "covered", "", "") or '
-        f'label_replace({idle}, "{WASTE_LABEL}", "idle", "", "")'
-    )
 
 
 # --------------------------------------------------------------------------- parsing answers
@@ -565,30 +534,7 @@ class PrometheusTelemetrySource:
         expr = idle_steps_query(self._cfg, window, threshold_percent)
         with self._connect() as client:
             result = client.query(expr, _time_param(window.end))
-        return _steps(_vector(result, expr), expr)
-
-
-def _step_count(raw: float, expr: str) -> int:
-    if not math.isfinite(raw) or raw < 0 or raw != int(raw):
-        raise PrometheusError(f"{expr}: a step count of {raw!r} is not a count")
-    return int(raw)
-
-
-def _steps(vector: Vector, expr: str) -> list[SeriesSteps]:
-    """`idle_steps_query`'s answer: one covered and one idle count per series."""
-    counts: dict[LabelKey, dict[str, int]] = defaultdict(dict)
-    for key, value in vector.items():
-        kind = dict(key).get(WASTE_LABEL)
-        if kind not in ("covered", "idle"):
-            raise PrometheusError(f"{expr}: a series without its {WASTE_LABEL} label: {format_labels(key)}")
-        counts[tuple((k, v) for k, v in key if k != WASTE_LABEL)][kind] = _step_count(value, expr)
-    steps: list[SeriesSteps] = []
-    for key, found in sorted(counts.items()):
-        covered, idle = found.get("covered"), found.get("idle", 0)
-        if covered is None or idle > covered:
-            raise PrometheusError(f"{expr}: {idle} idle of {covered} covered steps for {format_labels(key)}")
-        steps.append(SeriesSteps(labels=dict(key), covered=covered, idle=idle))
-    return steps
+        return steps_of(_vector(result, expr), expr)
 
 
 def _stale_findings(

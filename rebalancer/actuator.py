@@ -53,12 +53,12 @@ from kubernetes.client.exceptions import ApiException
 
 from rebalancer import rfc3339
 from rebalancer.checkpoints import CheckpointRequester
-from rebalancer.evictor import REQUESTER, KubeEvictor
 from rebalancer.fence import UNFENCED, Fence, RequestTimeout, WriteFence
 from rebalancer.guards import (
     CHECKPOINT_PENDING,
 )
 from rebalancer.history import DisruptionHistory, EvictionRecord, Workload, open_circuits
+from rebalancer.kube_evictor import REQUESTER, KubeEvictor
 from rebalancer.kubeapi import (
     Backoff,
 )

@@ -15,45 +15,25 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NoReturn
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from rebalancer import __version__, rfc3339
-from rebalancer.cycle import run_cycle
 from rebalancer.daemon.args import (
     add_live_once_arguments,
     add_run_arguments,
     add_service_account_token_argument,
 )
-from rebalancer.daemon.clock import utcnow
-from rebalancer.daemon.wiring import run_command, run_live_once
 from rebalancer.errors import InputError, Problems
-from rebalancer.evictor import DryRunEvictor
-from rebalancer.kubeapi import KubeConfigError, load_api_client
-from rebalancer.policy import (
-    LoadedPolicy,
-    PolicyError,
-    PrometheusConfig,
-    default_policy,
-    load_policy,
-    parse_duration,
-)
-from rebalancer.reclaim import WorkloadWriter
-from rebalancer.redaction import redact, redact_url
-from rebalancer.registry import all_strategies
-from rebalancer.report import OutputFormat, render
-from rebalancer.simulate import render as render_simulation
-from rebalancer.simulate import run_simulation
+from rebalancer.redaction import redact
 from rebalancer.simulate.command import add_arguments as add_simulate_arguments
-from rebalancer.simulate.command import options_from_args as simulate_options
-from rebalancer.sources.files import SNAPSHOT_FILE, load_snapshot_dir
-from rebalancer.sources.kube import KubeSource, KubeSourceError
-from rebalancer.sources.prometheus import PrometheusError, PrometheusTelemetrySource
-from rebalancer.telemetry.exposition import render_openmetrics
-from rebalancer.telemetry.windows import LOOKBACK_SECONDS
 from rebalancer.waste_command import add_arguments as add_waste_arguments
-from rebalancer.waste_command import run as run_waste
+
+if TYPE_CHECKING:
+    from rebalancer.policy import LoadedPolicy
+
+# Each command imports the edges it uses inside it (the Kubernetes client, the Prometheus HTTP client,
+# the scheduler): `--help`, `validate`, `once --snapshot`, `simulate` and `waste --snapshot` never load
+# what they do not use, and start fast. tests/test_startup.py holds each to it.
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -67,6 +47,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _policy(path: str | None) -> LoadedPolicy:
+    from rebalancer.policy import default_policy, load_policy
+
     return load_policy(path) if path else default_policy()
 
 
@@ -97,12 +79,20 @@ def _refuse_live_flags(args: argparse.Namespace) -> None:
 
 
 def cmd_once(args: argparse.Namespace) -> int:
+    from rebalancer.report import OutputFormat, render
+
     loaded = _policy(args.policy)
     if args.snapshot is None:
+        from rebalancer.daemon.wiring import run_live_once
+
         # One live cycle against the cluster (e.g. as a CronJob): evicts unless dry-run.
         report = run_live_once(args, loaded)
         sys.stdout.write(render(report, args.output))
         return EXIT_OK
+    from rebalancer.cycle import run_cycle
+    from rebalancer.evictor import DryRunEvictor
+    from rebalancer.sources.files import load_snapshot_dir
+
     _refuse_live_flags(args)
     snapshot = load_snapshot_dir(Path(args.snapshot), loaded)
     # A snapshot is a picture of the past: it is always evaluated in dry-run.
@@ -114,10 +104,14 @@ def cmd_once(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`rebalancer run`: the daemon (rebalancer.daemon); exit 0 after SIGTERM / SIGINT."""
+    from rebalancer.daemon.wiring import run_command
+
     return run_command(args)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from rebalancer.policy import PolicyError, load_policy
+
     problems: list[str] = []
     for path in args.policies:
         try:
@@ -132,6 +126,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_strategies(_args: argparse.Namespace) -> int:
+    from rebalancer.registry import all_strategies
+
     for name, spec in all_strategies().items():
         print(f"{name}: {spec.summary}")
         for field_name, field in spec.args_model.model_fields.items():
@@ -147,13 +143,15 @@ def cmd_strategies(_args: argparse.Namespace) -> int:
 # same workloads.
 WORKLOADS_FILE = "workloads.json"
 _CLUSTER_LISTS = (
-    ("nodes.json", "NodeList", "v1", KubeSource.list_nodes),
-    ("pods.json", "PodList", "v1", KubeSource.list_pods),
-    ("pdbs.json", "PodDisruptionBudgetList", "policy/v1", KubeSource.list_pdbs),
+    ("nodes.json", "NodeList", "v1", "list_nodes"),
+    ("pods.json", "PodList", "v1", "list_pods"),
+    ("pdbs.json", "PodDisruptionBudgetList", "policy/v1", "list_pdbs"),
 )
 
 
 def _snapshot_now(text: str | None) -> datetime:
+    from rebalancer.daemon.clock import utcnow
+
     if text is None:
         moment = utcnow()
     else:
@@ -169,11 +167,14 @@ def _capture_cluster(args: argparse.Namespace, loaded: LoadedPolicy, out: Path) 
     """nodes.json / pods.json / pdbs.json as typed Lists, and workloads.json: a List of the controllers
     the GPU pods resolve through (a warning for each kind that could not be read); a warning (or, when
     asked for, an error) if not."""
+    from rebalancer.kubeapi import KubeConfigError, load_api_client
+    from rebalancer.sources.kube import KubeSource, KubeSourceError
+
     explicit = args.kubeconfig is not None or args.context is not None
     try:
         source = KubeSource(load_api_client(args.kubeconfig, args.context), loaded)
         lists: list[tuple[str, dict[str, Any]]] = [
-            (name, {"apiVersion": version, "kind": kind, "items": list(read(source))})
+            (name, {"apiVersion": version, "kind": kind, "items": list(getattr(source, read)())})
             for name, kind, version, read in _CLUSTER_LISTS
         ]
         controllers, unread = source.list_controllers(dict(lists)["pods.json"]["items"])
@@ -195,6 +196,15 @@ def _capture_cluster(args: argparse.Namespace, loaded: LoadedPolicy, out: Path) 
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from rebalancer.policy import PrometheusConfig, parse_duration
+    from rebalancer.redaction import redact_url
+    from rebalancer.sources.files import SNAPSHOT_FILE
+    from rebalancer.sources.prometheus import PrometheusError, PrometheusTelemetrySource
+    from rebalancer.telemetry.exposition import render_openmetrics
+    from rebalancer.telemetry.windows import LOOKBACK_SECONDS
+
     loaded = _policy(args.policy)
     cfg = loaded.policy.telemetry
     if cfg is None:
@@ -244,6 +254,10 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Replay a GPU trace; wall time is measured here, at the edge, around the pure replay."""
+    from rebalancer.simulate import render as render_simulation
+    from rebalancer.simulate import run_simulation
+    from rebalancer.simulate.command import options_from_args as simulate_options
+
     options = simulate_options(args)
     started = time.perf_counter()
     result = run_simulation(options)
@@ -266,6 +280,9 @@ def cmd_restore(args: argparse.Namespace) -> int:
     """Undo reclaims from the record on each workload: replicas back, resumed, started again."""
     if (args.workload is None) == (not args.all_reclaimed):
         raise InputError(["restore: name one NAMESPACE/KIND/NAME, or pass --all-reclaimed (not both)"])
+    from rebalancer.kubeapi import load_api_client
+    from rebalancer.reclaim import WorkloadWriter
+
     writer = WorkloadWriter(load_api_client(args.kubeconfig, args.context), server_dry_run=args.dry_run)
     targets = [args.workload] if args.workload is not None else list(writer.reclaimed(args.namespace))
     if not targets:
@@ -282,6 +299,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 def cmd_waste(args: argparse.Namespace) -> int:
     """`rebalancer waste`: idle GPU-hours and their cost per team over a period (rebalancer.waste)."""
+    from rebalancer.waste_command import run as run_waste
+
     return run_waste(args)
 
 

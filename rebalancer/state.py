@@ -54,7 +54,8 @@ __all__ = [
 
 # Where `rebalancer run` keeps its memory by default: this key of this ConfigMap, in its own namespace
 # (deploy/rbac.yaml grants exactly this name).
-STATE_CONFIGMAP = "gpu-rebalancer-state"
+from rebalancer.daemon.names import STATE_CONFIGMAP
+
 STATE_KEY = "actuator-state.json"
 STATE_VERSION = 2
 # On the state ConfigMap: the leader term (the Lease's leaseTransitions) of the replica that wrote it.

@@ -18,7 +18,9 @@ rendering (`rebalancer.waste_report`):
   read once here).
 
 Bad input (flags, policy, prices file, snapshot) raises `InputError` (exit 2), naming what is wrong and
-where; Prometheus or the cluster failing raises `Problems` (exit 1). It must not count or render.
+where; Prometheus or the cluster failing raises `Problems` (exit 1). It must not count or render. The
+Kubernetes and Prometheus clients are imported only when the live cluster or Prometheus is read: a
+`--snapshot` run loads neither.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from rebalancer import rfc3339, yaml_input
 from rebalancer.daemon.args import add_service_account_token_argument
 from rebalancer.daemon.clock import utcnow
 from rebalancer.errors import InputError, Problems
-from rebalancer.kubeapi import load_api_client
 from rebalancer.model import Snapshot
 from rebalancer.policy import (
     MAX_GPU_PRICE_PER_HOUR,
@@ -51,8 +52,6 @@ from rebalancer.policy import (
 from rebalancer.redaction import redact, redact_url
 from rebalancer.registry import StrategyContext, get_strategy
 from rebalancer.sources.files import load_snapshot_dir
-from rebalancer.sources.kube import KubeSource
-from rebalancer.sources.prometheus import PrometheusError, PrometheusTelemetrySource
 from rebalancer.sources.snapshot_history import snapshot_series
 from rebalancer.waste import (
     GroupBy,
@@ -253,6 +252,9 @@ def _cluster(
         return snapshot
     if not args.by.needs_cluster and args.kubeconfig is None and args.context is None:
         return None
+    from rebalancer.kubeapi import load_api_client
+    from rebalancer.sources.kube import KubeSource
+
     return KubeSource(load_api_client(args.kubeconfig, args.context), loaded).snapshot(now)
 
 
@@ -308,6 +310,8 @@ def run(args: argparse.Namespace) -> int:
         steps = steps_from_samples(series, cfg, window, threshold)
         history = f"snapshot {root}"
     else:
+        from rebalancer.sources.prometheus import PrometheusError, PrometheusTelemetrySource
+
         source = PrometheusTelemetrySource(
             cfg, (), prometheus=conn, allow_service_account_token=args.allow_service_account_token
         )

@@ -15,7 +15,7 @@ from kubernetes import client
 from rebalancer.actuator import DRAIN_TIMEOUT, DRAINING_SINCE_ANNOTATION, ClusterActuator
 from rebalancer.cycle import cycle_id_for, run_cycle
 from rebalancer.daemon.wiring import live_edge
-from rebalancer.evictor import DryRunEvictor, KubeEvictor
+from rebalancer.evictor import DryRunEvictor
 from rebalancer.guards import (
     CHECKPOINT_ANNOTATION,
     CHECKPOINT_DONE_ANNOTATION,
@@ -23,6 +23,7 @@ from rebalancer.guards import (
     EVICTION_REQUESTED_AT_ANNOTATION,
 )
 from rebalancer.history import DisruptionHistory, EvictionRecord, Workload, open_circuits
+from rebalancer.kube_evictor import KubeEvictor
 from rebalancer.model import Decision, Outcome, Pod, Proposal, ProposalKind, Snapshot
 from rebalancer.node_marks import DRAINING_TAINT_KEY, KubeTainter
 from rebalancer.planner import plan

@@ -16,7 +16,7 @@ from kubernetes import client
 from rebalancer.daemon.lease import LeaseElector
 from rebalancer.daemon.loop import Clock, Daemon, DaemonSinks, Leadership, LiveEdge
 from rebalancer.daemon.wiring import kube_snapshot_source
-from rebalancer.evictor import REQUESTED_BY_ANNOTATION, KubeEvictor
+from rebalancer.kube_evictor import REQUESTED_BY_ANNOTATION, KubeEvictor
 from rebalancer.policy import NotifyConfig, parse_policy
 from rebalancer.sinks.notify import Notifier
 from tests.builders import NOW

@@ -11,12 +11,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rebalancer.cycle import run_cycle
-from rebalancer.evictor import (
+from rebalancer.evictor import DryRunEvictor, Evictor
+from rebalancer.kube_evictor import (
     PDB_EXHAUSTED,
     REASON_ANNOTATION,
     REQUESTED_BY_ANNOTATION,
-    DryRunEvictor,
-    Evictor,
     KubeEvictor,
     exponential_backoff,
 )

@@ -22,10 +22,10 @@ from rebalancer.actuator import ClusterActuator
 from rebalancer.daemon.lease import LeaseElector
 from rebalancer.daemon.loop import CUT_SHORT, Clock, Daemon, DaemonSinks, Deadlines, Leadership, LiveEdge
 from rebalancer.daemon.wiring import kube_snapshot_source, lease_fence
-from rebalancer.evictor import READ_BACK_SECONDS, KubeEvictor
 from rebalancer.fence import MIN_WRITE_SECONDS, UNFENCED, FenceLost, WriteFence, clip_timeout
 from rebalancer.guards import CHECKPOINT_ANNOTATION, CHECKPOINT_PENDING
 from rebalancer.history import DisruptionHistory, EvictionRecord, Workload
+from rebalancer.kube_evictor import READ_BACK_SECONDS, KubeEvictor
 from rebalancer.policy import EvictionConfig, parse_policy
 from rebalancer.state import TERM_ANNOTATION, ActuatorState, ConfigMapStateStore
 from tests.builders import NOW

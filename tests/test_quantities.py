@@ -8,7 +8,8 @@ precision as upstream does), and every invalid one is refused.
 from __future__ import annotations
 
 import copy
-from decimal import Decimal
+import random
+from decimal import ROUND_UP, Decimal
 from typing import Any
 
 import pytest
@@ -245,3 +246,32 @@ def test_a_huge_value_is_quoted_cut_short() -> None:
     message = pod_error("cpu", "9" * 5000)
     assert len(message) < 300
     assert "more characters" in message
+
+
+def _fuzzed_quantities(count: int) -> list[str]:
+    rng = random.Random(16)
+    alphabet = "0123456789.+-eEKMGTPEnumki"
+    texts = {"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8))) for _ in range(count)}
+    return sorted(texts | {text for text, _ in UPSTREAM_VALID})
+
+
+def test_values_within_the_grammar_are_the_official_clients() -> None:
+    """The value is computed without the Kubernetes client (a snapshot is read without importing it):
+    for every text the grammar takes, it is what the client's `parse_quantity` computes, rounded as
+    upstream rounds."""
+    from kubernetes.utils import parse_quantity
+
+    compared = 0
+    for text in _fuzzed_quantities(60_000):
+        try:
+            ours = parse_kubernetes_quantity(text)
+        except ValueError:
+            continue
+        theirs: Decimal = parse_quantity(text)  # type: ignore[no-untyped-call]
+        if theirs != 0 and theirs.adjusted() < 19:
+            theirs = theirs.quantize(Decimal("1e-9"), rounding=ROUND_UP)
+        if text.endswith("i") and abs(theirs) > 2**63 - 1:
+            theirs = Decimal(2**63 - 1).copy_sign(theirs)
+        assert ours == theirs, text
+        compared += 1
+    assert compared > 1_000

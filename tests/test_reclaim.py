@@ -19,7 +19,8 @@ from rebalancer import rfc3339
 from rebalancer.cli import main
 from rebalancer.cycle import run_cycle
 from rebalancer.cycle_report import CycleReport
-from rebalancer.evictor import DryRunEvictor, KubeEvictor
+from rebalancer.evictor import DryRunEvictor
+from rebalancer.kube_evictor import KubeEvictor
 from rebalancer.model import GpuTelemetry, Telemetry
 from rebalancer.policy import LoadedPolicy, parse_policy
 from rebalancer.reclaim import WorkloadWriter

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from rebalancer.daemon.lease import DEFAULT_LEASE_NAME
+from rebalancer.daemon.names import DEFAULT_LEASE_NAME, STATE_CONFIGMAP
 from rebalancer.policy import parse_duration
-from rebalancer.state import STATE_CONFIGMAP
 
 __all__ = [
     "DEFAULT_LISTEN",

@@ -33,7 +33,7 @@ from rebalancer.kubeapi import read_or_none, release_unread
 
 __all__ = ["DEFAULT_LEASE_NAME", "LeaseElector"]
 
-DEFAULT_LEASE_NAME = "gpu-rebalancer"
+from rebalancer.daemon.names import DEFAULT_LEASE_NAME
 
 log = structlog.get_logger("rebalancer.daemon")
 

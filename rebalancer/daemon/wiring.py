@@ -53,8 +53,8 @@ from rebalancer.daemon.loop import (
 )
 from rebalancer.daemon.reload import PolicyWatcher
 from rebalancer.errors import InputError
-from rebalancer.evictor import REQUESTER, KubeEvictor
 from rebalancer.fence import WriteFence
+from rebalancer.kube_evictor import REQUESTER, KubeEvictor
 from rebalancer.kubeapi import load_api_client
 from rebalancer.model import Snapshot
 from rebalancer.policy import LoadedPolicy, NotifyConfig, PrometheusConfig, default_policy, format_duration

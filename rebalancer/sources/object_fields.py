@@ -17,8 +17,6 @@ from decimal import ROUND_UP, Decimal
 from functools import lru_cache
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
 from rebalancer import rfc3339
 from rebalancer.gpu_devices import GPU_COUNT_LABEL
 from rebalancer.model import GPU_RESOURCE, MIG_RESOURCE_PREFIX
@@ -205,8 +203,19 @@ def read_metadata(
 # apimachinery's quantity grammar (pkg/api/resource/quantity.go): a signed decimal number, then a binary
 # suffix (Ki..Ei), a decimal suffix (n, u, m, k, M, G, T, P, E) or a decimal exponent (e3, E-9). The
 # official client's `parse_quantity` computes the value but also takes what Python's Decimal takes
-# (NaN, Infinity, `1_000`, `1e3Mi`...), which the API server refuses.
-_QUANTITY = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]*)(?:[KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?")
+# (NaN, Infinity, `1_000`, `1e3Mi`...), which the API server refuses. The value is computed here, within
+# the grammar, as that function computes it (the number times base ** exponent in Decimal arithmetic), so
+# reading a snapshot does not import the Kubernetes client.
+_QUANTITY = re.compile(
+    r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]*))"
+    r"(?:(?P<suffix>[KMGTPE]i|[numkMGTPE])|(?P<exponent>[eE][+-]?[0-9]+))?"
+)
+# suffix -> (base, power): quantity.go's binary (Ki = 1024) and decimal (k = 1000, m = 1/1000) suffixes.
+_SUFFIX_POWERS: dict[str, tuple[int, int]] = {
+    **{f"{prefix}i": (1024, power) for power, prefix in enumerate("KMGTPE", start=1)},
+    **{prefix: (1000, power) for power, prefix in enumerate("num", start=-3)},
+    **{prefix: (1000, power) for power, prefix in enumerate("kMGTPE", start=1)},
+}
 _NANO = Decimal("1e-9")
 _MAX_INT64 = 2**63 - 1
 # Extended resources whose amounts are GPU devices (or MIG instances): a node or pod with more than this
@@ -222,10 +231,14 @@ def parse_kubernetes_quantity(text: str) -> Decimal:
     Non-zero values are rounded up to a whole nano (upstream's precision), binary quantities are capped
     at the int64 maximum as upstream caps them. Raises ValueError for anything outside the grammar.
     """
-    if len(text) > 200 or not _QUANTITY.fullmatch(text):
+    match = _QUANTITY.fullmatch(text) if len(text) <= 200 else None
+    if match is None:
         raise ValueError(f"invalid quantity {quote_value(text)}")
     try:
-        amount: Decimal = parse_quantity(text)  # type: ignore[no-untyped-call]
+        amount = Decimal(match["number"] + (match["exponent"] or ""))
+        if suffix := match["suffix"]:
+            base, exponent = _SUFFIX_POWERS[suffix]
+            amount = amount * (base ** Decimal(exponent))
     except (ValueError, ArithmeticError):
         raise ValueError(f"invalid quantity {quote_value(text)}") from None
     if amount != 0:

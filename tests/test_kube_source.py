@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
@@ -550,3 +551,44 @@ def test_list_controllers_gives_the_objects_for_a_snapshot_directory(
     ]
     assert all(o["apiVersion"] for o in objects)  # items of typed Lists get theirs back
     assert len(objects) == len(source.snapshot(NOW).controllers)
+
+
+class _CollectorWatch(KubeSource):
+    """Records whether the cyclic collector runs while the nodes are listed."""
+
+    collector_ran: list[bool]
+
+    def list_nodes(self) -> list[Mapping[str, Any]]:
+        self.collector_ran.append(gc.isenabled())
+        return super().list_nodes()
+
+
+def test_the_collector_is_paused_across_the_whole_snapshot(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    """Lists, model and the telemetry queries all run with the collector paused; it runs again after."""
+    _cluster(api)
+    during_telemetry: list[bool] = []
+
+    def provider(now: datetime, pods: Mapping[tuple[str, str], Pod]) -> Telemetry:
+        during_telemetry.append(gc.isenabled())
+        return NO_TELEMETRY
+
+    source = _CollectorWatch(api_client, LOADED, telemetry=provider, sleep=lambda seconds: None)
+    source.collector_ran = []
+    assert gc.isenabled()
+    source.snapshot(NOW)
+    assert (source.collector_ran, during_telemetry) == ([False], [False])
+    assert gc.isenabled()
+
+
+def test_the_collector_runs_again_after_a_failed_snapshot(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    api.inject("/api/v1/nodes", status=403, times=None, message="nodes is forbidden")
+    source = _CollectorWatch(api_client, LOADED, sleep=lambda seconds: None)
+    source.collector_ran = []
+    with pytest.raises(KubeSourceError):
+        source.snapshot(NOW)
+    assert source.collector_ran == [False]
+    assert gc.isenabled()

@@ -47,6 +47,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rebalancer.errors import Problems
 from rebalancer.fence import RequestTimeout
+from rebalancer.gcpause import collector_paused
 from rebalancer.history import Workload
 from rebalancer.kubeapi import Backoff, describe_error, exponential_backoff, load_api_client, with_retries
 from rebalancer.model import NO_TELEMETRY, Controller, Finding, Node, Pdb, Pod, Snapshot, Telemetry
@@ -144,7 +145,15 @@ class KubeSource:
 
     def snapshot(self, now: datetime, telemetry: Telemetry | TelemetryProvider | None = None) -> Snapshot:
         """List nodes, pods, PDBs and the GPU pods' controllers and assemble them with `telemetry` (or the
-        one given at construction)."""
+        one given at construction).
+
+        The cyclic collector is paused for the whole of it, the Prometheus queries included
+        (rebalancer.gcpause): decoded pages, model objects and telemetry rows are not garbage until the
+        snapshot is built, and full collections over them would cost more than building it."""
+        with collector_paused():
+            return self._snapshot(now, telemetry)
+
+    def _snapshot(self, now: datetime, telemetry: Telemetry | TelemetryProvider | None) -> Snapshot:
         raw_nodes = self.list_nodes()
         raw_pods = self.list_pods()
         raw_pdbs = self.list_pdbs()

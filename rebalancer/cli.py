@@ -249,6 +249,38 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         raise InputError([f"snapshot: cannot write {out}: {exc.strerror or exc}"]) from None
     samples = sum(len(one.samples) for one in series)
     print(f"wrote {out}: {len(series)} series, {samples} samples over {span}s before {stamp}")
+    if loaded.telemetry_windows():
+        _write_aggregates(out, loaded, "snapshot")
+    return EXIT_OK
+
+
+def _write_aggregates(root: Path, loaded: LoadedPolicy, command: str) -> None:
+    """telemetry-windows.json in `root`: the rows of the policy's windows, from the raw history there."""
+    from rebalancer.sources.files import aggregate_snapshot_dir
+    from rebalancer.sources.telemetry_aggregates import AGGREGATES_FILE, write_aggregates
+
+    aggregates = aggregate_snapshot_dir(root, loaded)
+    target = root / AGGREGATES_FILE
+    try:
+        write_aggregates(target, aggregates)
+    except OSError as exc:
+        raise InputError([f"{command}: cannot write {target}: {exc.strerror or exc}"]) from None
+    rows = sum(len(window.gpus) for window in aggregates.windows.values())
+    seconds = ", ".join(f"{s}s" for s in sorted(aggregates.windows))
+    stamp = rfc3339.format_utc(aggregates.now, "milliseconds")
+    print(f"wrote {target}: {rows} rows for windows {seconds} at {stamp}")
+
+
+def cmd_aggregate(args: argparse.Namespace) -> int:
+    """`rebalancer aggregate`: telemetry-windows.json from a snapshot directory's raw history."""
+    loaded = _policy(args.policy)
+    if loaded.policy.telemetry is None:
+        raise InputError(["aggregate: telemetry is disabled in the policy (telemetry: null)"])
+    if not loaded.telemetry_windows():
+        raise InputError(
+            ["aggregate: no strategy of the policy reads telemetry windows: nothing to aggregate"]
+        )
+    _write_aggregates(Path(args.snapshot), loaded, "aggregate")
     return EXIT_OK
 
 
@@ -344,6 +376,16 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot.add_argument("--context", help="kubeconfig context")
     snapshot.add_argument("--telemetry-only", action="store_true", help="do not capture cluster objects")
     snapshot.set_defaults(func=cmd_snapshot)
+
+    aggregate = sub.add_parser(
+        "aggregate",
+        help="write a snapshot's telemetry-windows.json (the cycle's telemetry rows) from its raw history",
+    )
+    aggregate.add_argument("--snapshot", metavar="DIR", required=True, help="the snapshot directory")
+    aggregate.add_argument(
+        "--policy", metavar="FILE", help="the policy whose windows and telemetry mapping to use"
+    )
+    aggregate.set_defaults(func=cmd_aggregate)
 
     restore = sub.add_parser(
         "restore", help="undo an idle-GPU reclaim (replicas back, resumed, started) from its annotations"

@@ -32,6 +32,7 @@ from rebalancer.policy import (
     LoadedPolicy,
     PrometheusConfig,
     TelemetryConfig,
+    load_policy,
     parse_policy,
 )
 from rebalancer.registry import StrategyArgs, StrategyContext
@@ -586,6 +587,7 @@ def test_snapshot_command_replays_to_the_same_telemetry(
         "pdbs.json",
         "pods.json",
         "snapshot.yaml",
+        "telemetry-windows.json",
         "telemetry.om",
         "workloads.json",
     ]
@@ -613,6 +615,15 @@ def test_snapshot_command_replays_to_the_same_telemetry(
     assert len(replayed.controllers) == 2
     idle = resolve(replayed)[("ml", "idle-0")]
     assert idle.controller is not None and idle.controller.annotations == {IDLE_SINCE: "2026-11-29T07:00:00Z"}
+
+    # ... and with the policy it was taken with, the rows it carries are those of its raw history.
+    from_rows = load_snapshot_dir(out, load_policy(policy))
+    (out / "telemetry-windows.json").rename(tmp_path / "rows.json")
+    from_raw = load_snapshot_dir(out, load_policy(policy))
+    (tmp_path / "rows.json").rename(out / "telemetry-windows.json")
+    assert "telemetry-aggregates-unused" not in {f.kind for f in from_rows.findings}
+    assert (from_rows.telemetry, from_rows.findings) == (from_raw.telemetry, from_raw.findings)
+    assert from_rows.telemetry.window(3600) is not None
 
     # ... and `rebalancer once --snapshot` replays it.
     assert main(["once", "--snapshot", str(out), "--policy", str(policy), "--output", "json"]) == 0
@@ -677,7 +688,11 @@ def test_snapshot_without_a_cluster_writes_telemetry_and_warns(
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "cluster objects not captured" in captured.err
-    assert sorted(p.name for p in out.iterdir()) == ["snapshot.yaml", "telemetry.om"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "snapshot.yaml",
+        "telemetry-windows.json",
+        "telemetry.om",
+    ]
 
 
 def test_snapshot_with_prometheus_down_fails_cleanly(

@@ -16,6 +16,11 @@ is `snapshot_layout`'s):
   file must be OpenMetrics, ending with `# EOF`), aggregated for the policy's telemetry windows;
 - the optional `snapshot.yaml` with `now: <RFC 3339 with timezone>`; without it `now` is the newest
   sample timestamp;
+- the optional top-level `telemetry-windows.json` (rebalancer.sources.telemetry_aggregates): the
+  window aggregates themselves. When they fit the policy and the snapshot's `now` the raw history is
+  not read; when they do not, it is, and a `telemetry-aggregates-unused` finding (and a warning in the
+  log) says why. A malformed file is a SnapshotError naming file and field. `aggregate_snapshot_dir`
+  computes them from the raw history for `rebalancer aggregate` and `rebalancer snapshot`;
 - any other file is listed in an `unread-files` finding.
 
 Large files are read as streams: a JSON `List` of 64 MiB or more item by item (msgspec, from the
@@ -32,6 +37,7 @@ write anything: object translation lives in `kube_objects`, telemetry maths in `
 from __future__ import annotations
 
 import json
+import logging
 import mmap
 import re
 import zlib
@@ -49,7 +55,7 @@ from rebalancer import rfc3339, yaml_input
 from rebalancer.errors import InputError
 from rebalancer.gcpause import collector_paused
 from rebalancer.model import Controller, Finding, Node, Pdb, Pod, Snapshot, Telemetry
-from rebalancer.policy import LoadedPolicy
+from rebalancer.policy import LoadedPolicy, TelemetryConfig
 from rebalancer.sources.kube_objects import (
     controller_from_json,
     node_from_json,
@@ -59,15 +65,33 @@ from rebalancer.sources.kube_objects import (
 )
 from rebalancer.sources.object_fields import ObjectError, object_ref
 from rebalancer.sources.snapshot_layout import SnapshotFile, UnreadableFile, read_problem, walk
+from rebalancer.sources.telemetry_aggregates import (
+    AGGREGATES_FILE,
+    Aggregates,
+    aggregates_of,
+    mismatch,
+    read_aggregates,
+)
 from rebalancer.telemetry.exposition import ExpositionError, Series, parse_exposition_lines
 from rebalancer.telemetry.identity import telemetry_metrics
 from rebalancer.telemetry.windows import aggregate, unknown_node_findings
 from rebalancer.wording import clip, plural, quoted
 from rebalancer.workloads import KINDS
 
-__all__ = ["METRIC_SUFFIXES", "OBJECT_SUFFIXES", "SNAPSHOT_FILE", "SnapshotError", "load_snapshot_dir"]
+__all__ = [
+    "AGGREGATES_UNUSED",
+    "METRIC_SUFFIXES",
+    "OBJECT_SUFFIXES",
+    "SNAPSHOT_FILE",
+    "SnapshotError",
+    "aggregate_snapshot_dir",
+    "load_snapshot_dir",
+]
 
 SNAPSHOT_FILE = "snapshot.yaml"
+# The finding when a snapshot's telemetry-windows.json does not fit the policy or the snapshot.
+AGGREGATES_UNUSED = "telemetry-aggregates-unused"
+log = logging.getLogger(__name__)
 OBJECT_SUFFIXES = (".json", ".yaml", ".yml")
 METRIC_SUFFIXES = (".prom", ".om")
 USED_KINDS = ("Node", "Pod", "PodDisruptionBudget", *KINDS)
@@ -411,12 +435,30 @@ def _newest_sample(series: Sequence[Series]) -> datetime | None:
 
 
 def load_snapshot_dir(path: str | Path, loaded: LoadedPolicy) -> Snapshot:
-    """Read a snapshot directory into a Snapshot. Raises SnapshotError (never a traceback) when unusable."""
+    """Read a snapshot directory into a Snapshot. Raises SnapshotError (never a traceback) when unusable.
+
+    Telemetry comes from the directory's `telemetry-windows.json` when it fits the policy and the
+    snapshot's `now` (rebalancer.sources.telemetry_aggregates), else from its raw history."""
     with collector_paused():
-        return _load_snapshot_dir(Path(path), loaded)
+        return _load_snapshot_dir(Path(path), loaded, use_aggregates=True)[0]
 
 
-def _load_snapshot_dir(root: Path, loaded: LoadedPolicy) -> Snapshot:
+def aggregate_snapshot_dir(path: str | Path, loaded: LoadedPolicy) -> Aggregates:
+    """The telemetry rows of a snapshot directory computed from its raw history for the policy's windows
+    (an existing `telemetry-windows.json` is not read). Raises SnapshotError when the directory is
+    unusable or holds no DCGM history."""
+    root = Path(path)
+    with collector_paused():
+        _snapshot, computed = _load_snapshot_dir(root, loaded, use_aggregates=False)
+    if computed is None:
+        raise SnapshotError([f"{root}: no telemetry to aggregate: {_snapshot.telemetry.problem}"])
+    return computed
+
+
+def _load_snapshot_dir(
+    root: Path, loaded: LoadedPolicy, *, use_aggregates: bool
+) -> tuple[Snapshot, Aggregates | None]:
+    """The snapshot, and the aggregates computed from raw history when that is where telemetry came from."""
     if not root.exists():
         raise SnapshotError([f"{root}: snapshot directory does not exist"])
     if not root.is_dir():
@@ -429,24 +471,35 @@ def _load_snapshot_dir(root: Path, loaded: LoadedPolicy) -> Snapshot:
     now: datetime | None = None
     cfg = loaded.policy.telemetry
     wanted = telemetry_metrics(cfg) if cfg is not None else None
-    series: list[Series] = []
-    metric_files = 0
+    metric_files: list[SnapshotFile] = []
+    aggregates_file: SnapshotFile | None = None
     unread: list[str] = []
     try:
         for file in walk(root, out.problems):
             suffix = file.suffix
-            if file.inner_name == SNAPSHOT_FILE and file.relative == file.path.name:
+            top_level = file.relative == file.path.name
+            if file.inner_name == SNAPSHOT_FILE and top_level:
                 now = _parse_now(file, out.problems)
+            elif file.inner_name == AGGREGATES_FILE and top_level:
+                aggregates_file = file
             elif suffix in OBJECT_SUFFIXES:
                 _read_objects(file, loaded, out)
             elif suffix in METRIC_SUFFIXES:
-                metric_files += 1
-                series.extend(_read_exposition(file, wanted, out.problems))
+                metric_files.append(file)
             else:
                 unread.append(file.relative)
     except OSError as exc:
         raise SnapshotError([f"{root}: cannot read directory: {exc.strerror or exc}"]) from None
 
+    held: Aggregates | None = None
+    if aggregates_file is not None and use_aggregates and cfg is not None:
+        held = _read_aggregates(aggregates_file, out.problems)
+    # The raw history is read unless the aggregates stand in for it (they need the snapshot's `now`).
+    series: list[Series] = []
+    raw_read = held is None or now is None
+    if raw_read:
+        for file in metric_files:
+            series.extend(_read_exposition(file, wanted, out.problems))
     if now is None and not out.problems:
         now = _newest_sample(series)
         if now is None:
@@ -479,19 +532,40 @@ def _load_snapshot_dir(root: Path, loaded: LoadedPolicy) -> Snapshot:
     pods, unbound = split_unbound(out.pods.values(), out.nodes, missing_from="the snapshot")
     findings.extend(unbound)
 
+    computed: Aggregates | None = None
+    windows = loaded.telemetry_windows()
+    unused = None
+    if held is not None and cfg is not None:
+        unused = (
+            f"{SNAPSHOT_FILE} gives no `now`"
+            if raw_read
+            else mismatch(held, now=now, windows=windows, cfg=cfg, pods=pods)
+        )
     if cfg is None:
         telemetry = Telemetry(available=False, problem="telemetry disabled by policy")
-    elif not series:
-        where = f"{metric_files} metric files" if metric_files else "no .prom / .om files"
-        telemetry = Telemetry(
-            available=False,
-            problem=f"no DCGM series in snapshot (looked for {', '.join(wanted or ())}: {where})",
-        )
+    elif held is not None and unused is None:
+        log.info("%s: telemetry from %s (raw history not read)", root, AGGREGATES_FILE)
+        telemetry = held.telemetry_for(windows)
+        findings.extend(held.findings)
+        findings.extend(unknown_node_findings(telemetry, out.nodes))
     else:
-        telemetry, telemetry_findings = aggregate(
-            _handed_over(series), cfg, loaded.telemetry_windows(), now, {p.key: p for p in pods}
+        if unused is not None:
+            log.warning("%s: %s not used: %s; telemetry from the raw history", root, AGGREGATES_FILE, unused)
+            findings.append(
+                Finding(
+                    kind=AGGREGATES_UNUSED,
+                    detail=f"{AGGREGATES_FILE} not used: {unused}; telemetry from the raw history",
+                )
+            )
+        if not raw_read:
+            for file in metric_files:
+                series.extend(_read_exposition(file, wanted, out.problems))
+            if out.problems:
+                raise SnapshotError(out.problems)
+        telemetry, raw_findings, computed = _raw_telemetry(
+            series, metric_files, cfg, windows=windows, now=now, pods=pods
         )
-        findings.extend(telemetry_findings)
+        findings.extend(raw_findings)
         findings.extend(unknown_node_findings(telemetry, out.nodes))
 
     return Snapshot(
@@ -502,4 +576,37 @@ def _load_snapshot_dir(root: Path, loaded: LoadedPolicy) -> Snapshot:
         telemetry=telemetry,
         findings=tuple(findings),
         controllers=out.controllers,
-    )
+    ), computed
+
+
+def _read_aggregates(file: SnapshotFile, problems: list[str]) -> Aggregates | None:
+    try:
+        with file.open_bytes() as handle:
+            data = handle.read()
+        return read_aggregates(file.path, data)
+    except InputError as exc:
+        problems.extend(exc.problems)
+    except (OSError, EOFError, zlib.error) as exc:
+        problems.append(read_problem(file.path, exc))
+    return None
+
+
+def _raw_telemetry(
+    series: list[Series],
+    metric_files: Sequence[SnapshotFile],
+    cfg: TelemetryConfig,
+    *,
+    windows: frozenset[int],
+    now: datetime,
+    pods: Sequence[Pod],
+) -> tuple[Telemetry, tuple[Finding, ...], Aggregates | None]:
+    """Telemetry aggregated from the raw history, and the same as the rows a snapshot may carry."""
+    if not series:
+        wanted = telemetry_metrics(cfg)
+        where = f"{len(metric_files)} metric files" if metric_files else "no .prom / .om files"
+        problem = f"no DCGM series in snapshot (looked for {', '.join(wanted)}: {where})"
+        return Telemetry(available=False, problem=problem), (), None
+    telemetry, findings = aggregate(_handed_over(series), cfg, windows, now, {p.key: p for p in pods})
+    if not telemetry.available:
+        return telemetry, findings, None
+    return telemetry, findings, aggregates_of(telemetry, findings, now=now, cfg=cfg, pods=pods)

@@ -4,7 +4,8 @@ Owns the directory walk of DESIGN §4: every file under the directory, subdirect
 layout of `kubectl cluster-info dump --all-namespaces --output-directory=DIR` is a snapshot), hidden
 files and directories skipped, symbolic links to directories not followed. A file is known by its name
 without a trailing `.gz` (read through gzip): `.json` / `.yaml` / `.yml` hold objects, `.prom` / `.om`
-expositions, and the top-level `snapshot.yaml` the instant. Everything else is listed as not read.
+expositions, the top-level `snapshot.yaml` the instant and the top-level `telemetry-windows.json` the
+telemetry aggregates (rebalancer.sources.telemetry_aggregates). Everything else is listed as not read.
 
 Opening a file turns every way it cannot be read (missing, a broken gzip stream, text that is not UTF-8,
 more than `MAX_TEXT_BYTES` once decompressed) into one message naming it. It must not parse anything.

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Start-up benchmark: how long the offline commands take, whole, as a user runs them.
+
+Each command runs as a subprocess, `--repeat` times; the table shows the median wall time and the
+median CPU time of the child (user + system, from wait4), so that a machine shared with other work
+shows in the gap between them. The commands:
+
+- `rebalancer --help` and `rebalancer validate` on the demo policy (imports and argument parsing);
+- `make demo`'s command, `rebalancer once --snapshot examples/demo-cluster` with its policy: the demo
+  carries `telemetry-windows.json`, and the same directory without it (raw history only) is timed too;
+- with `--nodes N` (bench/scale.py's synthetic cluster, written under bench/out/ if missing): `once
+  --snapshot` on it with aggregates (written by `rebalancer aggregate` once, not timed), and with
+  `--raw` also on its raw history alone (minutes at 5,000 nodes).
+
+`--baseline DIR` runs the same commands against another checkout of the project (e.g. `git archive
+main | tar -x -C DIR`), in the same run, so before and after share the machine's load; the baseline
+reads the same snapshot directories (an older checkout ignores `telemetry-windows.json`, or lists it
+as not read).
+
+    python bench/startup.py [--repeat 7] [--nodes 5000] [--raw] [--baseline DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(ROOT))
+
+from bench import scale  # noqa: E402
+
+DEMO = ROOT / "examples" / "demo-cluster"
+DEMO_POLICY = DEMO / "policy.yaml"
+AGGREGATES = "telemetry-windows.json"
+# The goals of issue 16's "start fast" (bench/README.md).
+GOALS = {"--help": 0.3, "once --snapshot demo": 1.5, "once --snapshot 5,000 nodes, aggregates": 5.0}
+
+
+@dataclass(frozen=True)
+class Timing:
+    wall: float
+    cpu: float
+
+
+def run(root: Path, argv: Sequence[str]) -> Timing:
+    """`python -m rebalancer ARGV` with `root` first on the path: wall and the child's CPU seconds."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        child = subprocess.Popen(
+            [sys.executable, "-m", "rebalancer", *argv], stdout=out, stderr=err, cwd=root, env=env
+        )
+        _pid, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - start
+        if os.waitstatus_to_exitcode(status) != 0:
+            err.seek(0)
+            raise SystemExit(f"{' '.join(argv)} failed in {root}: {err.read().decode()[-2000:]}")
+    return Timing(wall, usage.ru_utime + usage.ru_stime)
+
+
+def median(timings: Sequence[Timing]) -> Timing:
+    return Timing(statistics.median(t.wall for t in timings), statistics.median(t.cpu for t in timings))
+
+
+def raw_copy(source: Path, target: Path) -> Path:
+    if not target.exists():
+        shutil.copytree(source, target, ignore=shutil.ignore_patterns(AGGREGATES))
+    return target
+
+
+def scale_dir(nodes: int) -> Path:
+    """bench/scale.py's cluster of `nodes` nodes, with its aggregates for the scale policy."""
+    directory = scale.OUT / f"scale-{nodes}-seed1"
+    scale.generate(directory, nodes, 1, 180, 3600)
+    if not (directory / AGGREGATES).exists():
+        started = time.perf_counter()
+        run(ROOT, ["aggregate", "--snapshot", str(directory), "--policy", str(scale.POLICY)])
+        print(f"{directory}: aggregated in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return directory
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Time the offline commands from start to exit.")
+    parser.add_argument("--repeat", type=int, default=7, help="runs per command; the table shows medians")
+    parser.add_argument("--nodes", type=int, help="also time bench/scale.py's cluster of this many nodes")
+    parser.add_argument("--raw", action="store_true", help="with --nodes: also time its raw history alone")
+    parser.add_argument("--baseline", type=Path, help="another checkout to time the same commands with")
+    args = parser.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="startup-bench-"))
+    try:
+        commands: list[tuple[str, list[str]]] = [
+            ("--help", ["--help"]),
+            ("validate", ["validate", str(DEMO_POLICY)]),
+            ("once --snapshot demo", ["once", "--snapshot", str(DEMO), "--policy", str(DEMO_POLICY)]),
+            (
+                "once --snapshot demo, raw history only",
+                ["once", "--snapshot", str(raw_copy(DEMO, work / "demo-raw")), "--policy", str(DEMO_POLICY)],
+            ),
+        ]
+        if args.nodes:
+            directory = scale_dir(args.nodes)
+            once = ["once", "--snapshot", str(directory), "--policy", str(scale.POLICY), "--output", "json"]
+            commands.append((f"once --snapshot {args.nodes:,} nodes, aggregates", once))
+            if args.raw:
+                raw = raw_copy(directory, work / "scale-raw")
+                commands.append(
+                    (
+                        f"once --snapshot {args.nodes:,} nodes, raw history",
+                        ["once", "--snapshot", str(raw), "--policy", str(scale.POLICY), "--output", "json"],
+                    )
+                )
+        roots = [("this tree", ROOT)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
+        rows: list[list[str]] = []
+        ok = True
+        for label, command in commands:
+            cells = [label]
+            for _name, root in roots:
+                timings = [run(root, command) for _ in range(args.repeat)]
+                result = median(timings)
+                cells.append(f"{result.wall:.2f} s wall, {result.cpu:.2f} s CPU")
+                if root == ROOT:
+                    goal = GOALS.get(label.replace(f"{args.nodes or 0:,} nodes", "5,000 nodes"))
+                    # On a machine shared with other work the CPU time is the honest measure.
+                    met = goal is None or result.cpu <= goal
+                    ok = ok and met
+                    cells.append("" if goal is None else f"<= {goal} s: {'met' if met else 'MISSED'}")
+            rows.append(cells)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    headers = ["command", *(f"{name} (median of {args.repeat})" for name, _ in roots)]
+    headers.insert(2, "goal")
+    print("| " + " | ".join(headers) + " |")
+    print("|" + "---|" * len(headers))
+    for cells in rows:
+        print("| " + " | ".join(cells) + " |")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -250,7 +250,13 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     samples = sum(len(one.samples) for one in series)
     print(f"wrote {out}: {len(series)} series, {samples} samples over {span}s before {stamp}")
     if loaded.telemetry_windows():
-        _write_aggregates(out, loaded, "snapshot")
+        from rebalancer.sources.files import SnapshotError
+
+        try:
+            _write_aggregates(out, loaded, "snapshot")
+        except SnapshotError as exc:  # no usable DCGM series: the raw history is the whole snapshot
+            for problem in exc.problems:
+                print(f"rebalancer: warning: telemetry aggregates not written: {problem}", file=sys.stderr)
     return EXIT_OK
 
 

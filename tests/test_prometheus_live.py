@@ -706,3 +706,23 @@ def test_snapshot_with_prometheus_down_fails_cleanly(
     assert code == 1
     assert "cannot connect" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_snapshot_without_dcgm_series_writes_no_aggregates_and_warns(
+    dcgm_server: PrometheusServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    names = {role: {"name": f"NO_SUCH_{role.upper()}"} for role in ("utilization", "fb_used", "fb_free")}
+    policy.write_text(yaml.safe_dump({"telemetry": names}))
+    out = tmp_path / "snap"
+    code = main(
+        [
+            "snapshot", "--out", str(out), "--policy", str(policy), "--prometheus-url", dcgm_server.url,
+            "--telemetry-only", "--now", NOW.isoformat(),
+        ]
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "rebalancer: warning: telemetry aggregates not written: " in captured.err
+    assert "no DCGM series" in captured.err
+    assert sorted(p.name for p in out.iterdir()) == ["snapshot.yaml", "telemetry.om"]

@@ -4,9 +4,9 @@ The protocol it implements and the dry-run evictor are rebalancer.evictor's (whi
 Kubernetes client); this module is imported only where a live cluster is written.
 
 `KubeEvictor` POSTs a policy/v1 Eviction per pod with `deleteOptions.preconditions.uid` (a re-created
-  pod of the same name is never evicted), an optional grace period, and `rebalancer.gpu/requested-by` /
-  `rebalancer.gpu/reason` annotations. Optionally server-side dry-run (`dryRun=All`): the API server runs
-  its checks (PDBs included, one pod at a time) and persists nothing; pods come back `would-evict`.
+pod of the same name is never evicted), an optional grace period, and `rebalancer.gpu/requested-by` /
+`rebalancer.gpu/reason` annotations. Optionally server-side dry-run (`dryRun=All`): the API server runs
+its checks (PDBs included, one pod at a time) and persists nothing; pods come back `would-evict`.
 
 Answers: 200/201 `evicted` (`would-evict` in server dry-run); 429 from a disruption budget
 `blocked-by-pdb`, never retried, and that PDB (namespace + selector) is remembered until `begin_cycle()`

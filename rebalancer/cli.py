@@ -79,12 +79,12 @@ _LIVE_ONLY_FLAGS = (
 )
 
 
-def _refuse_live_flags(args: argparse.Namespace) -> None:
+def _refuse_live_flags(args: argparse.Namespace, command: str = "once") -> None:
     """`once --snapshot` with flags that would silently do nothing (or, --no-dry-run, the opposite)."""
     if args.dry_run is False:
         raise InputError(
             [
-                "once --snapshot: --no-dry-run: a snapshot is a picture of the past, only ever "
+                f"{command} --snapshot: --no-dry-run: a snapshot is a picture of the past, only ever "
                 "evaluated in dry-run"
             ]
         )
@@ -93,7 +93,7 @@ def _refuse_live_flags(args: argparse.Namespace) -> None:
     ]
     if given:
         flags = ", ".join(flag for flag, _ in given)
-        raise InputError([f"once --snapshot: {flags}: {given[0][1]}; remove it, or drop --snapshot"])
+        raise InputError([f"{command} --snapshot: {flags}: {given[0][1]}; remove it, or drop --snapshot"])
 
 
 def cmd_once(args: argparse.Namespace) -> int:
@@ -109,6 +109,39 @@ def cmd_once(args: argparse.Namespace) -> int:
     report = run_cycle(snapshot, loaded, DryRunEvictor())
     fmt: OutputFormat = args.output
     sys.stdout.write(render(report, fmt))
+    return EXIT_OK
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """`rebalancer explain NODE|NAMESPACE/POD`: one dry cycle (on a snapshot, or live through the source
+    `once` reads), then every strategy's and the planner's verdict on that node or pod."""
+    from rebalancer.explain import explain_lines, parse_subject  # noqa: PLC0415
+
+    try:
+        subject = parse_subject(args.subject)
+    except ValueError as exc:
+        raise InputError([f"explain: {exc}"]) from None
+    loaded = _policy(args.policy)
+    if args.snapshot is None:
+        from rebalancer.daemon.wiring import live_snapshot  # noqa: PLC0415
+
+        snapshot = live_snapshot(args, loaded, utcnow())
+    else:
+        args.dry_run = None
+        _refuse_live_flags(args, "explain")
+        snapshot = load_snapshot_dir(Path(args.snapshot), loaded)
+    if subject.is_pod:
+        pod = snapshot.pods_by_key.get((subject.namespace or "", subject.name))
+        if pod is None:
+            where = snapshot.source or "snapshot"
+            raise InputError([f"explain: pod {subject.namespace}/{subject.name} is not in the {where}"])
+        subject = dataclasses.replace(subject, node=pod.node_name)
+    elif subject.name not in snapshot.nodes:
+        raise InputError([f"explain: node {subject.name} is not in the {snapshot.source or 'snapshot'}"])
+    # Explaining never evicts: the cycle is always dry, whatever the policy says.
+    report = run_cycle(snapshot, loaded, DryRunEvictor())
+    names = [configured.name for configured in loaded.strategies]
+    sys.stdout.write("\n".join(explain_lines(report, subject, names)) + "\n")
     return EXIT_OK
 
 
@@ -304,6 +337,16 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check policy files; exit 2 listing every problem")
     validate.add_argument("policies", nargs="+", metavar="POLICY")
     validate.set_defaults(func=cmd_validate)
+
+    explain = sub.add_parser(
+        "explain",
+        help="every strategy's and guard's verdict on one node or pod, the ones that did not act too",
+    )
+    explain.add_argument("subject", metavar="NODE|NAMESPACE/POD", help="e.g. gpu-a-3 or ml/train-0")
+    explain.add_argument("--snapshot", metavar="DIR", help="explain a snapshot directory (else: live)")
+    explain.add_argument("--policy", metavar="FILE", help="policy file (default: built-in safe policy)")
+    add_live_once_arguments(explain)  # without --snapshot: the source a live `once` reads, always dry
+    explain.set_defaults(func=cmd_explain)
 
     strategies = sub.add_parser("strategies", help="list the installed strategies and their arguments")
     strategies.set_defaults(func=cmd_strategies)

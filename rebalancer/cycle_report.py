@@ -13,7 +13,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from rebalancer.model import Finding, Mode, OutcomeResult, PredictionResult, SkippedStrategy, WorkloadVerb
+from rebalancer.model import (
+    Finding,
+    Mode,
+    NotChosen,
+    OutcomeResult,
+    PredictionResult,
+    SkippedStrategy,
+    WorkloadVerb,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +58,8 @@ class Summary:
     # Idle workloads whose GPUs were given back (or would be, in a dry run), and those GPU-equivalents.
     reclaims: int = 0
     gpus_reclaimed: float = 0.0
+    # `blocked` by what refused it: a guard name, or the outcome (`blocked-by-pdb`) of a live refusal.
+    blocked_by: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,3 +131,10 @@ class CycleReport:
     predictions_awaiting: int = 0
     # Idle workloads whose owners were told, or whose GPUs were reclaimed, this cycle.
     notices: tuple[WorkloadNotice, ...] = ()
+    # What each strategy looked at and left alone, and why (`rebalancer explain` reads them all; the
+    # rendered report counts them).
+    not_chosen: tuple[NotChosen, ...] = ()
+    # Where the snapshot came from and which policy judged it (name, `sha256:` digest of its values).
+    source: str = ""
+    policy_name: str = ""
+    policy_digest: str = ""

@@ -17,6 +17,11 @@ from rebalancer.model import PREDICTION_RESULTS, PredictionResult
 
 OutputFormat = Literal["text", "json", "markdown"]
 
+# The JSON report's schema: bumped only on a change that is not an addition (none yet, DESIGN §7).
+SCHEMA_VERSION = 1
+# How many of a strategy's most frequent "not chosen" reasons the report shows.
+TOP_REASONS = 3
+
 
 def _rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -25,6 +30,9 @@ def _rfc3339(moment: datetime) -> str:
 def to_dict(report: CycleReport) -> dict[str, Any]:
     s = report.summary
     return {
+        "schema_version": SCHEMA_VERSION,
+        "source": report.source or None,
+        "policy": {"name": report.policy_name or None, "digest": report.policy_digest or None},
         "mode": report.mode,
         "now": _rfc3339(report.now),
         "summary": {
@@ -39,6 +47,7 @@ def to_dict(report: CycleReport) -> dict[str, Any]:
             "estimated_savings_per_hour": s.estimated_savings_per_hour,
             "reclaims": s.reclaims,
             "gpus_reclaimed": s.gpus_reclaimed,
+            "blocked_by": dict(s.blocked_by),
         },
         "decisions": [
             {
@@ -72,6 +81,10 @@ def to_dict(report: CycleReport) -> dict[str, Any]:
         "skipped_strategies": [
             {"strategy": s.strategy, "reason": s.reason} for s in report.skipped_strategies
         ],
+        "not_chosen": {
+            strategy: {"count": count, "top_reasons": [{"code": c, "count": n} for c, n in top]}
+            for strategy, (count, top) in not_chosen_counts(report).items()
+        },
         "freed_nodes": list(report.freed_nodes),
         "hints": list(report.hints),
         "workload_actions": [
@@ -107,6 +120,26 @@ def to_dict(report: CycleReport) -> dict[str, Any]:
             ],
         },
     }
+
+
+def not_chosen_counts(report: CycleReport) -> dict[str, tuple[int, list[tuple[str, int]]]]:
+    """Per strategy (in report order): how many nodes/pods it left alone, and its most frequent
+    reason codes (most first, then by code)."""
+    by_strategy: dict[str, Counter[str]] = {}
+    for record in report.not_chosen:
+        by_strategy.setdefault(record.strategy, Counter())[record.code] += 1
+    return {
+        strategy: (sum(codes.values()), sorted(codes.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_REASONS])
+        for strategy, codes in by_strategy.items()
+    }
+
+
+def _not_chosen_lines(report: CycleReport) -> list[str]:
+    """`gpu-consolidation: 5 left alone (gpu-busy: 3, too-young: 1, cordoned: 1)`."""
+    return [
+        f"{strategy}: {count} left alone (" + ", ".join(f"{code}: {n}" for code, n in top) + ")"
+        for strategy, (count, top) in not_chosen_counts(report).items()
+    ]
 
 
 def _prediction_counts(report: CycleReport) -> dict[str, dict[PredictionResult, int]]:
@@ -195,6 +228,9 @@ def render_text(report: CycleReport) -> str:
     if report.skipped_strategies:
         out += ["", "Skipped strategies:"]
         out += [f"  {s.strategy}: {s.reason}" for s in report.skipped_strategies]
+    if report.not_chosen:
+        out += ["", "Not chosen (`rebalancer explain NODE|NAMESPACE/POD` says why for one):"]
+        out += [f"  {line}" for line in _not_chosen_lines(report)]
     if report.hints:
         out += ["", "Hints:"]
         out += [f"  {h}" for h in report.hints]
@@ -244,6 +280,9 @@ def render_markdown(report: CycleReport) -> str:
     if report.skipped_strategies:
         out += ["", "### Skipped strategies", ""]
         out += [f"- `{s.strategy}`: {md_cell(s.reason)}" for s in report.skipped_strategies]
+    if report.not_chosen:
+        out += ["", "### Not chosen", ""]
+        out += [f"- {md_cell(line)}" for line in _not_chosen_lines(report)]
     if report.hints:
         out += ["", "### Hints", ""]
         out += [f"- {md_cell(h)}" for h in report.hints]

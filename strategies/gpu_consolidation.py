@@ -37,7 +37,7 @@ from typing import Annotated, Self
 
 from pydantic import Field, model_validator
 
-from rebalancer.model import Finding, Pod, Proposal, Snapshot, StrategyResult, TelemetryWindow
+from rebalancer.model import Finding, NotChosen, Pod, Proposal, Snapshot, StrategyResult, TelemetryWindow
 from rebalancer.placement import ClusterState
 from rebalancer.policy import Duration, Percent, format_duration
 from rebalancer.registry import StrategyArgs, StrategyContext, strategy
@@ -46,6 +46,7 @@ from strategies.gpu_consolidation_accounting import (
     MIG_SLICES_PER_GPU,
     NAME,
     format_gpus,
+    format_pct,
     largest_first,
     pod_gpus,
 )
@@ -55,6 +56,7 @@ from strategies.gpu_consolidation_candidates import (
     blocked,
     has_mirror_pod,
     node_candidate,
+    not_chosen,
     static_block,
 )
 from strategies.gpu_consolidation_sizes import (
@@ -141,8 +143,7 @@ class GpuConsolidationArgs(StrategyArgs):
 # --------------------------------------------------------------------------- simulation
 
 
-def _pct(value: float) -> str:
-    return f"{value:.1f}".rstrip("0").rstrip(".") + "%"
+_pct = format_pct
 
 
 def _no_fit(candidate: Candidate, trial: ClusterState, exclude: Collection[str]) -> Finding:
@@ -222,13 +223,16 @@ def gpu_consolidation(snapshot: Snapshot, args: GpuConsolidationArgs, ctx: Strat
             )
 
     findings: list[Finding] = []
+    left: list[NotChosen] = []
     candidates: list[Candidate] = []
     for name in sorted(snapshot.nodes):
         candidate = node_candidate(
             snapshot.nodes[name], snapshot, args, ctx, window=window, findings=findings
         )
-        if candidate is not None:
+        if isinstance(candidate, Candidate):
             candidates.append(candidate)
+        elif candidate is not None:
+            left.append(candidate)
 
     # Pod-level rules: every pod to move must be evictable and placed by a packed scheduler.
     packed = set(args.packed_schedulers)
@@ -236,14 +240,26 @@ def gpu_consolidation(snapshot: Snapshot, args: GpuConsolidationArgs, ctx: Strat
     non_packed_nodes = 0
     drainable: list[Candidate] = []
     for candidate in candidates:
-        if has_mirror_pod(candidate):
-            continue  # a static pod pins the node: it can never be freed
+        if has_mirror_pod(candidate):  # a static pod pins the node: it can never be freed
+            left.append(not_chosen(candidate.name, "static-pod", "not drained: a static pod pins the node"))
+            continue
         block = static_block(candidate, ctx)
         if block is not None:
             if not candidate.needs_larger:  # findings and hints are about under-used nodes
                 findings.append(block)
+            left.append(not_chosen(candidate.name, "pod-may-not-move", f"not drained: {block.detail}"))
             continue
         spreading = [pod for pod in candidate.pods if pod.scheduler_name not in packed]
+        if spreading:
+            schedulers = ", ".join(sorted({pod.scheduler_name for pod in spreading}))
+            left.append(
+                not_chosen(
+                    candidate.name,
+                    "non-packed-scheduler",
+                    f"not drained: {plural(len(spreading), 'pod')} placed by a non-packed scheduler "
+                    f"({schedulers}) would be spread out again",
+                )
+            )
         if spreading and candidate.needs_larger:
             continue
         if spreading:
@@ -253,9 +269,19 @@ def gpu_consolidation(snapshot: Snapshot, args: GpuConsolidationArgs, ctx: Strat
         drainable.append(candidate)
     drainable.sort(key=Candidate.order)
 
-    proposals = _simulate(snapshot, args, ctx, drainable, findings)
+    proposals = _simulate(snapshot, args, ctx, drainable, findings, left=left)
     hints = (_scheduler_hint(non_packed, non_packed_nodes, args),) if non_packed else ()
-    return StrategyResult(proposals=tuple(proposals), findings=tuple(findings), hints=hints)
+    return StrategyResult(
+        proposals=tuple(proposals), findings=tuple(findings), hints=hints, not_chosen=tuple(left)
+    )
+
+
+def _above_threshold(candidate: Candidate, args: GpuConsolidationArgs) -> str:
+    share = candidate.allocated / candidate.capacity * 100
+    return (
+        f"not drained: {_pct(share)} allocated >= threshold {_pct(args.max_allocated_percent)}, and its "
+        "pods cannot be lifted onto nodes with more GPUs"
+    )
 
 
 def _simulate(
@@ -264,6 +290,8 @@ def _simulate(
     ctx: StrategyContext,
     drainable: Sequence[Candidate],
     findings: list[Finding],
+    *,
+    left: list[NotChosen],
 ) -> list[Proposal]:
     """Greedy in order over one shared what-if cluster; stop at `max_nodes_per_cycle` proposals.
 
@@ -281,7 +309,14 @@ def _simulate(
     moved, done, sizes = run.moved, run.done, run.sizes
     receivers: set[str] = set()  # nodes predicted to receive pods in this run
     # Nodes at or above the threshold that could never be drained are no upcoming drains either.
-    drainable = [c for c in drainable if not c.needs_larger or may_drain_upward(c, sizes, args)]
+    upward = [c for c in drainable if not c.needs_larger or may_drain_upward(c, sizes, args)]
+    kept = {c.name for c in upward}
+    left.extend(
+        not_chosen(c.name, "allocated-above-threshold", _above_threshold(c, args))
+        for c in drainable
+        if c.name not in kept
+    )
+    drainable = upward
     by_name = {c.name: c for c in drainable}
 
     def viable(candidate: Candidate) -> bool:
@@ -291,11 +326,34 @@ def _simulate(
             and not any(pod.key in moved for pod in candidate.pods)
         )
 
+    def not_viable(candidate: Candidate) -> NotChosen | None:
+        """Why a candidate not drained in this run is not (None: drained, or not yet decided)."""
+        if candidate.name in done:
+            return None
+        if candidate.name in receivers:
+            return not_chosen(
+                candidate.name, "receives-pods", "not drained: it receives pods of a node drained this cycle"
+            )
+        return not_chosen(
+            candidate.name,
+            "pods-already-move",
+            "not drained: some of its pods already move with another drain",
+        )
+
     for index, candidate in enumerate(drainable):
         room = args.max_nodes_per_cycle - len(proposals)
         if room <= 0:
+            capped = (
+                f"not drained: max_nodes_per_cycle {args.max_nodes_per_cycle} reached by nodes cheaper "
+                "to drain"
+            )
+            for rest in drainable[index:]:
+                why = not_chosen(rest.name, "cycle-cap", capped) if viable(rest) else not_viable(rest)
+                left.extend([why] if why is not None else [])
             break
         if not viable(candidate):
+            why = not_viable(candidate)
+            left.extend([why] if why is not None else [])
             continue
         later = (c.name for c in drainable[index + 1 :] if viable(c))
         upcoming = list(islice(later, room - 1))
@@ -309,8 +367,10 @@ def _simulate(
             exclude = {candidate.name}
             targets = trial.place_all(candidate.pods, exclude=exclude)
         if targets is None:
+            no_fit = _no_fit(candidate, trial, {candidate.name})
             if not candidate.needs_larger:
-                findings.append(_no_fit(candidate, trial, {candidate.name}))
+                findings.append(no_fit)
+            left.append(not_chosen(candidate.name, "cannot-re-place", f"not drained: {no_fit.detail}"))
             continue
         landing = landing_of(candidate, targets, sizes)
         makers: list[Pod] = []
@@ -325,6 +385,18 @@ def _simulate(
                 shortfall = landing.same - (candidate.capacity - candidate.allocated)
                 made = with_room_made(candidate, shortfall, state, exclude, run)
             if made is None:
+                left.append(
+                    not_chosen(
+                        candidate.name,
+                        "size-rules",
+                        "not drained: "
+                        + (
+                            "its pods would land on nodes with fewer GPUs (move_to_smaller_nodes)"
+                            if not candidate.needs_larger
+                            else _above_threshold(candidate, args).removeprefix("not drained: ")
+                        ),
+                    )
+                )
                 # A node at or above the threshold is not under-used: no finding for it.
                 if not candidate.needs_larger:
                     findings.append(

@@ -2,7 +2,8 @@
 
 Owns `IdleGpuArgs` (with the per-namespace / per-selector action rules), the per-pod verdict (every GPU
 series attributed to the pod averaged below `max_utilization_percent` over `window`, with fresh and
-sufficient samples, and the pod older than `min_pod_age`) and the wording of that evidence. Missing,
+sufficient samples, and the pod older than `min_pod_age`), the wording of that evidence, and why a
+pod whose GPUs are not idle is not chosen (`not_idle`). Missing,
 stale or thin telemetry is never read as idle: the verdict then carries the problems instead.
 
 This module must stay pure: no I/O, no clock (`now` is given). It judges pods only: what an idle
@@ -19,7 +20,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rebalancer.guards import policy_selector
-from rebalancer.model import Finding, GpuTelemetry, Pod, TelemetryWindow
+from rebalancer.model import Finding, GpuTelemetry, NotChosen, Pod, TelemetryWindow
 from rebalancer.policy import Duration, LabelSelectorConfig, Percent, format_duration
 from rebalancer.registry import StrategyArgs
 from rebalancer.selectors import label_selector_matches
@@ -187,6 +188,28 @@ def judge(pod: Pod, window: TelemetryWindow, args: IdleGpuArgs, now: datetime) -
     return Verdict(
         pod=pod, rows=rows, stale=tuple(problems), idle=idle and not problems, old_enough=old_enough
     )
+
+
+def not_idle(verdict: Verdict, args: IdleGpuArgs) -> NotChosen | None:
+    """Why the pod's GPUs are not judged idle (None when they are): unusable evidence, a busy GPU
+    (the busiest one named), or a pod too young to judge."""
+    pod = verdict.pod
+
+    def record(code: str, reason: str) -> NotChosen:
+        return NotChosen(NAME, pod.node_name, code, reason, namespace=pod.namespace, pod=pod.name)
+
+    if verdict.stale:
+        return record("telemetry-unusable", f"not judged: {'; '.join(verdict.stale)}")
+    if not verdict.idle:
+        busiest = max(verdict.rows, key=lambda row: row.util_avg_percent or 0.0)
+        return record(
+            "gpu-busy",
+            f"GPU {device_label(busiest)} busy (avg {pct(busiest.util_avg_percent)} over "
+            f"{format_duration(args.window)} >= threshold {pct(args.max_utilization_percent)})",
+        )
+    if not verdict.old_enough:
+        return record("too-young", f"idle but younger than min_pod_age {format_duration(args.min_pod_age)}")
+    return None
 
 
 def idle_text(rows: Sequence[GpuTelemetry], args: IdleGpuArgs) -> str:

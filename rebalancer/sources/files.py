@@ -502,4 +502,5 @@ def _load_snapshot_dir(root: Path, loaded: LoadedPolicy) -> Snapshot:
         telemetry=telemetry,
         findings=tuple(findings),
         controllers=out.controllers,
+        source=f"snapshot {root}",
     )

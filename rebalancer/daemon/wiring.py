@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -126,8 +125,8 @@ def kube_snapshot_source(
             telemetry = PrometheusTelemetrySource(
                 cfg, windows, prometheus=conn, allow_service_account_token=allow_service_account_token
             )
-        kube = KubeSource(api_client, loaded, namespaces=namespaces, telemetry=telemetry)
-        return dataclasses.replace(kube.snapshot(now), source=described)
+        kube = KubeSource(api_client, loaded, namespaces=namespaces, telemetry=telemetry, described=described)
+        return kube.snapshot(now)
 
     return source
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -60,10 +61,43 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 
 
+EXIT_WOULD_ACT = 3  # `once --exit-code`: the cycle evicted or acted, or (dry run) would have
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's default at the end of its help, unless the help already says it or there is
+    none to say (no default, a switch)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or not action.option_strings
+            or action.nargs == 0  # a switch: its help says what it turns on or off
+            or default is None
+            or default is False
+            or default is argparse.SUPPRESS  # --help, --version
+        ):
+            return text
+        if isinstance(default, list | tuple):
+            return f"{text} (default: {' '.join(str(item) for item in default)})"
+        return f"{text} (default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(EXIT_BAD_INPUT, f"rebalancer: error: {message}\n")
+
+
+def terminal_width() -> int:
+    """The terminal's columns (`COLUMNS` first), 100 when the output is no terminal."""
+    return shutil.get_terminal_size((100, 24)).columns
 
 
 def _policy(path: str | None) -> LoadedPolicy:
@@ -101,15 +135,14 @@ def cmd_once(args: argparse.Namespace) -> int:
     if args.snapshot is None:
         # One live cycle against the cluster (e.g. as a CronJob): evicts unless dry-run.
         report = run_live_once(args, loaded)
-        sys.stdout.write(render(report, args.output))
-        return EXIT_OK
-    _refuse_live_flags(args)
-    snapshot = load_snapshot_dir(Path(args.snapshot), loaded)
-    # A snapshot is a picture of the past: it is always evaluated in dry-run.
-    report = run_cycle(snapshot, loaded, DryRunEvictor())
+    else:
+        _refuse_live_flags(args)
+        snapshot = load_snapshot_dir(Path(args.snapshot), loaded)
+        # A snapshot is a picture of the past: it is always evaluated in dry-run.
+        report = run_cycle(snapshot, loaded, DryRunEvictor())
     fmt: OutputFormat = args.output
-    sys.stdout.write(render(report, fmt))
-    return EXIT_OK
+    sys.stdout.write(render(report, fmt, terminal_width()))
+    return EXIT_WOULD_ACT if args.exit_code and report.acted else EXIT_OK
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -164,13 +197,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_strategies(_args: argparse.Namespace) -> int:
-    for name, spec in all_strategies().items():
-        print(f"{name}: {spec.summary}")
-        for field_name, field in spec.args_model.model_fields.items():
-            default = field.get_default(call_default_factory=True)
-            described = f": {field.description}" if field.description else ""
-            print(f"    {field_name} (default {default!r}){described}")
+def cmd_strategies(args: argparse.Namespace) -> int:
+    """The installed strategies and their arguments, as text or as a pasteable policy fragment."""
+    from rebalancer.strategy_reference import policy_fragment, text_reference  # noqa: PLC0415
+
+    render_reference = policy_fragment if args.output == "yaml" else text_reference
+    sys.stdout.write(render_reference(all_strategies()))
+    return EXIT_OK
+
+
+def cmd_version(_args: argparse.Namespace) -> int:
+    """The installed version (pyproject.toml's, through the package metadata)."""
+    print(f"gpu-rebalancer {__version__}")
     return EXIT_OK
 
 
@@ -326,7 +364,15 @@ def build_parser() -> argparse.ArgumentParser:
     once = sub.add_parser("once", help="run one cycle and print its report")
     once.add_argument("--snapshot", metavar="DIR", help="evaluate a snapshot directory (always dry-run)")
     once.add_argument("--policy", metavar="FILE", help="policy file (default: built-in safe policy)")
-    once.add_argument("--output", choices=("text", "json", "markdown"), default="text")
+    once.add_argument(
+        "-o", "--output", choices=("text", "json", "markdown"), default="text", help="report format"
+    )
+    once.add_argument(
+        "--exit-code",
+        action="store_true",
+        help=f"exit {EXIT_WOULD_ACT} when the cycle evicted or changed a workload, or (dry run) would "
+        "have: a CI job fails on a policy that would act",
+    )
     add_live_once_arguments(once)  # without --snapshot: one cycle against the live cluster
     once.set_defaults(func=cmd_once)
 
@@ -349,7 +395,17 @@ def build_parser() -> argparse.ArgumentParser:
     explain.set_defaults(func=cmd_explain)
 
     strategies = sub.add_parser("strategies", help="list the installed strategies and their arguments")
+    strategies.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "yaml"),
+        default="text",
+        help="yaml: a policy fragment, every strategy with its default arguments and their descriptions",
+    )
     strategies.set_defaults(func=cmd_strategies)
+
+    version = sub.add_parser("version", help="print the version")
+    version.set_defaults(func=cmd_version)
 
     snapshot = sub.add_parser(
         "snapshot", help="write a snapshot directory (cluster objects + DCGM history) for `once --snapshot`"
@@ -384,7 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     restore.add_argument("-n", "--namespace", help="with --all-reclaimed: only this namespace")
     restore.add_argument("--dry-run", action="store_true", help="server-side dry run: check, change nothing")
-    restore.add_argument("--kubeconfig", metavar="FILE")
+    restore.add_argument(
+        "--kubeconfig", metavar="FILE", help="kubeconfig (default: in-cluster, then ~/.kube)"
+    )
     restore.add_argument("--context", help="kubeconfig context")
     restore.set_defaults(func=cmd_restore)
 

@@ -138,3 +138,28 @@ class CycleReport:
     source: str = ""
     policy_name: str = ""
     policy_digest: str = ""
+
+    @property
+    def acted(self) -> int:
+        """Rows that evicted a pod or changed a workload, or (dry run) would have: what `once
+        --exit-code` fails a CI job on."""
+        return sum(1 for d in self.decisions if d.action != "skip" and d.outcome in _ACTED)
+
+
+# Outcomes that are an eviction or a workload change made, or one a dry run would make.
+_ACTED: frozenset[OutcomeResult | None] = frozenset(
+    {
+        "would-evict",
+        "evicted",
+        "would-notify",
+        "notified",
+        "would-scale",
+        "scaled",
+        "would-suspend",
+        "suspended",
+        "would-stop",
+        "stopped",
+        "would-clear",
+        "cleared",
+    }
+)

@@ -7,6 +7,7 @@ stable (additions only) because operators and dashboards parse them.
 from __future__ import annotations
 
 import json
+import textwrap
 from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -210,11 +211,37 @@ def _cells(d: ReportedDecision) -> list[str]:
     return [d.strategy, f"{d.namespace}/{d.pod}", d.node or "-", _verdict(d), d.target_node or "-", d.reason]
 
 
-def render_text(report: CycleReport) -> str:
+def _decision_table(report: CycleReport, width: int | None) -> list[str]:
+    """The decisions as a table; when a row would not fit in `width` columns, every reason goes under
+    its row instead, wrapped and indented."""
+    headers = ["STRATEGY", "POD", "NODE", "VERDICT", "TARGET", "REASON"]
+    rows = [_cells(d) for d in report.decisions]
+    table = text_table(headers, rows)
+    if width is None or max(len(line) for line in table) <= width:
+        return table
+    short = text_table(headers[:-1], [row[:-1] for row in rows])
+    out = [short[0]]
+    for line, row in zip(short[1:], rows, strict=True):
+        out.append(line)
+        out += textwrap.wrap(
+            row[-1],
+            width,
+            initial_indent=_REASON_INDENT,
+            subsequent_indent=_REASON_INDENT,
+            break_on_hyphens=False,
+        )
+    return out
+
+
+_REASON_INDENT = "    "
+
+
+def render_text(report: CycleReport, width: int | None = None) -> str:
+    """The text report; `width` (a terminal's columns) wraps each decision's reason under its row when
+    the table would be wider, None never wraps."""
     out = [f"gpu-rebalancer {report.mode} report at {_rfc3339(report.now)}", ""]
     if report.decisions:
-        rows = [_cells(d) for d in report.decisions]
-        out += text_table(["STRATEGY", "POD", "NODE", "VERDICT", "TARGET", "REASON"], rows)
+        out += _decision_table(report, width)
     else:
         out.append("No evictions proposed.")
     if report.findings:
@@ -289,9 +316,10 @@ def render_markdown(report: CycleReport) -> str:
     return "\n".join(out) + "\n"
 
 
-def render(report: CycleReport, fmt: OutputFormat) -> str:
+def render(report: CycleReport, fmt: OutputFormat, width: int | None = None) -> str:
+    """The report in `fmt`; `width` only shapes the text form (see `render_text`)."""
     if fmt == "json":
         return to_json(report) + "\n"
     if fmt == "markdown":
         return render_markdown(report)
-    return render_text(report)
+    return render_text(report, width)

@@ -85,34 +85,37 @@ PodKey = tuple[str, str]
 class GpuConsolidationArgs(StrategyArgs):
     """Arguments of `gpu-consolidation`. Durations accept `30s`, `5m`, `1h30m` or seconds."""
 
-    # A node is a candidate when strictly less than this share of its GPU capacity is allocated
-    # (shares count in milli-GPU, MIG instances by their compute slices).
     max_allocated_percent: Percent = 50.0
-    # ... and its GPUs averaged strictly below this utilisation over `window`; null = allocation alone.
+    """A node is a candidate when strictly less than this share of its GPU capacity is allocated (shares
+    count in milli-GPU, MIG instances by their compute slices)."""
     max_utilization_percent: Percent | None = 30.0
+    """... and when its GPUs also average strictly below this utilisation over `window` (null: judged on
+    allocation alone)."""
     window: Annotated[Duration, Field(gt=0)] = 3600
-    # Nodes younger than this (unknown creation time counts as young) are left to settle.
+    """The telemetry window the node's utilisation is averaged over."""
     min_node_age: Duration = 3600
+    """Nodes younger than this (unknown creation time counts as young) are left to settle."""
     max_nodes_per_cycle: int = Field(default=3, ge=1)
-    # Only pods placed by one of these scheduler profiles are moved: a spreading scheduler would
-    # spread them out again.
+    """At most this many node drains proposed per cycle (the cheapest to drain first)."""
     packed_schedulers: tuple[str, ...] = Field(default=("gpu-packed-scheduler",), min_length=1)
-    # A GPU series whose newest sample is older than this (relative to the snapshot's now) is stale.
+    """Only pods placed by one of these scheduler profiles are moved: a spreading scheduler would spread
+    them out again."""
     max_telemetry_age: Annotated[Duration, Field(gt=0)] = 300
-    # Fewer utilisation samples than this in the window, on any GPU of the node, is not enough evidence
-    # to call the node under-used (as idle-gpu's min_samples).
+    """A GPU series whose newest sample is older than this (relative to the snapshot's now) is stale."""
     min_samples: int = Field(default=10, ge=1)
-    # false: a drained node's pods never go to nodes with fewer GPUs than it (small GPU shapes, often
-    # a scarce model, stay free for the pods that can run nowhere else).
+    """Fewer utilisation samples than this in the window, on any GPU of the node, is not enough evidence to
+    call the node under-used (as idle-gpu's min_samples)."""
     move_to_smaller_nodes: bool = False
-    # true: a node at or above `max_allocated_percent` is drained too when the packed scheduler puts
-    # part of its pods on nodes with more GPUs, none on smaller nodes, and the rest fill no more GPUs
-    # on nodes of its own size than the node leaves free (the utilisation threshold still applies).
+    """false: a drained node's pods never go to nodes with fewer GPUs than it (small GPU shapes, often a
+    scarce model, stay free for the pods that can run nowhere else)."""
     drain_onto_larger_nodes: bool = True
-    # With drain_onto_larger_nodes: when the pods of such a node that must stay on its size lack room
-    # on its peers (same GPU model and size), the same proposal may also move up to this many peer
-    # pods that the packed scheduler puts on nodes with more GPUs, to make that room (0: never).
+    """true: a node at or above `max_allocated_percent` is drained too when the packed scheduler puts part
+    of its pods on nodes with more GPUs, none on smaller nodes, and the rest fill no more GPUs on nodes of
+    its own size than the node leaves free (the utilisation threshold still applies)."""
     peer_pods_to_make_room: int = Field(default=1, ge=0)
+    """With drain_onto_larger_nodes: when the pods of such a node that must stay on its size lack room on
+    its peers (same GPU model and size), the same proposal may also move up to this many peer pods that the
+    packed scheduler puts on nodes with more GPUs, to make that room (0: never)."""
 
     @model_validator(mode="after")
     def _room_needs_upward_drains(self) -> GpuConsolidationArgs:

@@ -38,13 +38,16 @@ class IdleAction(BaseModel):
     """One rule: idle workloads in `namespaces` (empty: any) whose pods match `selector` (none: any)
     get `action`. The first rule that matches wins; a workload no rule matches is only reported."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     action: IdleActionName
+    """What an idle workload this rule matches leads to: report, notify, reclaim or restart."""
     namespaces: tuple[str, ...] = ()
+    """The namespaces the rule applies to (none: every namespace)."""
     selector: LabelSelectorConfig | None = None
-    # reclaim: how long after the owner was told (`rebalancer.gpu/idle-since`) the GPUs are reclaimed.
+    """A label selector on the pods the rule applies to (none: every pod)."""
     grace: Duration = Field(default=DEFAULT_GRACE, ge=0)
+    """reclaim: how long after the owner was told (`rebalancer.gpu/idle-since`) the GPUs are reclaimed."""
 
     def matches(self, namespace: str, labels: Mapping[str, str]) -> bool:
         if self.namespaces and namespace not in self.namespaces:
@@ -60,21 +63,22 @@ class IdleGpuArgs(StrategyArgs):
 
     requires_telemetry: ClassVar[bool] = True
 
-    # A pod is idle when every GPU it holds averaged strictly below this utilisation over `window`.
     max_utilization_percent: Percent = 5.0
+    """A pod is idle when every GPU it holds averaged strictly below this utilisation over `window`."""
     window: Duration = Field(default=1800, gt=0)
-    # Pods younger than this (since start, else creation; unknown counts as young) are left alone.
+    """The telemetry window a GPU's utilisation is averaged over."""
     min_pod_age: Duration = 3600
-    # Fewer utilisation samples than this in the window is not enough evidence to call a GPU idle.
+    """Pods younger than this (since start, else creation; unknown counts as young) are left alone."""
     min_samples: int = Field(default=10, ge=1)
-    # A series whose newest sample is older than this (relative to the snapshot's now) is stale.
+    """Fewer utilisation samples than this in the window is not enough evidence to call a GPU idle."""
     max_telemetry_age: Duration = Field(default=300, gt=0)
-    # What idle workloads lead to, per namespace or pod label selector; none: every one is reported.
+    """A series whose newest sample is older than this (relative to the snapshot's now) is stale."""
     actions: tuple[IdleAction, ...] = ()
-    # The older spelling of one `restart` rule for these namespaces (their idle pods are evicted).
+    """What idle workloads lead to, per namespace or pod label selector; none: every one is reported."""
     namespaces: tuple[str, ...] = ()
-    # Framebuffer use (MiB) above which an unattributed or compute-free GPU counts as leaked VRAM.
+    """The older spelling of one `restart` rule for these namespaces (their idle pods are evicted)."""
     leaked_vram_mib: float = Field(default=1024.0, ge=0, allow_inf_nan=False)
+    """Framebuffer use (MiB) above which an unattributed or compute-free GPU counts as leaked VRAM."""
 
     @model_validator(mode="after")
     def _one_spelling(self) -> IdleGpuArgs:

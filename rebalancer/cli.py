@@ -438,7 +438,14 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument(
         "--all-reclaimed", action="store_true", help="every workload gpu-rebalancer reclaimed"
     )
-    restore.add_argument("-n", "--namespace", help="with --all-reclaimed: only this namespace")
+    scope = restore.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", help="with --all-reclaimed: only this namespace")
+    scope.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        help="with --all-reclaimed: every namespace (what happens without -n too)",
+    )
     restore.add_argument("--dry-run", action="store_true", help="server-side dry run: check, change nothing")
     restore.add_argument(
         "--kubeconfig", metavar="FILE", help="kubeconfig (default: in-cluster, then ~/.kube)"

@@ -164,3 +164,35 @@ def test_once_wraps_at_columns(monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
     monkeypatch.setenv("COLUMNS", "120")
     assert main(["once", *DEMO_ARGS]) == 0
     assert max(len(line) for line in decision_lines(capsys.readouterr().out)) <= 120
+
+
+# --------------------------------------------------------------------------- -n / -A
+
+
+@pytest.mark.parametrize("command", ["once", "explain", "run"])
+def test_n_and_a_scope_the_pods_listed_live(command: str) -> None:
+    subject = ["gpu-a-1"] if command == "explain" else []
+    parse = build_parser().parse_args
+    assert parse([command, *subject, "-n", "ml", "-n", "notebooks"]).namespaces == ["ml", "notebooks"]
+    every = parse([command, *subject, "-A"])
+    assert (every.namespaces, every.all_namespaces) == (None, True)
+
+
+def test_n_and_a_together_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["once", "-n", "ml", "-A"])
+    assert exited.value.code == 2
+    assert "not allowed with argument -n/--namespace" in capsys.readouterr().err
+
+
+def test_restore_takes_n_or_a() -> None:
+    parse = build_parser().parse_args
+    assert parse(["restore", "--all-reclaimed", "-n", "ml"]).namespace == "ml"
+    assert parse(["restore", "--all-reclaimed", "-A"]).namespace is None
+    with pytest.raises(SystemExit):
+        parse(["restore", "--all-reclaimed", "-n", "ml", "-A"])
+
+
+def test_a_snapshot_refuses_n_it_could_not_honour(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["once", *DEMO_ARGS, "-n", "ml"]) == 2
+    assert "once --snapshot: --namespace: only restricts the pods listed" in capsys.readouterr().err

@@ -55,12 +55,20 @@ def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prometheus-url", metavar="URL", help="Prometheus for GPU telemetry (overrides the policy's)"
     )
-    parser.add_argument(
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n",
         "--namespace",
         dest="namespaces",
         action="append",
         metavar="NS",
         help="only list pods of this namespace (repeatable; free capacity may then be overstated)",
+    )
+    scope.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        help="list the pods of every namespace (what happens without -n too)",
     )
     parser.add_argument(
         "--log-format",

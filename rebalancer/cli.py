@@ -154,13 +154,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
         subject = parse_subject(args.subject)
     except ValueError as exc:
         raise InputError([f"explain: {exc}"]) from None
+    if args.dry_run is False:
+        raise InputError(["explain: --no-dry-run: explain never evicts, its cycle is always dry"])
     loaded = _policy(args.policy)
     if args.snapshot is None:
         from rebalancer.daemon.wiring import live_snapshot  # noqa: PLC0415
 
         snapshot = live_snapshot(args, loaded, utcnow())
     else:
-        args.dry_run = None
         _refuse_live_flags(args, "explain")
         snapshot = load_snapshot_dir(Path(args.snapshot), loaded)
     if subject.is_pod:

@@ -5,7 +5,8 @@ mode runs (`once` on a snapshot or live, the daemon, the trace replay, the bench
 frame opens, the memory of earlier cycles judges where the replacements of its awaited evictions landed
 (`history.judge_landings`, into the report) and gives the history to plan with, every approved decision
 is evicted (and recorded in the memory as it ends), the frame closes, the report goes to every sink.
-`evaluate` is its strategies-and-planner half and `propose` the strategies alone, public so that a
+`evaluate` is its strategies-and-planner half (collecting, beside the proposals, what each
+strategy left alone and why) and `propose` the strategies alone, public so that a
 benchmark times each phase by calling it, never by patching.
 
 It takes an already built Snapshot (the clock was read when the snapshot was made), so it never reads

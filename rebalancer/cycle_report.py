@@ -1,7 +1,8 @@
 """The cycle's report: what every sink publishes, and nothing else.
 
 Owns the frozen types of a finished cycle's report (`CycleReport`: its rows, summary, the facts of
-the nodes it names, the landings judged, the notices to owners of idle workloads). Built by
+the nodes it names, the landings judged, the notices to owners of idle workloads, what the strategies
+left alone and why, the snapshot's source and the policy that judged it). Built by
 `cycle.assemble_report`; rendered by `report`, published by the sinks. Like `model`, it must not do
 I/O, read the clock or know about any client library.
 """

@@ -7,7 +7,9 @@ member of a gang it touches, wherever that member runs) can be re-placed at once
 (MostAllocated) scheduler, with reservations carried across pods and across every node drained in the
 same run, and never onto a node being drained. A node is proposed whole or not at all; the proposal
 names each pod's predicted destination and the rules any other destination must meet should an earlier
-proposal of the cycle fill that one. The parts it composes:
+proposal of the cycle fill that one. Every GPU node it does not propose gets a `NotChosen` record
+naming the rule that left it out (not a candidate, a pod that may not move, no room, the per-cycle
+cap...). The parts it composes:
 
 - `gpu_consolidation_accounting`: GPU-equivalents of nodes and pods (shares, MIG instances by slices);
 - `gpu_consolidation_telemetry`: fresh and sufficient DCGM telemetry, and a node's utilisation;

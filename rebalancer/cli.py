@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -38,12 +39,43 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_WOULD_ACT = 3  # `once --exit-code`: the cycle evicted or acted, or (dry run) would have
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's default at the end of its help, unless the help already says it or there is
+    none to say (no default, a switch)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or not action.option_strings
+            or action.nargs == 0  # a switch: its help says what it turns on or off
+            or default is None
+            or default is False
+            or default is argparse.SUPPRESS  # --help, --version
+        ):
+            return text
+        if isinstance(default, list | tuple):
+            return f"{text} (default: {' '.join(str(item) for item in default)})"
+        return f"{text} (default: %(default)s)"
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(EXIT_BAD_INPUT, f"rebalancer: error: {message}\n")
+
+
+def terminal_width() -> int:
+    """The terminal's columns (`COLUMNS` first), 100 when the output is no terminal."""
+    return shutil.get_terminal_size((100, 24)).columns
 
 
 def _policy(path: str | None) -> LoadedPolicy:
@@ -61,12 +93,12 @@ _LIVE_ONLY_FLAGS = (
 )
 
 
-def _refuse_live_flags(args: argparse.Namespace) -> None:
+def _refuse_live_flags(args: argparse.Namespace, command: str = "once") -> None:
     """`once --snapshot` with flags that would silently do nothing (or, --no-dry-run, the opposite)."""
     if args.dry_run is False:
         raise InputError(
             [
-                "once --snapshot: --no-dry-run: a snapshot is a picture of the past, only ever "
+                f"{command} --snapshot: --no-dry-run: a snapshot is a picture of the past, only ever "
                 "evaluated in dry-run"
             ]
         )
@@ -75,7 +107,7 @@ def _refuse_live_flags(args: argparse.Namespace) -> None:
     ]
     if given:
         flags = ", ".join(flag for flag, _ in given)
-        raise InputError([f"once --snapshot: {flags}: {given[0][1]}; remove it, or drop --snapshot"])
+        raise InputError([f"{command} --snapshot: {flags}: {given[0][1]}; remove it, or drop --snapshot"])
 
 
 def cmd_once(args: argparse.Namespace) -> int:
@@ -87,18 +119,55 @@ def cmd_once(args: argparse.Namespace) -> int:
 
         # One live cycle against the cluster (e.g. as a CronJob): evicts unless dry-run.
         report = run_live_once(args, loaded)
-        sys.stdout.write(render(report, args.output))
-        return EXIT_OK
+    else:
+        from rebalancer.cycle import run_cycle
+        from rebalancer.evictor import DryRunEvictor
+        from rebalancer.sources.files import load_snapshot_dir
+
+        _refuse_live_flags(args)
+        snapshot = load_snapshot_dir(Path(args.snapshot), loaded)
+        # A snapshot is a picture of the past: it is always evaluated in dry-run.
+        report = run_cycle(snapshot, loaded, DryRunEvictor())
+    fmt: OutputFormat = args.output
+    sys.stdout.write(render(report, fmt, terminal_width()))
+    return EXIT_WOULD_ACT if args.exit_code and report.acted else EXIT_OK
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """`rebalancer explain NODE|NAMESPACE/POD`: one dry cycle (on a snapshot, or live through the source
+    `once` reads), then every strategy's and the planner's verdict on that node or pod."""
     from rebalancer.cycle import run_cycle
     from rebalancer.evictor import DryRunEvictor
+    from rebalancer.explain import explain_lines, parse_subject
     from rebalancer.sources.files import load_snapshot_dir
 
-    _refuse_live_flags(args)
-    snapshot = load_snapshot_dir(Path(args.snapshot), loaded)
-    # A snapshot is a picture of the past: it is always evaluated in dry-run.
+    try:
+        subject = parse_subject(args.subject)
+    except ValueError as exc:
+        raise InputError([f"explain: {exc}"]) from None
+    if args.dry_run is False:
+        raise InputError(["explain: --no-dry-run: explain never evicts, its cycle is always dry"])
+    loaded = _policy(args.policy)
+    if args.snapshot is None:
+        from rebalancer.daemon.clock import utcnow
+        from rebalancer.daemon.wiring import live_snapshot
+
+        snapshot = live_snapshot(args, loaded, utcnow())
+    else:
+        _refuse_live_flags(args, "explain")
+        snapshot = load_snapshot_dir(Path(args.snapshot), loaded)
+    if subject.is_pod:
+        pod = snapshot.pods_by_key.get((subject.namespace or "", subject.name))
+        if pod is None:
+            where = snapshot.source or "snapshot"
+            raise InputError([f"explain: pod {subject.namespace}/{subject.name} is not in the {where}"])
+        subject = dataclasses.replace(subject, node=pod.node_name)
+    elif subject.name not in snapshot.nodes:
+        raise InputError([f"explain: node {subject.name} is not in the {snapshot.source or 'snapshot'}"])
+    # Explaining never evicts: the cycle is always dry, whatever the policy says.
     report = run_cycle(snapshot, loaded, DryRunEvictor())
-    fmt: OutputFormat = args.output
-    sys.stdout.write(render(report, fmt))
+    names = [configured.name for configured in loaded.strategies]
+    sys.stdout.write("\n".join(explain_lines(report, subject, names)) + "\n")
     return EXIT_OK
 
 
@@ -125,15 +194,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_strategies(_args: argparse.Namespace) -> int:
+def cmd_strategies(args: argparse.Namespace) -> int:
+    """The installed strategies and their arguments, as text or as a pasteable policy fragment."""
     from rebalancer.registry import all_strategies
+    from rebalancer.strategy_reference import policy_fragment, text_reference
 
-    for name, spec in all_strategies().items():
-        print(f"{name}: {spec.summary}")
-        for field_name, field in spec.args_model.model_fields.items():
-            default = field.get_default(call_default_factory=True)
-            described = f": {field.description}" if field.description else ""
-            print(f"    {field_name} (default {default!r}){described}")
+    render_reference = policy_fragment if args.output == "yaml" else text_reference
+    sys.stdout.write(render_reference(all_strategies()))
+    return EXIT_OK
+
+
+def cmd_version(_args: argparse.Namespace) -> int:
+    """The installed version (pyproject.toml's, through the package metadata)."""
+    print(f"gpu-rebalancer {__version__}")
     return EXIT_OK
 
 
@@ -350,7 +423,15 @@ def build_parser() -> argparse.ArgumentParser:
     once = sub.add_parser("once", help="run one cycle and print its report")
     once.add_argument("--snapshot", metavar="DIR", help="evaluate a snapshot directory (always dry-run)")
     once.add_argument("--policy", metavar="FILE", help="policy file (default: built-in safe policy)")
-    once.add_argument("--output", choices=("text", "json", "markdown"), default="text")
+    once.add_argument(
+        "-o", "--output", choices=("text", "json", "markdown"), default="text", help="report format"
+    )
+    once.add_argument(
+        "--exit-code",
+        action="store_true",
+        help=f"exit {EXIT_WOULD_ACT} when the cycle evicted or changed a workload, or (dry run) would "
+        "have: a CI job fails on a policy that would act",
+    )
     add_live_once_arguments(once)  # without --snapshot: one cycle against the live cluster
     once.set_defaults(func=cmd_once)
 
@@ -362,8 +443,28 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("policies", nargs="+", metavar="POLICY")
     validate.set_defaults(func=cmd_validate)
 
+    explain = sub.add_parser(
+        "explain",
+        help="every strategy's and guard's verdict on one node or pod, the ones that did not act too",
+    )
+    explain.add_argument("subject", metavar="NODE|NAMESPACE/POD", help="e.g. gpu-a-3 or ml/train-0")
+    explain.add_argument("--snapshot", metavar="DIR", help="explain a snapshot directory (else: live)")
+    explain.add_argument("--policy", metavar="FILE", help="policy file (default: built-in safe policy)")
+    add_live_once_arguments(explain)  # without --snapshot: the source a live `once` reads, always dry
+    explain.set_defaults(func=cmd_explain)
+
     strategies = sub.add_parser("strategies", help="list the installed strategies and their arguments")
+    strategies.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "yaml"),
+        default="text",
+        help="yaml: a policy fragment, every strategy with its default arguments and their descriptions",
+    )
     strategies.set_defaults(func=cmd_strategies)
+
+    version = sub.add_parser("version", help="print the version")
+    version.set_defaults(func=cmd_version)
 
     snapshot = sub.add_parser(
         "snapshot", help="write a snapshot directory (cluster objects + DCGM history) for `once --snapshot`"
@@ -406,9 +507,18 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument(
         "--all-reclaimed", action="store_true", help="every workload gpu-rebalancer reclaimed"
     )
-    restore.add_argument("-n", "--namespace", help="with --all-reclaimed: only this namespace")
+    scope = restore.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", help="with --all-reclaimed: only this namespace")
+    scope.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        help="with --all-reclaimed: every namespace (what happens without -n too)",
+    )
     restore.add_argument("--dry-run", action="store_true", help="server-side dry run: check, change nothing")
-    restore.add_argument("--kubeconfig", metavar="FILE")
+    restore.add_argument(
+        "--kubeconfig", metavar="FILE", help="kubeconfig (default: in-cluster, then ~/.kube)"
+    )
     restore.add_argument("--context", help="kubeconfig context")
     restore.set_defaults(func=cmd_restore)
 

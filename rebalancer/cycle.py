@@ -5,7 +5,8 @@ mode runs (`once` on a snapshot or live, the daemon, the trace replay, the bench
 frame opens, the memory of earlier cycles judges where the replacements of its awaited evictions landed
 (`history.judge_landings`, into the report) and gives the history to plan with, every approved decision
 is evicted (and recorded in the memory as it ends), the frame closes, the report goes to every sink.
-`evaluate` is its strategies-and-planner half and `propose` the strategies alone, public so that a
+`evaluate` is its strategies-and-planner half (collecting, beside the proposals, what each
+strategy left alone and why) and `propose` the strategies alone, public so that a
 benchmark times each phase by calling it, never by patching.
 
 It takes an already built Snapshot (the clock was read when the snapshot was made), so it never reads
@@ -40,6 +41,7 @@ from rebalancer.model import (
     Decision,
     Finding,
     Mode,
+    NotChosen,
     Outcome,
     Pod,
     Proposal,
@@ -89,6 +91,7 @@ class Evaluation:
     findings: tuple[Finding, ...]
     skipped: tuple[SkippedStrategy, ...]
     hints: tuple[str, ...]
+    not_chosen: tuple[NotChosen, ...] = ()
 
 
 def strategy_context(snapshot: Snapshot, loaded: LoadedPolicy) -> StrategyContext:
@@ -113,6 +116,7 @@ class Proposed:
     findings: tuple[Finding, ...]
     skipped: tuple[SkippedStrategy, ...]
     hints: tuple[str, ...]
+    not_chosen: tuple[NotChosen, ...] = ()
 
 
 def propose(snapshot: Snapshot, loaded: LoadedPolicy) -> Proposed:
@@ -122,6 +126,7 @@ def propose(snapshot: Snapshot, loaded: LoadedPolicy) -> Proposed:
     findings: list[Finding] = []
     skipped: list[SkippedStrategy] = []
     hints: list[str] = []
+    left: list[NotChosen] = []
     for configured in loaded.strategies:
         spec = get_strategy(configured.name)
         if spec is None:  # validated at load; kept for a registry changed underneath us
@@ -138,7 +143,8 @@ def propose(snapshot: Snapshot, loaded: LoadedPolicy) -> Proposed:
         proposals.extend(sorted(result.proposals, key=lambda p: -p.priority))
         findings.extend(result.findings)
         hints.extend(result.hints)
-    return Proposed(tuple(proposals), tuple(findings), tuple(skipped), tuple(hints))
+        left.extend(result.not_chosen)
+    return Proposed(tuple(proposals), tuple(findings), tuple(skipped), tuple(hints), tuple(left))
 
 
 def evaluate(
@@ -156,6 +162,7 @@ def evaluate(
             findings=(*snapshot.findings, *proposed.findings, *circuits),
             skipped=proposed.skipped,
             hints=proposed.hints,
+            not_chosen=proposed.not_chosen,
         )
 
 
@@ -203,9 +210,17 @@ def _rows(decisions: Iterable[Decision], outcomes: dict[tuple[str, str], Outcome
     rows: list[ReportedDecision] = []
     for decision in decisions:
         proposal = decision.proposal
+        group = proposal.group or (_drain_group(proposal.node) if proposal.kind == "node" else None)
         for pod in proposal.pods:
             outcome = outcomes.get(pod.key) if decision.approved else None
-            if not decision.approved:
+            if not decision.approved and decision.blocked_pod not in (None, pod.key):
+                # The refusal is about another pod of the same proposal: say so, not as if it were its own.
+                whose = "drain" if proposal.kind == "node" else proposal.kind
+                reason = (
+                    f"not evicted: its {whose}'s refusal, not this pod's: {decision.reason} "
+                    f"(wanted: {proposal.reason})"
+                )
+            elif not decision.approved:
                 reason = f"{decision.reason} (wanted: {proposal.reason})"
             else:  # an approved decision's own reason says where the planner re-placed pods
                 reason = f"{proposal.reason}; {decision.reason}" if decision.reason else proposal.reason
@@ -221,13 +236,18 @@ def _rows(decisions: Iterable[Decision], outcomes: dict[tuple[str, str], Outcome
                     outcome=outcome.result if outcome is not None else None,
                     reason=reason,
                     blocked_by=decision.blocked_by,
-                    group=proposal.group or pod.gang,
+                    group=group or pod.gang,
                     target_node=(decision.targets or proposal.targets).get(pod.key),
                     uid=pod.uid,
                     workload=proposal.action.ref if proposal.action is not None else None,
                 )
             )
     return rows
+
+
+def _drain_group(node: str | None) -> str | None:
+    """The group id tying the rows of one node drain together: `drain/<node>`."""
+    return f"drain/{node}" if node is not None else None
 
 
 def _action(decision: Decision) -> Literal["evict", "skip", "notify", "reclaim", "clear"]:
@@ -285,6 +305,15 @@ def assemble_report(
         proposals=len(evaluation.decisions),
         evictions=sum(1 for r in rows if r.outcome in _DONE),
         blocked=sum(1 for r in rows if r.action == "skip" or r.outcome == "blocked-by-pdb"),
+        blocked_by=dict(
+            sorted(
+                Counter(
+                    r.blocked_by or r.outcome or "unknown"
+                    for r in rows
+                    if r.action == "skip" or r.outcome == "blocked-by-pdb"
+                ).items()
+            )
+        ),
         nodes_freed=len(freed),
         gpus_freed=gpus_freed,
         estimated_savings_per_hour=savings,
@@ -311,6 +340,10 @@ def assemble_report(
         predictions=landings.checks,
         predictions_awaiting=landings.awaiting,
         notices=_notices(evaluation.decisions, outcomes, snapshot.now),
+        not_chosen=evaluation.not_chosen,
+        source=snapshot.source,
+        policy_name=loaded.name,
+        policy_digest=loaded.digest,
     )
 
 

@@ -1,7 +1,8 @@
 """The cycle's report: what every sink publishes, and nothing else.
 
 Owns the frozen types of a finished cycle's report (`CycleReport`: its rows, summary, the facts of
-the nodes it names, the landings judged, the notices to owners of idle workloads). Built by
+the nodes it names, the landings judged, the notices to owners of idle workloads, what the strategies
+left alone and why, the snapshot's source and the policy that judged it). Built by
 `cycle.assemble_report`; rendered by `report`, published by the sinks. Like `model`, it must not do
 I/O, read the clock or know about any client library.
 """
@@ -13,7 +14,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from rebalancer.model import Finding, Mode, OutcomeResult, PredictionResult, SkippedStrategy, WorkloadVerb
+from rebalancer.model import (
+    Finding,
+    Mode,
+    NotChosen,
+    OutcomeResult,
+    PredictionResult,
+    SkippedStrategy,
+    WorkloadVerb,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +59,8 @@ class Summary:
     # Idle workloads whose GPUs were given back (or would be, in a dry run), and those GPU-equivalents.
     reclaims: int = 0
     gpus_reclaimed: float = 0.0
+    # `blocked` by what refused it: a guard name, or the outcome (`blocked-by-pdb`) of a live refusal.
+    blocked_by: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,3 +132,35 @@ class CycleReport:
     predictions_awaiting: int = 0
     # Idle workloads whose owners were told, or whose GPUs were reclaimed, this cycle.
     notices: tuple[WorkloadNotice, ...] = ()
+    # What each strategy looked at and left alone, and why (`rebalancer explain` reads them all; the
+    # rendered report counts them).
+    not_chosen: tuple[NotChosen, ...] = ()
+    # Where the snapshot came from and which policy judged it (name, `sha256:` digest of its values).
+    source: str = ""
+    policy_name: str = ""
+    policy_digest: str = ""
+
+    @property
+    def acted(self) -> int:
+        """Rows that evicted a pod or changed a workload, or (dry run) would have: what `once
+        --exit-code` fails a CI job on."""
+        return sum(1 for d in self.decisions if d.action != "skip" and d.outcome in _ACTED)
+
+
+# Outcomes that are an eviction or a workload change made, or one a dry run would make.
+_ACTED: frozenset[OutcomeResult | None] = frozenset(
+    {
+        "would-evict",
+        "evicted",
+        "would-notify",
+        "notified",
+        "would-scale",
+        "scaled",
+        "would-suspend",
+        "suspended",
+        "would-stop",
+        "stopped",
+        "would-clear",
+        "cleared",
+    }
+)

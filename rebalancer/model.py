@@ -422,6 +422,9 @@ class Snapshot:
     # The controllers of GPU pods and their own controllers, by (namespace, kind, name): what
     # `rebalancer.workloads` resolves a pod's workload with. Empty when the source read none.
     controllers: Mapping[tuple[str, str, str], Controller] = field(default_factory=dict)
+    # Where the picture was taken, for the report (`snapshot DIR`, `live cluster (context ...)`): never
+    # a credential.
+    source: str = ""
 
     @cached_property
     def pods_by_node(self) -> Mapping[str, tuple[Pod, ...]]:
@@ -569,6 +572,30 @@ class SkippedStrategy:
 
 
 @dataclass(frozen=True, slots=True)
+class NotChosen:
+    """Why a strategy did not act on a node or a pod it looked at: the strategy says so, the cycle
+    collects it into the report (`rebalancer explain` shows it), nothing prints it.
+
+    `code` is stable (a reason's kind, for counting: `allocated-above-threshold`, `gpu-busy`, ...);
+    `reason` is the sentence for a person. `namespace`/`pod` are None for a node-level record.
+    """
+
+    strategy: str
+    node: str | None
+    code: str
+    reason: str
+    namespace: str | None = None
+    pod: str | None = None
+
+    @property
+    def subject(self) -> str:
+        """`ns/pod`, else `node NAME`."""
+        if self.pod is not None:
+            return f"{self.namespace}/{self.pod}"
+        return f"node {self.node}"
+
+
+@dataclass(frozen=True, slots=True)
 class StrategyResult:
     """Everything one strategy has to say about one snapshot."""
 
@@ -576,3 +603,5 @@ class StrategyResult:
     findings: tuple[Finding, ...] = ()
     skipped: str | None = None
     hints: tuple[str, ...] = ()
+    # What it looked at and left alone, each with why.
+    not_chosen: tuple[NotChosen, ...] = ()

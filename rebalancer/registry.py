@@ -18,9 +18,10 @@ from rebalancer.model import Pod, Snapshot, StrategyResult
 
 
 class StrategyArgs(BaseModel):
-    """Base of every strategy's arguments: unknown keys are errors, values are immutable."""
+    """Base of every strategy's arguments: unknown keys are errors, values are immutable, and each
+    field's docstring is its description (`rebalancer strategies` prints it)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     # Whether the strategy needs DCGM telemetry with these arguments (it is skipped when telemetry is
     # unavailable, never run on missing data).

@@ -7,6 +7,7 @@ stable (additions only) because operators and dashboards parse them.
 from __future__ import annotations
 
 import json
+import textwrap
 from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -17,6 +18,11 @@ from rebalancer.model import PREDICTION_RESULTS, PredictionResult
 
 OutputFormat = Literal["text", "json", "markdown"]
 
+# The JSON report's schema: bumped only on a change that is not an addition (none yet, DESIGN §7).
+SCHEMA_VERSION = 1
+# How many of a strategy's most frequent "not chosen" reasons the report shows.
+TOP_REASONS = 3
+
 
 def _rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -25,6 +31,9 @@ def _rfc3339(moment: datetime) -> str:
 def to_dict(report: CycleReport) -> dict[str, Any]:
     s = report.summary
     return {
+        "schema_version": SCHEMA_VERSION,
+        "source": report.source or None,
+        "policy": {"name": report.policy_name or None, "digest": report.policy_digest or None},
         "mode": report.mode,
         "now": _rfc3339(report.now),
         "summary": {
@@ -39,6 +48,7 @@ def to_dict(report: CycleReport) -> dict[str, Any]:
             "estimated_savings_per_hour": s.estimated_savings_per_hour,
             "reclaims": s.reclaims,
             "gpus_reclaimed": s.gpus_reclaimed,
+            "blocked_by": dict(s.blocked_by),
         },
         "decisions": [
             {
@@ -72,6 +82,10 @@ def to_dict(report: CycleReport) -> dict[str, Any]:
         "skipped_strategies": [
             {"strategy": s.strategy, "reason": s.reason} for s in report.skipped_strategies
         ],
+        "not_chosen": {
+            strategy: {"count": count, "top_reasons": [{"code": c, "count": n} for c, n in top]}
+            for strategy, (count, top) in not_chosen_counts(report).items()
+        },
         "freed_nodes": list(report.freed_nodes),
         "hints": list(report.hints),
         "workload_actions": [
@@ -107,6 +121,26 @@ def to_dict(report: CycleReport) -> dict[str, Any]:
             ],
         },
     }
+
+
+def not_chosen_counts(report: CycleReport) -> dict[str, tuple[int, list[tuple[str, int]]]]:
+    """Per strategy (in report order): how many nodes/pods it left alone, and its most frequent
+    reason codes (most first, then by code)."""
+    by_strategy: dict[str, Counter[str]] = {}
+    for record in report.not_chosen:
+        by_strategy.setdefault(record.strategy, Counter())[record.code] += 1
+    return {
+        strategy: (sum(codes.values()), sorted(codes.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_REASONS])
+        for strategy, codes in by_strategy.items()
+    }
+
+
+def _not_chosen_lines(report: CycleReport) -> list[str]:
+    """`gpu-consolidation: 5 left alone (gpu-busy: 3, too-young: 1, cordoned: 1)`."""
+    return [
+        f"{strategy}: {count} left alone (" + ", ".join(f"{code}: {n}" for code, n in top) + ")"
+        for strategy, (count, top) in not_chosen_counts(report).items()
+    ]
 
 
 def _prediction_counts(report: CycleReport) -> dict[str, dict[PredictionResult, int]]:
@@ -177,11 +211,37 @@ def _cells(d: ReportedDecision) -> list[str]:
     return [d.strategy, f"{d.namespace}/{d.pod}", d.node or "-", _verdict(d), d.target_node or "-", d.reason]
 
 
-def render_text(report: CycleReport) -> str:
+def _decision_table(report: CycleReport, width: int | None) -> list[str]:
+    """The decisions as a table; when a row would not fit in `width` columns, every reason goes under
+    its row instead, wrapped and indented."""
+    headers = ["STRATEGY", "POD", "NODE", "VERDICT", "TARGET", "REASON"]
+    rows = [_cells(d) for d in report.decisions]
+    table = text_table(headers, rows)
+    if width is None or max(len(line) for line in table) <= width:
+        return table
+    short = text_table(headers[:-1], [row[:-1] for row in rows])
+    out = [short[0]]
+    for line, row in zip(short[1:], rows, strict=True):
+        out.append(line)
+        out += textwrap.wrap(
+            row[-1],
+            width,
+            initial_indent=_REASON_INDENT,
+            subsequent_indent=_REASON_INDENT,
+            break_on_hyphens=False,
+        )
+    return out
+
+
+_REASON_INDENT = "    "
+
+
+def render_text(report: CycleReport, width: int | None = None) -> str:
+    """The text report; `width` (a terminal's columns) wraps each decision's reason under its row when
+    the table would be wider, None never wraps."""
     out = [f"gpu-rebalancer {report.mode} report at {_rfc3339(report.now)}", ""]
     if report.decisions:
-        rows = [_cells(d) for d in report.decisions]
-        out += text_table(["STRATEGY", "POD", "NODE", "VERDICT", "TARGET", "REASON"], rows)
+        out += _decision_table(report, width)
     else:
         out.append("No evictions proposed.")
     if report.findings:
@@ -195,6 +255,9 @@ def render_text(report: CycleReport) -> str:
     if report.skipped_strategies:
         out += ["", "Skipped strategies:"]
         out += [f"  {s.strategy}: {s.reason}" for s in report.skipped_strategies]
+    if report.not_chosen:
+        out += ["", "Not chosen (`rebalancer explain NODE|NAMESPACE/POD` says why for one):"]
+        out += [f"  {line}" for line in _not_chosen_lines(report)]
     if report.hints:
         out += ["", "Hints:"]
         out += [f"  {h}" for h in report.hints]
@@ -244,15 +307,19 @@ def render_markdown(report: CycleReport) -> str:
     if report.skipped_strategies:
         out += ["", "### Skipped strategies", ""]
         out += [f"- `{s.strategy}`: {md_cell(s.reason)}" for s in report.skipped_strategies]
+    if report.not_chosen:
+        out += ["", "### Not chosen", ""]
+        out += [f"- {md_cell(line)}" for line in _not_chosen_lines(report)]
     if report.hints:
         out += ["", "### Hints", ""]
         out += [f"- {md_cell(h)}" for h in report.hints]
     return "\n".join(out) + "\n"
 
 
-def render(report: CycleReport, fmt: OutputFormat) -> str:
+def render(report: CycleReport, fmt: OutputFormat, width: int | None = None) -> str:
+    """The report in `fmt`; `width` only shapes the text form (see `render_text`)."""
     if fmt == "json":
         return to_json(report) + "\n"
     if fmt == "markdown":
         return render_markdown(report)
-    return render_text(report)
+    return render_text(report, width)

@@ -133,7 +133,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--policy", metavar="FILE", help="policy file (default: built-in)")
     parser.add_argument("--prices", metavar="FILE", help="YAML mapping GPU model -> USD per GPU-hour")
-    parser.add_argument("--output", choices=("text", "json", "markdown", "csv"), default="text")
+    parser.add_argument(
+        "-o", "--output", choices=("text", "json", "markdown", "csv"), default="text", help="report format"
+    )
     parser.add_argument(
         "--snapshot", metavar="DIR", help="cluster view (and, without Prometheus, history) from a snapshot"
     )

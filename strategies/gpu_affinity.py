@@ -53,11 +53,11 @@ PREFERRED_PRIORITY_CAP = 999.0
 class GpuAffinityArgs(StrategyArgs):
     """Arguments of `gpu-affinity`. Durations accept `30s`, `5m`, `1h30m` or seconds."""
 
-    # Also move pods whose node matches none of their preferred node affinity terms, when a node that
-    # matches a preferred term has room now.
     preferred: bool = False
-    # Pods younger than this (since start, else creation; unknown counts as young) are left alone.
+    """Also move pods whose node matches none of their preferred node affinity terms, when a node that
+    matches a preferred term has room now."""
     min_pod_age: Duration = 600
+    """Pods younger than this (since start, else creation; unknown counts as young) are left alone."""
 
 
 @dataclass(frozen=True, slots=True)

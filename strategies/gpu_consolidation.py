@@ -7,7 +7,9 @@ member of a gang it touches, wherever that member runs) can be re-placed at once
 (MostAllocated) scheduler, with reservations carried across pods and across every node drained in the
 same run, and never onto a node being drained. A node is proposed whole or not at all; the proposal
 names each pod's predicted destination and the rules any other destination must meet should an earlier
-proposal of the cycle fill that one. The parts it composes:
+proposal of the cycle fill that one. Every GPU node it does not propose gets a `NotChosen` record
+naming the rule that left it out (not a candidate, a pod that may not move, no room, the per-cycle
+cap...). The parts it composes:
 
 - `gpu_consolidation_accounting`: GPU-equivalents of nodes and pods (shares, MIG instances by slices);
 - `gpu_consolidation_telemetry`: fresh and sufficient DCGM telemetry, and a node's utilisation;
@@ -37,7 +39,7 @@ from typing import Annotated, Self
 
 from pydantic import Field, model_validator
 
-from rebalancer.model import Finding, Pod, Proposal, Snapshot, StrategyResult, TelemetryWindow
+from rebalancer.model import Finding, NotChosen, Pod, Proposal, Snapshot, StrategyResult, TelemetryWindow
 from rebalancer.placement import ClusterState
 from rebalancer.policy import Duration, Percent, format_duration
 from rebalancer.registry import StrategyArgs, StrategyContext, strategy
@@ -46,6 +48,7 @@ from strategies.gpu_consolidation_accounting import (
     MIG_SLICES_PER_GPU,
     NAME,
     format_gpus,
+    format_pct,
     largest_first,
     pod_gpus,
 )
@@ -55,6 +58,7 @@ from strategies.gpu_consolidation_candidates import (
     blocked,
     has_mirror_pod,
     node_candidate,
+    not_chosen,
     static_block,
 )
 from strategies.gpu_consolidation_sizes import (
@@ -83,34 +87,37 @@ PodKey = tuple[str, str]
 class GpuConsolidationArgs(StrategyArgs):
     """Arguments of `gpu-consolidation`. Durations accept `30s`, `5m`, `1h30m` or seconds."""
 
-    # A node is a candidate when strictly less than this share of its GPU capacity is allocated
-    # (shares count in milli-GPU, MIG instances by their compute slices).
     max_allocated_percent: Percent = 50.0
-    # ... and its GPUs averaged strictly below this utilisation over `window`; null = allocation alone.
+    """A node is a candidate when strictly less than this share of its GPU capacity is allocated (shares
+    count in milli-GPU, MIG instances by their compute slices)."""
     max_utilization_percent: Percent | None = 30.0
+    """... and when its GPUs also average strictly below this utilisation over `window` (null: judged on
+    allocation alone)."""
     window: Annotated[Duration, Field(gt=0)] = 3600
-    # Nodes younger than this (unknown creation time counts as young) are left to settle.
+    """The telemetry window the node's utilisation is averaged over."""
     min_node_age: Duration = 3600
+    """Nodes younger than this (unknown creation time counts as young) are left to settle."""
     max_nodes_per_cycle: int = Field(default=3, ge=1)
-    # Only pods placed by one of these scheduler profiles are moved: a spreading scheduler would
-    # spread them out again.
+    """At most this many node drains proposed per cycle (the cheapest to drain first)."""
     packed_schedulers: tuple[str, ...] = Field(default=("gpu-packed-scheduler",), min_length=1)
-    # A GPU series whose newest sample is older than this (relative to the snapshot's now) is stale.
+    """Only pods placed by one of these scheduler profiles are moved: a spreading scheduler would spread
+    them out again."""
     max_telemetry_age: Annotated[Duration, Field(gt=0)] = 300
-    # Fewer utilisation samples than this in the window, on any GPU of the node, is not enough evidence
-    # to call the node under-used (as idle-gpu's min_samples).
+    """A GPU series whose newest sample is older than this (relative to the snapshot's now) is stale."""
     min_samples: int = Field(default=10, ge=1)
-    # false: a drained node's pods never go to nodes with fewer GPUs than it (small GPU shapes, often
-    # a scarce model, stay free for the pods that can run nowhere else).
+    """Fewer utilisation samples than this in the window, on any GPU of the node, is not enough evidence to
+    call the node under-used (as idle-gpu's min_samples)."""
     move_to_smaller_nodes: bool = False
-    # true: a node at or above `max_allocated_percent` is drained too when the packed scheduler puts
-    # part of its pods on nodes with more GPUs, none on smaller nodes, and the rest fill no more GPUs
-    # on nodes of its own size than the node leaves free (the utilisation threshold still applies).
+    """false: a drained node's pods never go to nodes with fewer GPUs than it (small GPU shapes, often a
+    scarce model, stay free for the pods that can run nowhere else)."""
     drain_onto_larger_nodes: bool = True
-    # With drain_onto_larger_nodes: when the pods of such a node that must stay on its size lack room
-    # on its peers (same GPU model and size), the same proposal may also move up to this many peer
-    # pods that the packed scheduler puts on nodes with more GPUs, to make that room (0: never).
+    """true: a node at or above `max_allocated_percent` is drained too when the packed scheduler puts part
+    of its pods on nodes with more GPUs, none on smaller nodes, and the rest fill no more GPUs on nodes of
+    its own size than the node leaves free (the utilisation threshold still applies)."""
     peer_pods_to_make_room: int = Field(default=1, ge=0)
+    """With drain_onto_larger_nodes: when the pods of such a node that must stay on its size lack room on
+    its peers (same GPU model and size), the same proposal may also move up to this many peer pods that the
+    packed scheduler puts on nodes with more GPUs, to make that room (0: never)."""
 
     @model_validator(mode="after")
     def _room_needs_upward_drains(self) -> GpuConsolidationArgs:
@@ -141,8 +148,7 @@ class GpuConsolidationArgs(StrategyArgs):
 # --------------------------------------------------------------------------- simulation
 
 
-def _pct(value: float) -> str:
-    return f"{value:.1f}".rstrip("0").rstrip(".") + "%"
+_pct = format_pct
 
 
 def _no_fit(candidate: Candidate, trial: ClusterState, exclude: Collection[str]) -> Finding:
@@ -222,13 +228,16 @@ def gpu_consolidation(snapshot: Snapshot, args: GpuConsolidationArgs, ctx: Strat
             )
 
     findings: list[Finding] = []
+    left: list[NotChosen] = []
     candidates: list[Candidate] = []
     for name in sorted(snapshot.nodes):
         candidate = node_candidate(
             snapshot.nodes[name], snapshot, args, ctx, window=window, findings=findings
         )
-        if candidate is not None:
+        if isinstance(candidate, Candidate):
             candidates.append(candidate)
+        elif candidate is not None:
+            left.append(candidate)
 
     # Pod-level rules: every pod to move must be evictable and placed by a packed scheduler.
     packed = set(args.packed_schedulers)
@@ -236,14 +245,26 @@ def gpu_consolidation(snapshot: Snapshot, args: GpuConsolidationArgs, ctx: Strat
     non_packed_nodes = 0
     drainable: list[Candidate] = []
     for candidate in candidates:
-        if has_mirror_pod(candidate):
-            continue  # a static pod pins the node: it can never be freed
+        if has_mirror_pod(candidate):  # a static pod pins the node: it can never be freed
+            left.append(not_chosen(candidate.name, "static-pod", "not drained: a static pod pins the node"))
+            continue
         block = static_block(candidate, ctx)
         if block is not None:
             if not candidate.needs_larger:  # findings and hints are about under-used nodes
                 findings.append(block)
+            left.append(not_chosen(candidate.name, "pod-may-not-move", f"not drained: {block.detail}"))
             continue
         spreading = [pod for pod in candidate.pods if pod.scheduler_name not in packed]
+        if spreading:
+            schedulers = ", ".join(sorted({pod.scheduler_name for pod in spreading}))
+            left.append(
+                not_chosen(
+                    candidate.name,
+                    "non-packed-scheduler",
+                    f"not drained: {plural(len(spreading), 'pod')} placed by a non-packed scheduler "
+                    f"({schedulers}) would be spread out again",
+                )
+            )
         if spreading and candidate.needs_larger:
             continue
         if spreading:
@@ -253,9 +274,19 @@ def gpu_consolidation(snapshot: Snapshot, args: GpuConsolidationArgs, ctx: Strat
         drainable.append(candidate)
     drainable.sort(key=Candidate.order)
 
-    proposals = _simulate(snapshot, args, ctx, drainable, findings)
+    proposals = _simulate(snapshot, args, ctx, drainable, findings, left=left)
     hints = (_scheduler_hint(non_packed, non_packed_nodes, args),) if non_packed else ()
-    return StrategyResult(proposals=tuple(proposals), findings=tuple(findings), hints=hints)
+    return StrategyResult(
+        proposals=tuple(proposals), findings=tuple(findings), hints=hints, not_chosen=tuple(left)
+    )
+
+
+def _above_threshold(candidate: Candidate, args: GpuConsolidationArgs) -> str:
+    share = candidate.allocated / candidate.capacity * 100
+    return (
+        f"not drained: {_pct(share)} allocated >= threshold {_pct(args.max_allocated_percent)}, and its "
+        "pods cannot be lifted onto nodes with more GPUs"
+    )
 
 
 def _simulate(
@@ -264,6 +295,8 @@ def _simulate(
     ctx: StrategyContext,
     drainable: Sequence[Candidate],
     findings: list[Finding],
+    *,
+    left: list[NotChosen],
 ) -> list[Proposal]:
     """Greedy in order over one shared what-if cluster; stop at `max_nodes_per_cycle` proposals.
 
@@ -281,7 +314,14 @@ def _simulate(
     moved, done, sizes = run.moved, run.done, run.sizes
     receivers: set[str] = set()  # nodes predicted to receive pods in this run
     # Nodes at or above the threshold that could never be drained are no upcoming drains either.
-    drainable = [c for c in drainable if not c.needs_larger or may_drain_upward(c, sizes, args)]
+    upward = [c for c in drainable if not c.needs_larger or may_drain_upward(c, sizes, args)]
+    kept = {c.name for c in upward}
+    left.extend(
+        not_chosen(c.name, "allocated-above-threshold", _above_threshold(c, args))
+        for c in drainable
+        if c.name not in kept
+    )
+    drainable = upward
     by_name = {c.name: c for c in drainable}
 
     def viable(candidate: Candidate) -> bool:
@@ -291,11 +331,34 @@ def _simulate(
             and not any(pod.key in moved for pod in candidate.pods)
         )
 
+    def not_viable(candidate: Candidate) -> NotChosen | None:
+        """Why a candidate not drained in this run is not (None: drained, or not yet decided)."""
+        if candidate.name in done:
+            return None
+        if candidate.name in receivers:
+            return not_chosen(
+                candidate.name, "receives-pods", "not drained: it receives pods of a node drained this cycle"
+            )
+        return not_chosen(
+            candidate.name,
+            "pods-already-move",
+            "not drained: some of its pods already move with another drain",
+        )
+
     for index, candidate in enumerate(drainable):
         room = args.max_nodes_per_cycle - len(proposals)
         if room <= 0:
+            capped = (
+                f"not drained: max_nodes_per_cycle {args.max_nodes_per_cycle} reached by nodes cheaper "
+                "to drain"
+            )
+            for rest in drainable[index:]:
+                why = not_chosen(rest.name, "cycle-cap", capped) if viable(rest) else not_viable(rest)
+                left.extend([why] if why is not None else [])
             break
         if not viable(candidate):
+            why = not_viable(candidate)
+            left.extend([why] if why is not None else [])
             continue
         later = (c.name for c in drainable[index + 1 :] if viable(c))
         upcoming = list(islice(later, room - 1))
@@ -309,8 +372,10 @@ def _simulate(
             exclude = {candidate.name}
             targets = trial.place_all(candidate.pods, exclude=exclude)
         if targets is None:
+            no_fit = _no_fit(candidate, trial, {candidate.name})
             if not candidate.needs_larger:
-                findings.append(_no_fit(candidate, trial, {candidate.name}))
+                findings.append(no_fit)
+            left.append(not_chosen(candidate.name, "cannot-re-place", f"not drained: {no_fit.detail}"))
             continue
         landing = landing_of(candidate, targets, sizes)
         makers: list[Pod] = []
@@ -325,6 +390,18 @@ def _simulate(
                 shortfall = landing.same - (candidate.capacity - candidate.allocated)
                 made = with_room_made(candidate, shortfall, state, exclude, run)
             if made is None:
+                left.append(
+                    not_chosen(
+                        candidate.name,
+                        "size-rules",
+                        "not drained: "
+                        + (
+                            "its pods would land on nodes with fewer GPUs (move_to_smaller_nodes)"
+                            if not candidate.needs_larger
+                            else _above_threshold(candidate, args).removeprefix("not drained: ")
+                        ),
+                    )
+                )
                 # A node at or above the threshold is not under-used: no finding for it.
                 if not candidate.needs_larger:
                     findings.append(

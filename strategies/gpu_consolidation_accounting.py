@@ -5,7 +5,8 @@ them, or, on a MIG node, its whole GPUs plus its MIG instances by compute slices
 holds N of a GPU's `MIG_SLICES_PER_GPU`); a pod holds its whole GPUs and shares (`pod.gpu`), or its MIG
 instances by slices. These sums judge thresholds, order candidates and compare node sizes; they never
 decide whether a pod fits (that is per-device packing, `rebalancer.placement`'s job). Also owns how a GPU
-amount is written, and the strategy's name, which every part writes into its findings and proposals.
+amount and a percentage are written, and the strategy's name, which every part writes into its
+findings and proposals.
 
 This module must stay pure: no I/O, no clock, no cluster or Prometheus clients. It must not judge nodes
 or pods (candidates, telemetry, size rules are the other parts'), nor import any of them.
@@ -19,7 +20,15 @@ from collections.abc import Iterable
 from rebalancer.gpu_devices import gpu_device_count
 from rebalancer.model import MIG_RESOURCE_PREFIX, MILLI_PER_GPU, Node, Pod
 
-__all__ = ["MIG_SLICES_PER_GPU", "NAME", "format_gpus", "largest_first", "node_capacity_gpus", "pod_gpus"]
+__all__ = [
+    "MIG_SLICES_PER_GPU",
+    "NAME",
+    "format_gpus",
+    "format_pct",
+    "largest_first",
+    "node_capacity_gpus",
+    "pod_gpus",
+]
 
 NAME = "gpu-consolidation"
 # A MIG profile `<N>g.<memory>` holds N of a GPU's (usually 7) compute slices.
@@ -56,6 +65,11 @@ def pod_gpus(pod: Pod) -> float:
 def format_gpus(value: float) -> str:
     """A GPU amount to at most two decimals, without trailing zeros (`2`, `1.5`, `0.43`)."""
     return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def format_pct(value: float) -> str:
+    """A percentage to at most one decimal, without a trailing zero (`71%`, `12.5%`)."""
+    return f"{value:.1f}".rstrip("0").rstrip(".") + "%"
 
 
 def largest_first(pods: Iterable[Pod]) -> list[Pod]:

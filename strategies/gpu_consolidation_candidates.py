@@ -8,7 +8,8 @@ telemetry averaging strictly below it. What would move is every non-DaemonSet po
 member of a gang one of them belongs to, wherever that member runs. Candidates are tried fewest evictions
 first (pods, then GPUs held), then the most expensive node, then the most GPUs. Also owns the static
 blocks: a static pod, or a pod the per-pod guards (`StrategyContext.refusal`) would refuse, means the
-node can never be drained whole, which a `consolidation-blocked` finding says.
+node can never be drained whole, which a `consolidation-blocked` finding says. Every GPU node that is
+no candidate gets a `NotChosen` record saying which rule left it out.
 
 This module must stay pure: no I/O, no clock (`snapshot.now` is the time), no cluster or Prometheus
 clients. It must not simulate placements (the entry module does) nor apply PDBs, budgets or cooldowns
@@ -22,15 +23,24 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from rebalancer.guards import node_refusal
-from rebalancer.model import Finding, Node, Pod, Snapshot, TelemetryWindow
+from rebalancer.model import Finding, Node, NotChosen, Pod, Snapshot, TelemetryWindow
+from rebalancer.policy import format_duration
 from rebalancer.registry import StrategyContext
-from strategies.gpu_consolidation_accounting import node_capacity_gpus, pod_gpus
+from strategies.gpu_consolidation_accounting import NAME, format_pct, node_capacity_gpus, pod_gpus
 from strategies.gpu_consolidation_telemetry import node_utilisation
 
 if TYPE_CHECKING:
     from strategies.gpu_consolidation import GpuConsolidationArgs
 
-__all__ = ["BLOCKED_FINDING", "Candidate", "blocked", "has_mirror_pod", "node_candidate", "static_block"]
+__all__ = [
+    "BLOCKED_FINDING",
+    "Candidate",
+    "blocked",
+    "has_mirror_pod",
+    "node_candidate",
+    "not_chosen",
+    "static_block",
+]
 
 BLOCKED_FINDING = "consolidation-blocked"
 
@@ -64,6 +74,11 @@ class Candidate:
         return (len(self.pods), self.moved_gpus, -self.price, -self.capacity, self.name)
 
 
+def not_chosen(node: str, code: str, reason: str) -> NotChosen:
+    """The record that `node` is not drained this cycle, and why."""
+    return NotChosen(strategy=NAME, node=node, code=code, reason=reason)
+
+
 def node_candidate(
     node: Node,
     snapshot: Snapshot,
@@ -72,30 +87,56 @@ def node_candidate(
     *,
     window: TelemetryWindow | None,
     findings: list[Finding],
-) -> Candidate | None:
-    """The node as a candidate when it passes the node-level rules (pods are judged later)."""
-    if not node.is_gpu_node or node.unschedulable or node_refusal(node) is not None:
+) -> Candidate | NotChosen | None:
+    """The node as a candidate when it passes the node-level rules (pods are judged later), else why
+    not; None for a node without GPUs (not looked at)."""
+    if not node.is_gpu_node:
         return None
-    if node.created is None or snapshot.now - node.created < timedelta(seconds=args.min_node_age):
-        return None
-    movable = [pod for pod in snapshot.pods_on(node.name) if not pod.is_daemonset]
+    name = node.name
+    if node.unschedulable:
+        return not_chosen(name, "cordoned", "not a candidate: the node is cordoned")
+    refused = node_refusal(node)
+    if refused is not None:
+        return not_chosen(name, "opted-out", f"not a candidate: {refused.reason}")
+    if node.created is None:
+        return not_chosen(name, "too-young", "not a candidate: the node's creation time is unknown")
+    if snapshot.now - node.created < timedelta(seconds=args.min_node_age):
+        age = format_duration(max(0, int((snapshot.now - node.created).total_seconds())))
+        return not_chosen(
+            name,
+            "too-young",
+            f"not a candidate: the node is {age} old < min_node_age {format_duration(args.min_node_age)}",
+        )
+    movable = [pod for pod in snapshot.pods_on(name) if not pod.is_daemonset]
     if not movable:
-        return None  # nothing to move: the node is already free for the autoscaler
+        # Nothing to move: the node is already free for the autoscaler.
+        return not_chosen(name, "nothing-to-move", "not a candidate: no pod to move (already free)")
     capacity = node_capacity_gpus(node)
     if capacity <= 0:
-        return None
-    allocated = sum(pod_gpus(pod) for pod in snapshot.pods_on(node.name))
-    needs_larger = allocated / capacity * 100 >= args.max_allocated_percent
+        return not_chosen(name, "no-gpu-capacity", "not a candidate: no allocatable GPU")
+    allocated = sum(pod_gpus(pod) for pod in snapshot.pods_on(name))
+    share = allocated / capacity * 100
+    needs_larger = share >= args.max_allocated_percent
     if needs_larger and not args.drain_onto_larger_nodes:
-        return None
+        return not_chosen(
+            name,
+            "allocated-above-threshold",
+            f"not a candidate: {format_pct(share)} allocated >= threshold "
+            f"{format_pct(args.max_allocated_percent)}",
+        )
     utilisation: float | None = None
     if window is not None and args.max_utilization_percent is not None:
         measured = node_utilisation(node, window, args, snapshot)
         if isinstance(measured, Finding):
             findings.append(measured)
-            return None
+            return not_chosen(name, "telemetry-unusable", f"not a candidate: {measured.detail}")
         if measured >= args.max_utilization_percent:
-            return None
+            return not_chosen(
+                name,
+                "gpu-busy",
+                f"not a candidate: GPUs average {format_pct(measured)} over "
+                f"{format_duration(args.window)} >= threshold {format_pct(args.max_utilization_percent)}",
+            )
         utilisation = measured
     moving: dict[PodKey, Pod] = {pod.key: pod for pod in movable}
     for pod in movable:

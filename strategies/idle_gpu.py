@@ -22,9 +22,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from rebalancer.history import Workload
-from rebalancer.model import Finding, GpuTelemetry, Pod, Proposal, Snapshot, StrategyResult, TelemetryWindow
+from rebalancer.model import (
+    Finding,
+    GpuTelemetry,
+    NotChosen,
+    Pod,
+    Proposal,
+    Snapshot,
+    StrategyResult,
+    TelemetryWindow,
+)
 from rebalancer.policy import format_duration
 from rebalancer.registry import StrategyContext, strategy
+from rebalancer.wording import plural
 from rebalancer.workloads import resolve
 from strategies.idle_gpu_evidence import (
     NAME,
@@ -35,6 +45,7 @@ from strategies.idle_gpu_evidence import (
     fmt,
     idle_text,
     judge,
+    not_idle,
     pct,
     stale_finding,
 )
@@ -198,7 +209,34 @@ def idle_gpu(snapshot: Snapshot, args: IdleGpuArgs, ctx: StrategyContext) -> Str
         findings.extend([finding] if finding is not None else [])
 
     findings.extend(_leaked_vram(window, args, now))
-    return StrategyResult(proposals=tuple(proposals), findings=tuple(findings))
+    left = [why for p in holders if (why := not_idle(verdicts[p.key], args)) is not None]
+    proposed = {pod.key for proposal in proposals for pod in proposal.pods}
+    left.extend(
+        why for why in _busy_siblings(by_workload, verdicts) if (why.namespace, why.pod) not in proposed
+    )
+    return StrategyResult(proposals=tuple(proposals), findings=tuple(findings), not_chosen=tuple(left))
+
+
+def _busy_siblings(
+    by_workload: Mapping[Workload, Sequence[Pod]],
+    verdicts: Mapping[tuple[str, str], Verdict],
+) -> Iterable[NotChosen]:
+    """Idle pods of a workload some other GPU pod of which is not idle: the workload is not idle."""
+    for key, pods in by_workload.items():
+        others = [p for p in pods if not verdicts[p.key].evictable_idle]
+        if not others:
+            continue
+        for pod in pods:
+            if verdicts[pod.key].evictable_idle:
+                yield NotChosen(
+                    NAME,
+                    pod.node_name,
+                    "workload-busy",
+                    f"idle, but {plural(len(others), 'other GPU pod')} of {key.kind} {key.name} "
+                    "is not: the workload is not idle",
+                    namespace=pod.namespace,
+                    pod=pod.name,
+                )
 
 
 def _workload(lifecycle: Lifecycle, rule: IdleAction) -> tuple[Proposal | None, Finding | None]:

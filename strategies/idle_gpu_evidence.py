@@ -2,7 +2,8 @@
 
 Owns `IdleGpuArgs` (with the per-namespace / per-selector action rules), the per-pod verdict (every GPU
 series attributed to the pod averaged below `max_utilization_percent` over `window`, with fresh and
-sufficient samples, and the pod older than `min_pod_age`) and the wording of that evidence. Missing,
+sufficient samples, and the pod older than `min_pod_age`), the wording of that evidence, and why a
+pod whose GPUs are not idle is not chosen (`not_idle`). Missing,
 stale or thin telemetry is never read as idle: the verdict then carries the problems instead.
 
 This module must stay pure: no I/O, no clock (`now` is given). It judges pods only: what an idle
@@ -19,7 +20,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rebalancer.guards import policy_selector
-from rebalancer.model import Finding, GpuTelemetry, Pod, TelemetryWindow
+from rebalancer.model import Finding, GpuTelemetry, NotChosen, Pod, TelemetryWindow
 from rebalancer.policy import Duration, LabelSelectorConfig, Percent, format_duration
 from rebalancer.registry import StrategyArgs
 from rebalancer.selectors import label_selector_matches
@@ -37,13 +38,16 @@ class IdleAction(BaseModel):
     """One rule: idle workloads in `namespaces` (empty: any) whose pods match `selector` (none: any)
     get `action`. The first rule that matches wins; a workload no rule matches is only reported."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     action: IdleActionName
+    """What an idle workload this rule matches leads to: report, notify, reclaim or restart."""
     namespaces: tuple[str, ...] = ()
+    """The namespaces the rule applies to (none: every namespace)."""
     selector: LabelSelectorConfig | None = None
-    # reclaim: how long after the owner was told (`rebalancer.gpu/idle-since`) the GPUs are reclaimed.
+    """A label selector on the pods the rule applies to (none: every pod)."""
     grace: Duration = Field(default=DEFAULT_GRACE, ge=0)
+    """reclaim: how long after the owner was told (`rebalancer.gpu/idle-since`) the GPUs are reclaimed."""
 
     def matches(self, namespace: str, labels: Mapping[str, str]) -> bool:
         if self.namespaces and namespace not in self.namespaces:
@@ -59,21 +63,22 @@ class IdleGpuArgs(StrategyArgs):
 
     requires_telemetry: ClassVar[bool] = True
 
-    # A pod is idle when every GPU it holds averaged strictly below this utilisation over `window`.
     max_utilization_percent: Percent = 5.0
+    """A pod is idle when every GPU it holds averaged strictly below this utilisation over `window`."""
     window: Duration = Field(default=1800, gt=0)
-    # Pods younger than this (since start, else creation; unknown counts as young) are left alone.
+    """The telemetry window a GPU's utilisation is averaged over."""
     min_pod_age: Duration = 3600
-    # Fewer utilisation samples than this in the window is not enough evidence to call a GPU idle.
+    """Pods younger than this (since start, else creation; unknown counts as young) are left alone."""
     min_samples: int = Field(default=10, ge=1)
-    # A series whose newest sample is older than this (relative to the snapshot's now) is stale.
+    """Fewer utilisation samples than this in the window is not enough evidence to call a GPU idle."""
     max_telemetry_age: Duration = Field(default=300, gt=0)
-    # What idle workloads lead to, per namespace or pod label selector; none: every one is reported.
+    """A series whose newest sample is older than this (relative to the snapshot's now) is stale."""
     actions: tuple[IdleAction, ...] = ()
-    # The older spelling of one `restart` rule for these namespaces (their idle pods are evicted).
+    """What idle workloads lead to, per namespace or pod label selector; none: every one is reported."""
     namespaces: tuple[str, ...] = ()
-    # Framebuffer use (MiB) above which an unattributed or compute-free GPU counts as leaked VRAM.
+    """The older spelling of one `restart` rule for these namespaces (their idle pods are evicted)."""
     leaked_vram_mib: float = Field(default=1024.0, ge=0, allow_inf_nan=False)
+    """Framebuffer use (MiB) above which an unattributed or compute-free GPU counts as leaked VRAM."""
 
     @model_validator(mode="after")
     def _one_spelling(self) -> IdleGpuArgs:
@@ -187,6 +192,28 @@ def judge(pod: Pod, window: TelemetryWindow, args: IdleGpuArgs, now: datetime) -
     return Verdict(
         pod=pod, rows=rows, stale=tuple(problems), idle=idle and not problems, old_enough=old_enough
     )
+
+
+def not_idle(verdict: Verdict, args: IdleGpuArgs) -> NotChosen | None:
+    """Why the pod's GPUs are not judged idle (None when they are): unusable evidence, a busy GPU
+    (the busiest one named), or a pod too young to judge."""
+    pod = verdict.pod
+
+    def record(code: str, reason: str) -> NotChosen:
+        return NotChosen(NAME, pod.node_name, code, reason, namespace=pod.namespace, pod=pod.name)
+
+    if verdict.stale:
+        return record("telemetry-unusable", f"not judged: {'; '.join(verdict.stale)}")
+    if not verdict.idle:
+        busiest = max(verdict.rows, key=lambda row: row.util_avg_percent or 0.0)
+        return record(
+            "gpu-busy",
+            f"GPU {device_label(busiest)} busy (avg {pct(busiest.util_avg_percent)} over "
+            f"{format_duration(args.window)} >= threshold {pct(args.max_utilization_percent)})",
+        )
+    if not verdict.old_enough:
+        return record("too-young", f"idle but younger than min_pod_age {format_duration(args.min_pod_age)}")
+    return None
 
 
 def idle_text(rows: Sequence[GpuTelemetry], args: IdleGpuArgs) -> str:

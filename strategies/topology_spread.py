@@ -40,14 +40,14 @@ __all__ = ["HARD", "HOSTNAME_KEY", "NAME", "SOFT", "TopologySpreadArgs", "topolo
 class TopologySpreadArgs(StrategyArgs):
     """Arguments of `topology-spread`."""
 
-    # Also repair `whenUnsatisfiable: ScheduleAnyway` constraints.
     include_soft: bool = False
-    # Propose packing multi-pod gangs onto fewer nodes of the GPU models they use.
+    """Also repair `whenUnsatisfiable: ScheduleAnyway` constraints."""
     compact_gangs: bool = False
-    # Pods younger than this are never moved.
+    """Propose packing multi-pod gangs onto fewer nodes of the GPU models they use."""
     min_pod_age: Duration = 600
-    # Evictions (pods, a gang counting all its members) one constraint may cost per cycle.
+    """Pods younger than this are never moved."""
     max_evictions_per_constraint: int = Field(default=10, ge=1)
+    """Evictions (pods, a gang counting all its members) one constraint may cost per cycle."""
 
 
 # --------------------------------------------------------------------------- entry point

@@ -213,6 +213,7 @@ def test_json_report_has_the_contract_keys() -> None:
         # additions since DESIGN §7: idle workloads reclaimed
         "reclaims",
         "gpus_reclaimed",
+        "blocked_by",  # an addition: `blocked` per guard, as the text report shows it
     }
     assert set(data["decisions"][0]) == {
         "strategy",

@@ -419,3 +419,27 @@ def test_every_command_that_reads_prometheus_takes_allow_service_account_token()
         assert (
             build_parser().parse_args([*command, "--allow-service-account-token"]).allow_service_account_token
         )
+
+
+@pytest.mark.usefixtures("quiet_logging")
+def test_explain_live_reads_the_cluster_as_once_does_and_never_writes(
+    api: FakeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = kubeconfig(tmp_path / "kubeconfig", api.url)
+    evicting = policy(tmp_path / "p.yaml", dry_run=False)  # explain is dry whatever the policy says
+    base = ["--kubeconfig", str(config), "--context", "fake", "--policy", str(evicting)]
+    assert main(["explain", "a-1", *base]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("node a-1 (dry-run cycle at ")
+    assert out[0].endswith(", live cluster (context fake), policy p.yaml)")
+    assert out[1] == "gpu-consolidation: proposed evicting ml/lonely to a-2 [drain/a-1]"
+    assert out[2].startswith("  planner: approved (would-evict): node a-1: 1/8 GPUs allocated")
+    assert main(["explain", "ml/busy-0", *base]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "gpu-consolidation: its node a-2: not drained: 50% allocated >= threshold 50%, and its pods "
+        "cannot be lifted onto nodes with more GPUs",
+        "planner: nothing to judge: no strategy proposed anything about it",
+    ]
+    assert api.writes() == []
+    assert main(["explain", "a-1", *base, "--no-dry-run"]) == 2
+    assert "explain: --no-dry-run: explain never evicts" in capsys.readouterr().err

@@ -54,14 +54,27 @@ def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prometheus-url", metavar="URL", help="Prometheus for GPU telemetry (overrides the policy's)"
     )
-    parser.add_argument(
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n",
         "--namespace",
         dest="namespaces",
         action="append",
         metavar="NS",
         help="only list pods of this namespace (repeatable; free capacity may then be overstated)",
     )
-    parser.add_argument("--log-format", choices=("auto", "json", "console"), default="auto")
+    scope.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        help="list the pods of every namespace (what happens without -n too)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("auto", "json", "console"),
+        default="auto",
+        help="log lines on stderr (auto: console on a terminal, else JSON)",
+    )
     add_service_account_token_argument(parser)
 
 
@@ -111,15 +124,38 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "or more under the pod's terminationGracePeriodSeconds, for the state save and the lease release)",
     )
     election = parser.add_argument_group("leader election (coordination.k8s.io/v1 Lease)")
-    election.add_argument("--no-leader-election", dest="leader_election", action="store_false")
-    election.add_argument("--lease-name", default=DEFAULT_LEASE_NAME)
+    election.add_argument(
+        "--no-leader-election",
+        dest="leader_election",
+        action="store_false",
+        help="run without a Lease (only ever one replica, e.g. a local test)",
+    )
+    election.add_argument("--lease-name", default=DEFAULT_LEASE_NAME, help="the Lease object's name")
     election.add_argument("--lease-namespace", default=None, help="default: the pod's namespace")
     election.add_argument(
         "--identity", default=None, help="default: $POD_NAME or the hostname, plus a suffix"
     )
-    election.add_argument("--lease-duration", type=_seconds, default=15.0, metavar="DURATION")
-    election.add_argument("--renew-deadline", type=_seconds, default=10.0, metavar="DURATION")
-    election.add_argument("--retry-period", type=_seconds, default=2.0, metavar="DURATION")
+    election.add_argument(
+        "--lease-duration",
+        type=_seconds,
+        default=15.0,
+        metavar="DURATION",
+        help="how long other candidates wait after the last renewal before taking the Lease (seconds)",
+    )
+    election.add_argument(
+        "--renew-deadline",
+        type=_seconds,
+        default=10.0,
+        metavar="DURATION",
+        help="how long the leader keeps trying to renew before it stops acting (seconds)",
+    )
+    election.add_argument(
+        "--retry-period",
+        type=_seconds,
+        default=2.0,
+        metavar="DURATION",
+        help="time between attempts to take or renew the Lease (seconds)",
+    )
     election.add_argument(
         "--leader-margin",
         type=_seconds,

@@ -75,6 +75,8 @@ __all__ = [
     "kube_snapshot_source",
     "lease_fence",
     "live_edge",
+    "live_snapshot",
+    "live_source_description",
     "run_command",
     "run_live_once",
     "start_status_servers",
@@ -104,13 +106,14 @@ def kube_snapshot_source(
     prometheus_url: str | None = None,
     namespaces: Sequence[str] | None = None,
     allow_service_account_token: bool = False,
+    described: str = "live cluster",
 ) -> SnapshotSource:
     """Snapshots of the live cluster, with Prometheus telemetry when the running policy asks for it.
 
     `prometheus_url` (the CLI's --prometheus-url) replaces `telemetry.prometheus.url`, keeping the rest
     of the policy's connection settings; `allow_service_account_token` (--allow-service-account-token)
     is handed to the Prometheus source. Telemetry needs `telemetry` in the policy and a strategy with a
-    telemetry window.
+    telemetry window. `described` is what the reports say the snapshots' source is (no credential).
     """
 
     def source(now: datetime, loaded: LoadedPolicy) -> Snapshot:
@@ -122,7 +125,7 @@ def kube_snapshot_source(
             telemetry = PrometheusTelemetrySource(
                 cfg, windows, prometheus=conn, allow_service_account_token=allow_service_account_token
             )
-        kube = KubeSource(api_client, loaded, namespaces=namespaces, telemetry=telemetry)
+        kube = KubeSource(api_client, loaded, namespaces=namespaces, telemetry=telemetry, described=described)
         return kube.snapshot(now)
 
     return source
@@ -300,12 +303,37 @@ def _prometheus_url(args: argparse.Namespace) -> str | None:
     return url
 
 
+def live_source_description(args: argparse.Namespace) -> str:
+    """`live cluster (context prod)`: what a live report says it read, from the flags alone (a context
+    name, never a server address or a credential)."""
+    context = getattr(args, "context", None)
+    if context:
+        return f"live cluster (context {context})"
+    if getattr(args, "kubeconfig", None):
+        return "live cluster (the kubeconfig's current context)"
+    return "live cluster (in-cluster, else the kubeconfig's current context)"
+
+
 def _api_client(args: argparse.Namespace) -> client.ApiClient:
     """The cluster's client; a kubeconfig to fix raises kubeapi.KubeConfigError (bad input)."""
     return load_api_client(args.kubeconfig, args.context)
 
 
 # --------------------------------------------------------------------------- running
+
+
+def live_snapshot(args: argparse.Namespace, loaded: LoadedPolicy, now: datetime) -> Snapshot:
+    """One snapshot of the live cluster through the source a live `once` reads (for `explain`: the
+    caller plans on it, dry; nothing is published or evicted here)."""
+    configure_logging(args.log_format, level=logging.WARNING)
+    source = kube_snapshot_source(
+        _api_client(args),
+        prometheus_url=_prometheus_url(args),
+        namespaces=args.namespaces,
+        allow_service_account_token=args.allow_service_account_token,
+        described=live_source_description(args),
+    )
+    return source(now, loaded)
 
 
 def run_live_once(args: argparse.Namespace, loaded: LoadedPolicy) -> CycleReport:
@@ -321,6 +349,7 @@ def run_live_once(args: argparse.Namespace, loaded: LoadedPolicy) -> CycleReport
         prometheus_url=_prometheus_url(args),
         namespaces=args.namespaces,
         allow_service_account_token=args.allow_service_account_token,
+        described=live_source_description(args),
     )
     daemon = Daemon(
         loaded,
@@ -386,6 +415,7 @@ def run_command(args: argparse.Namespace) -> int:
             prometheus_url=_prometheus_url(args),
             namespaces=args.namespaces,
             allow_service_account_token=args.allow_service_account_token,
+            described=live_source_description(args),
         ),
         live=live,
         dry_run=args.dry_run,

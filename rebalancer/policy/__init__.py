@@ -11,6 +11,8 @@ the env vars or files that hold them).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -327,6 +329,19 @@ class LoadedPolicy(BaseModel):
     policy: Policy
     strategies: tuple[ConfiguredStrategy, ...]
     source: str = "<default>"
+
+    @property
+    def name(self) -> str:
+        """The policy's file name (`default.yaml`), or what stands for it (`<built-in default policy>`)."""
+        return Path(self.source).name if not self.source.startswith("<") else self.source
+
+    @property
+    def digest(self) -> str:
+        """`sha256:<hex>` of the normalised policy: every value as validated, keys sorted, as JSON, so
+        comments, key order, spelling of durations and defaults written out or left implicit do not
+        change it; any value that changes what runs does."""
+        normal = json.dumps(self.policy.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(normal.encode("utf-8")).hexdigest()
 
     def telemetry_windows(self) -> frozenset[int]:
         windows: set[int] = set()

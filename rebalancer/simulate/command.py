@@ -41,15 +41,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="policy for --rebalancer on (default: the shipped default policy, policies/default.yaml)",
     )
-    parser.add_argument("--scheduler", choices=("packed", "spread"), default="packed")
-    parser.add_argument("--rebalancer", choices=("on", "off", "descheduler-hnu"), default="off")
+    parser.add_argument(
+        "--scheduler",
+        choices=("packed", "spread"),
+        default="packed",
+        help="scheduler model: packed = MostAllocated on GPUs, spread = LeastAllocated",
+    )
+    parser.add_argument(
+        "--rebalancer",
+        choices=("on", "off", "descheduler-hnu"),
+        default="off",
+        help="on: the strategies and planner; descheduler-hnu: the descheduler's HighNodeUtilization; "
+        "off: none",
+    )
     parser.add_argument(
         "--interval", default="5m", metavar="DURATION", help="simulated time between rebalancer cycles"
     )
     parser.add_argument(
         "--prices", metavar="FILE", help="YAML/JSON: GPU model -> price per GPU-hour (adds a cost)"
     )
-    parser.add_argument("--output", choices=("text", "json"), default="text")
+    parser.add_argument("-o", "--output", choices=("text", "json"), default="text", help="report format")
 
 
 def options_from_args(args: argparse.Namespace) -> SimulationOptions:

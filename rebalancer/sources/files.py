@@ -576,6 +576,7 @@ def _load_snapshot_dir(
         telemetry=telemetry,
         findings=tuple(findings),
         controllers=out.controllers,
+        source=f"snapshot {root}",
     ), computed
 
 

@@ -113,6 +113,7 @@ class KubeSource:
         backoff: Backoff | None = None,
         sleep: Callable[[float], None] = time.sleep,
         list_restarts: int = 2,
+        described: str = "live cluster",
     ) -> None:
         if page_size < 1:
             raise ValueError("page_size must be at least 1")
@@ -122,6 +123,7 @@ class KubeSource:
         self._loaded = loaded
         self._namespaces = tuple(dict.fromkeys(namespaces)) if namespaces is not None else None
         self._telemetry = telemetry
+        self._described = described  # what the snapshot says it was read from: never a credential
         self._page_size = page_size
         self._timeout = request_timeout
         self._retries = retries
@@ -217,6 +219,7 @@ class KubeSource:
             telemetry=resolved,
             findings=tuple(findings),
             controllers=controllers,
+            source=self._described,
         )
 
     def _pods(self, raw_pods: Iterable[JsonObj], problems: list[str]) -> dict[tuple[str, str], Pod]:

@@ -1,0 +1,62 @@
+"""The report's additive contract: schema version, the policy that judged (name, digest), the source
+of the snapshot (never a credential), the blocked count per guard; DESIGN §7's keys unchanged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rebalancer.cli import build_parser, main
+from rebalancer.daemon.wiring import live_source_description
+from rebalancer.policy import load_policy, loads_policy
+from rebalancer.report import SCHEMA_VERSION
+
+DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo-cluster"
+DEMO_POLICY = DEMO / "policy.yaml"
+
+
+def demo_json(capsys: pytest.CaptureFixture[str], policy: Path = DEMO_POLICY) -> dict[str, object]:
+    assert main(["once", "--snapshot", str(DEMO), "--policy", str(policy), "--output", "json"]) == 0
+    data: dict[str, object] = json.loads(capsys.readouterr().out)
+    return data
+
+
+def test_the_json_report_names_its_schema_source_and_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    data = demo_json(capsys)
+    assert data["schema_version"] == SCHEMA_VERSION == 1
+    assert data["source"] == f"snapshot {DEMO}"
+    assert data["policy"] == {"name": "policy.yaml", "digest": load_policy(DEMO_POLICY).digest}
+    summary = data["summary"]
+    assert isinstance(summary, dict)
+    # The demo's refusals: a PDB (a drain of two pods) and an opted-out pod, as the text shows them.
+    assert summary["blocked_by"] == {"opt-out": 1, "pdb": 2}
+    assert sum(summary["blocked_by"].values()) == summary["blocked"]
+
+
+def test_the_digest_is_of_the_policy_values_not_of_its_spelling() -> None:
+    plain = loads_policy("interval: 5m\nstrategies:\n- name: idle-gpu\n")
+    respelled = loads_policy("# a comment\nstrategies: [{name: idle-gpu}]\ninterval: 300\n")
+    changed = loads_policy("interval: 10m\nstrategies:\n- name: idle-gpu\n")
+    assert plain.digest == respelled.digest
+    assert plain.digest != changed.digest
+    assert plain.digest.startswith("sha256:") and len(plain.digest) == len("sha256:") + 64
+
+
+def test_the_built_in_policy_is_named_as_such() -> None:
+    assert loads_policy("{}", "<built-in default policy>").name == "<built-in default policy>"
+
+
+@pytest.mark.parametrize(
+    ("flags", "described"),
+    [
+        (["--context", "prod"], "live cluster (context prod)"),
+        (["--kubeconfig", "kube.yaml"], "live cluster (the kubeconfig's current context)"),
+        ([], "live cluster (in-cluster, else the kubeconfig's current context)"),
+    ],
+)
+def test_a_live_source_is_named_by_its_context_only(flags: list[str], described: str) -> None:
+    args = build_parser().parse_args(["once", *flags, "--prometheus-url", "http://user:secret@prom:9090"])
+    assert live_source_description(args) == described
+    assert "secret" not in live_source_description(args)

@@ -42,7 +42,7 @@ from rebalancer.policy import (
 from rebalancer.reclaim import WorkloadWriter
 from rebalancer.redaction import redact, redact_url
 from rebalancer.registry import all_strategies
-from rebalancer.report import OutputFormat, render
+from rebalancer.report import OUTPUT_FORMATS, OutputFormat, render
 from rebalancer.simulate import render as render_simulation
 from rebalancer.simulate import run_simulation
 from rebalancer.simulate.command import add_arguments as add_simulate_arguments
@@ -293,7 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
     once = sub.add_parser("once", help="run one cycle and print its report")
     once.add_argument("--snapshot", metavar="DIR", help="evaluate a snapshot directory (always dry-run)")
     once.add_argument("--policy", metavar="FILE", help="policy file (default: built-in safe policy)")
-    once.add_argument("--output", choices=("text", "json", "markdown"), default="text")
+    once.add_argument(
+        "--output",
+        choices=OUTPUT_FORMATS,
+        default="text",
+        help="report format (html: one self-contained page)",
+    )
     add_live_once_arguments(once)  # without --snapshot: one cycle against the live cluster
     once.set_defaults(func=cmd_once)
 

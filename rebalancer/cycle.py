@@ -25,6 +25,7 @@ from rebalancer import rfc3339
 from rebalancer.cycle_report import CycleReport, NodeFacts, ReportedDecision, Summary, WorkloadNotice
 from rebalancer.evictor import Evictor
 from rebalancer.gcpause import collector_paused
+from rebalancer.gpu_map import gpu_map
 from rebalancer.guards import CIRCUIT_OPEN as CIRCUIT_OPEN_FINDING
 from rebalancer.guards import pod_refusal
 from rebalancer.history import (
@@ -311,6 +312,7 @@ def assemble_report(
         predictions=landings.checks,
         predictions_awaiting=landings.awaiting,
         notices=_notices(evaluation.decisions, outcomes, snapshot.now),
+        gpu_nodes=gpu_map(snapshot, findings),
     )
 
 

@@ -15,6 +15,12 @@ from typing import Literal
 
 from rebalancer.model import Finding, Mode, OutcomeResult, PredictionResult, SkippedStrategy, WorkloadVerb
 
+# What one GPU was doing at the snapshot, as the HTML report colours it: `busy` (a pod holds it and
+# uses it), `idle` (the pod holding it is an idle-gpu finding), `leaked` (a leaked-vram finding: memory
+# in use, no pod), `free` (no pod holds it), `unknown` (a pod holds it but no telemetry says how it is
+# used: never shown as idle).
+GpuState = Literal["busy", "idle", "leaked", "free", "unknown"]
+
 
 @dataclass(frozen=True, slots=True)
 class ReportedDecision:
@@ -58,6 +64,28 @@ class NodeFacts:
 
     gpu_model: str | None
     gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCell:
+    """One GPU of a node at the snapshot: its state, the pods holding it, its averaged telemetry."""
+
+    index: str  # dcgm-exporter's `gpu` label, or the position on the node when no telemetry names it
+    state: GpuState
+    pods: tuple[str, ...] = ()  # `namespace/name`
+    uuid: str | None = None
+    util_avg_percent: float | None = None
+    fb_used_mib: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGpus:
+    """Every GPU of one GPU node, in index order (`gpu_map.gpu_map`)."""
+
+    node: str
+    gpu_model: str | None
+    zone: str | None
+    gpus: tuple[GpuCell, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,3 +149,5 @@ class CycleReport:
     predictions_awaiting: int = 0
     # Idle workloads whose owners were told, or whose GPUs were reclaimed, this cycle.
     notices: tuple[WorkloadNotice, ...] = ()
+    # Every GPU node's GPUs as the snapshot showed them (the HTML report draws them).
+    gpu_nodes: tuple[NodeGpus, ...] = ()

@@ -1,4 +1,4 @@
-"""Render a CycleReport as JSON (the contract of DESIGN §7), a text table, or markdown.
+"""Render a CycleReport as JSON (the contract of DESIGN §7), a text table, markdown or HTML.
 
 Owns presentation only: it never decides, evicts or reads the clock, and it must keep the JSON keys
 stable (additions only) because operators and dashboards parse them.
@@ -14,8 +14,10 @@ from typing import Any, Literal
 
 from rebalancer.cycle_report import CycleReport, ReportedDecision
 from rebalancer.model import PREDICTION_RESULTS, PredictionResult
+from rebalancer.report_html import render_html
 
-OutputFormat = Literal["text", "json", "markdown"]
+OutputFormat = Literal["text", "json", "markdown", "html"]
+OUTPUT_FORMATS: tuple[OutputFormat, ...] = ("text", "json", "markdown", "html")
 
 
 def _rfc3339(moment: datetime) -> str:
@@ -255,4 +257,6 @@ def render(report: CycleReport, fmt: OutputFormat) -> str:
         return to_json(report) + "\n"
     if fmt == "markdown":
         return render_markdown(report)
+    if fmt == "html":
+        return render_html(report)
     return render_text(report)

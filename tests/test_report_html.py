@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -20,44 +19,11 @@ from rebalancer.gpu_map import gpu_map
 from rebalancer.model import Finding
 from rebalancer.report_html import render_html
 from tests.builders import gpu_sample, node, pod, snapshot, telemetry
+from tests.html_dom import parse
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "examples" / "demo-cluster"
 HOSTILE = "<script>alert('pwned')</script>\"onmouseover=alert(1) x='&amp;"
-
-
-class _Dom(HTMLParser):
-    """Every start tag with its attributes, and the text, of a page."""
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.tags: list[tuple[str, dict[str, str | None]]] = []
-        self.text: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.tags.append((tag, dict(attrs)))
-
-    def handle_data(self, data: str) -> None:
-        self.text.append(data)
-
-    def having(self, tag: str, **attrs: str) -> list[dict[str, str | None]]:
-        found = []
-        for name, attributes in self.tags:
-            if name != tag:
-                continue
-            if all(
-                value in (attributes.get(key.rstrip("_").replace("_", "-")) or "").split()
-                for key, value in attrs.items()
-            ):
-                found.append(attributes)
-        return found
-
-
-def parse(page: str) -> _Dom:
-    dom = _Dom()
-    dom.feed(page)
-    dom.close()
-    return dom
 
 
 # --------------------------------------------------------------------------- the GPU map

@@ -15,7 +15,12 @@ LOCK_DIR := requirements
 PIP_COMPILE = CUSTOM_COMPILE_COMMAND="make lock" $(BIN)/pip-compile --quiet --generate-hashes --allow-unsafe \
 	--strip-extras --no-emit-index-url --no-emit-find-links
 
-.PHONY: demo test lint typecheck unit bench clean lock
+# The image's tag and label: pyproject.toml's version, its one home (the Dockerfile checks the two agree).
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+IMAGE ?= gpu-rebalancer
+REVISION = $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+
+.PHONY: demo test lint typecheck unit bench clean lock image
 
 $(STAMP): pyproject.toml $(LOCK_DIR)/dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +41,9 @@ lock: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/rebalancer once --snapshot examples/demo-cluster --policy examples/demo-cluster/policy.yaml
+
+image:
+	docker build --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t $(IMAGE):$(VERSION) .
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,9 +1,10 @@
 """The cycle's report: what every sink publishes, and nothing else.
 
 Owns the frozen types of a finished cycle's report (`CycleReport`: its rows, summary, the facts of
-the nodes it names, the landings judged, the notices to owners of idle workloads). Built by
-`cycle.assemble_report`; rendered by `report`, published by the sinks. Like `model`, it must not do
-I/O, read the clock or know about any client library.
+the nodes it names, every GPU node's GPUs, the landings judged, the notices to owners of idle
+workloads). Built by `cycle.assemble_report` (the GPUs by `gpu_map`); rendered by `report` and
+`report_html`, published by the sinks. Like `model`, it must not do I/O, read the clock or know
+about any client library.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 # gpu-rebalancer container image.
 #
-#   docker build -t gpu-rebalancer:0.1.0 .
+#   make image        (docker build --build-arg VERSION=<pyproject.toml's version> -t gpu-rebalancer:<it> .)
+#
+# The version has one home, pyproject.toml: the build needs it as --build-arg VERSION and stops when
+# the two differ, so no image is ever labelled with another version than the code it holds.
 #
 # Stage 1 (python slim) installs every runtime dependency from the lock file, each one checked against
 # its hash, and the project itself, into /app. Stage 2 is distroless Python: the same Debian 12 (glibc
@@ -30,6 +33,10 @@ RUN pip install --no-cache-dir --require-hashes -r requirements/build.txt \
  && pip install --no-cache-dir --require-hashes --only-binary=:all: --target /app -r requirements/runtime.txt
 
 COPY pyproject.toml README.md ./
+ARG VERSION
+RUN python -c "import sys, tomllib; v = tomllib.load(open('pyproject.toml', 'rb'))['project']['version']; \
+sys.exit(None if sys.argv[1] == v else f'--build-arg VERSION={sys.argv[1]!r}: pyproject.toml says {v} (make image)')" \
+    "${VERSION}"
 COPY rebalancer/ rebalancer/
 COPY strategies/ strategies/
 # The project, with the locked build backend (no build isolation: nothing fetched unpinned). pip compiles
@@ -40,7 +47,7 @@ RUN pip install --no-cache-dir --no-deps --no-build-isolation --target /app . \
 
 FROM ${RUNTIME_BASE}@${RUNTIME_DIGEST}
 
-ARG VERSION=0.1.0
+ARG VERSION
 ARG REVISION=unknown
 ARG RUNTIME_BASE
 ARG RUNTIME_DIGEST

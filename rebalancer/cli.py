@@ -424,7 +424,11 @@ def build_parser() -> argparse.ArgumentParser:
     once.add_argument("--snapshot", metavar="DIR", help="evaluate a snapshot directory (always dry-run)")
     once.add_argument("--policy", metavar="FILE", help="policy file (default: built-in safe policy)")
     once.add_argument(
-        "-o", "--output", choices=("text", "json", "markdown"), default="text", help="report format"
+        "-o",
+        "--output",
+        choices=("text", "json", "markdown", "html"),
+        default="text",
+        help="report format (html: one self-contained page)",
     )
     once.add_argument(
         "--exit-code",

@@ -26,6 +26,7 @@ from rebalancer import rfc3339
 from rebalancer.cycle_report import CycleReport, NodeFacts, ReportedDecision, Summary, WorkloadNotice
 from rebalancer.evictor import Evictor
 from rebalancer.gcpause import collector_paused
+from rebalancer.gpu_map import gpu_map
 from rebalancer.guards import CIRCUIT_OPEN as CIRCUIT_OPEN_FINDING
 from rebalancer.guards import pod_refusal
 from rebalancer.history import (
@@ -344,6 +345,7 @@ def assemble_report(
         source=snapshot.source,
         policy_name=loaded.name,
         policy_digest=loaded.digest,
+        gpu_nodes=gpu_map(snapshot, findings),
     )
 
 

@@ -1,10 +1,11 @@
 """The cycle's report: what every sink publishes, and nothing else.
 
 Owns the frozen types of a finished cycle's report (`CycleReport`: its rows, summary, the facts of
-the nodes it names, the landings judged, the notices to owners of idle workloads, what the strategies
-left alone and why, the snapshot's source and the policy that judged it). Built by
-`cycle.assemble_report`; rendered by `report`, published by the sinks. Like `model`, it must not do
-I/O, read the clock or know about any client library.
+the nodes it names, every GPU node's GPUs, the landings judged, the notices to owners of idle
+workloads, what the strategies left alone and why, the snapshot's source and the policy that judged
+it). Built by `cycle.assemble_report` (the GPUs by `gpu_map`); rendered by `report` and `report_html`,
+published by the sinks. Like `model`, it must not do I/O, read the clock or know about any client
+library.
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ from rebalancer.model import (
     SkippedStrategy,
     WorkloadVerb,
 )
+
+# What one GPU was doing at the snapshot, as the HTML report colours it: `busy` (a pod holds it and
+# uses it), `idle` (the pod holding it is an idle-gpu finding), `leaked` (a leaked-vram finding: memory
+# in use, no pod), `free` (no pod holds it), `unknown` (a pod holds it but no telemetry says how it is
+# used: never shown as idle).
+GpuState = Literal["busy", "idle", "leaked", "free", "unknown"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +76,28 @@ class NodeFacts:
 
     gpu_model: str | None
     gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCell:
+    """One GPU of a node at the snapshot: its state, the pods holding it, its averaged telemetry."""
+
+    index: str  # dcgm-exporter's `gpu` label, or the position on the node when no telemetry names it
+    state: GpuState
+    pods: tuple[str, ...] = ()  # `namespace/name`
+    uuid: str | None = None
+    util_avg_percent: float | None = None
+    fb_used_mib: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGpus:
+    """Every GPU of one GPU node, in index order (`gpu_map.gpu_map`)."""
+
+    node: str
+    gpu_model: str | None
+    zone: str | None
+    gpus: tuple[GpuCell, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +168,8 @@ class CycleReport:
     source: str = ""
     policy_name: str = ""
     policy_digest: str = ""
+    # Every GPU node's GPUs as the snapshot showed them (the HTML report draws them).
+    gpu_nodes: tuple[NodeGpus, ...] = ()
 
     @property
     def acted(self) -> int:

@@ -1,4 +1,4 @@
-"""Render a CycleReport as JSON (the contract of DESIGN §7), a text table, or markdown.
+"""Render a CycleReport as JSON (the contract of DESIGN §7), a text table, markdown or HTML.
 
 Owns presentation only: it never decides, evicts or reads the clock, and it must keep the JSON keys
 stable (additions only) because operators and dashboards parse them.
@@ -15,8 +15,10 @@ from typing import Any, Literal
 
 from rebalancer.cycle_report import CycleReport, ReportedDecision
 from rebalancer.model import PREDICTION_RESULTS, PredictionResult
+from rebalancer.report_html import render_html
 
-OutputFormat = Literal["text", "json", "markdown"]
+OutputFormat = Literal["text", "json", "markdown", "html"]
+OUTPUT_FORMATS: tuple[OutputFormat, ...] = ("text", "json", "markdown", "html")
 
 # The JSON report's schema: bumped only on a change that is not an addition (none yet, DESIGN §7).
 SCHEMA_VERSION = 1
@@ -322,4 +324,6 @@ def render(report: CycleReport, fmt: OutputFormat, width: int | None = None) -> 
         return to_json(report) + "\n"
     if fmt == "markdown":
         return render_markdown(report)
+    if fmt == "html":
+        return render_html(report)
     return render_text(report, width)

@@ -5,12 +5,16 @@
 - every pin carries hashes, nothing is a URL, a path or an editable, and no index or machine path is
   written in (the files work with any index);
 - the runtime pins are the same in the dev lock (CI tests what the image runs);
-- the Makefile installs the venv from the lock with `--require-hashes`, then the project on its own.
+- the Makefile installs the venv from the lock with `--require-hashes`, then the project on its own:
+  `make demo` the runtime lock only, `make test` the dev lock;
+- the license is an SPDX expression (PEP 639), so installing warns about nothing.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -123,13 +127,45 @@ def test_the_checker_catches_drift(tmp_path: Path) -> None:
         _check([Requirement("left-pad>=1")], pins, "runtime.txt")
 
 
-def test_make_installs_from_the_lock_with_hashes_then_the_project_alone() -> None:
-    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    recipe = makefile.split("\n$(STAMP):", 1)[1].split("\n\n", 1)[0]
-    installs = [line.strip() for line in recipe.splitlines() if "pip install" in line]
-    assert installs == [
-        "$(BIN)/pip install --quiet --require-hashes -r $(LOCK_DIR)/dev.txt",
-        "$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .",
+def _make_dry_run(target: str, tmp_path: Path) -> list[str]:
+    """The pip commands `make target` runs on a machine without the venv (`make -n`, nothing run)."""
+    venv = tmp_path / "venv"
+    make = shutil.which("make")
+    assert make is not None
+    done = subprocess.run(
+        [make, "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return [
+        line.replace(str(venv), "VENV").strip() for line in done.stdout.splitlines() if "pip install" in line
     ]
-    assert "$(LOCK_DIR)/dev.txt" in recipe.splitlines()[0], "the venv is rebuilt when the lock changes"
+
+
+def test_make_test_installs_the_dev_lock_with_hashes_then_the_project_alone(tmp_path: Path) -> None:
+    assert _make_dry_run("unit", tmp_path) == [
+        "VENV/bin/pip install --quiet --require-hashes -r requirements/dev.txt",
+        "VENV/bin/pip install --quiet --no-deps --no-build-isolation -e .",
+    ]
+
+
+def test_make_demo_installs_only_the_runtime_and_build_locks(tmp_path: Path) -> None:
+    """The demo's light install: no test or lint tool, every file still checked against its hash."""
+    assert _make_dry_run("demo", tmp_path) == [
+        "VENV/bin/pip install --quiet --require-hashes -r requirements/runtime.txt -r requirements/build.txt",
+        "VENV/bin/pip install --quiet --no-deps --no-build-isolation .",
+    ]
+    dev_only = set(lock("dev.txt")) - set(lock("runtime.txt")) - set(lock("build.txt"))
+    assert {"pytest", "mypy", "ruff"} <= dev_only
+
+
+def test_the_venv_is_rebuilt_when_a_lock_changes() -> None:
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    rules = {line.split(":", 1)[0]: line for line in makefile.splitlines() if line.startswith("$(")}
+    assert "$(LOCK_DIR)/dev.txt" in rules["$(STAMP)"]
+    assert {"$(LOCK_DIR)/runtime.txt", "$(LOCK_DIR)/build.txt"} <= set(rules["$(RUNTIME_STAMP)"].split())
     assert "\nlock:" in makefile
+
+
+def test_the_license_is_an_spdx_expression() -> None:
+    """PEP 639's form: setuptools warns about the old `{text = ...}` table on every install."""
+    license_field = pyproject()["project"]["license"]  # type: ignore[index]
+    assert license_field == "Apache-2.0"

@@ -4,7 +4,9 @@ each other and with the code they run.
 - every manifest validates offline against a current Kubernetes schema in strict mode (unknown
   fields are errors); kinds without a schema there (Prometheus Operator CRDs) are checked by
   tests/test_deploy_monitoring.py;
-- the kustomization lists exactly the manifests (templates excepted) and builds;
+- the kustomization lists exactly the manifests (templates excepted) and builds, alone and with each
+  of its optional components (the Prometheus Operator's objects, the CronJob of `rebalancer once`);
+- the image's tag is the project's version, named once in deploy/ and never in the Dockerfile;
 - the policy ConfigMap is policies/default.yaml verbatim and valid;
 - the Deployment is dry-run first, least privilege, probed, and wired to the policy, the image and
   the Secret template;
@@ -20,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,14 +36,24 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kubernetes_validate  # type: ignore[import-untyped]
 
+from rebalancer import cli as rebalancer_cli
 from rebalancer import scoring
 from rebalancer.cli import main as rebalancer_main
 from rebalancer.policy import GpuSharingConfig, loads_policy
 from strategies.gpu_consolidation import GpuConsolidationArgs
-from tests.dockerfile import dockerfile_arg, dockerfile_instruction, dockerfile_user
+from tests.dockerfile import (
+    DOCKERFILE,
+    dockerfile_args,
+    dockerfile_instruction,
+    dockerfile_lines,
+    dockerfile_user,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
+COMPONENTS = DEPLOY / "components"
+# Optional parts of the install, off in the base (deploy/kustomization.yaml lists them commented out).
+OPTIONAL_COMPONENTS = ("prometheus-operator", "cronjob")
 NAMESPACE = "gpu-rebalancer"
 # Files in deploy/ that are templates for the operator to copy: never applied by the kustomization
 # (a re-apply would overwrite the real values with placeholders).
@@ -60,8 +74,14 @@ Manifest = dict[str, Any]
 
 
 def manifest_files() -> list[Path]:
-    """The manifests of deploy/ (top level), templates included, the kustomization excluded."""
+    """The manifests of the base, deploy/ (top level), templates included, the kustomization excluded."""
     return sorted(p for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def component_files(component: str | None = None) -> list[Path]:
+    """The manifests of deploy/components/ (of one component, or all), their kustomizations excluded."""
+    root = COMPONENTS / component if component else COMPONENTS
+    return sorted(p for p in root.rglob("*.yaml") if p.name != "kustomization.yaml")
 
 
 def load_documents(path: Path) -> list[Manifest]:
@@ -71,10 +91,12 @@ def load_documents(path: Path) -> list[Manifest]:
     return docs
 
 
-def all_objects(*, templates: bool = False) -> list[tuple[Path, Manifest]]:
+def all_objects(*, templates: bool = False, components: bool = True) -> list[tuple[Path, Manifest]]:
+    """Every object of deploy/: the base's and (unless `components` is False) the components'."""
+    files = manifest_files() + (component_files() if components else [])
     return [
         (path, doc)
-        for path in manifest_files()
+        for path in files
         if templates or not path.name.endswith(TEMPLATE_SUFFIX)
         for doc in load_documents(path)
     ]
@@ -212,28 +234,110 @@ def test_namespaced_objects_live_in_the_namespace() -> None:
     assert find("Namespace", NAMESPACE)
 
 
-@pytest.mark.skipif(
-    shutil.which("kubectl") is None, reason="kubectl (with its built-in kustomize) is not installed"
-)
-def test_kustomize_builds_every_object_once() -> None:
+def _kinds(objects: list[Manifest]) -> list[tuple[str, str, str]]:
+    return sorted((d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]) for d in objects)
+
+
+def kustomize_build(root: Path) -> list[Manifest]:
+    """`kubectl kustomize root` (kustomize built into kubectl), as objects."""
     kubectl = shutil.which("kubectl")
     assert kubectl is not None
     built = subprocess.run(
-        [kubectl, "kustomize", str(DEPLOY)], capture_output=True, text=True, check=False, timeout=60
+        [kubectl, "kustomize", str(root)], capture_output=True, text=True, check=False, timeout=60
     )
     assert built.returncode == 0, built.stderr
-    objects = [doc for doc in yaml.safe_load_all(built.stdout) if doc]
-    got = sorted((d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]) for d in objects)
-    want = sorted(
-        (d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]) for _, d in all_objects()
+    return [doc for doc in yaml.safe_load_all(built.stdout) if doc]
+
+
+def images_of(objects: list[Manifest], name: str) -> set[str]:
+    """The images of every container of every pod template in `objects` named `name`."""
+    found = set()
+    for doc in objects:
+        if doc["metadata"]["name"] != name:
+            continue
+        spec = doc.get("spec", {})
+        template = spec.get("jobTemplate", {}).get("spec", spec).get("template")
+        if template:
+            found |= {c["image"] for c in template["spec"]["containers"]}
+    return found
+
+
+def with_components(tmp_path: Path, *components: str) -> Path:
+    """A kustomization of an operator's own: deploy/ as its resource, plus `components`."""
+    root = tmp_path / "my-install"
+    root.mkdir()
+    base = Path(os.path.relpath(DEPLOY, root))  # kustomize takes relative paths only
+    (root / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [str(base)],
+                "components": [str(base / "components" / c) for c in components],
+            }
+        ),
+        encoding="utf-8",
     )
-    assert got == want
-    image = next(
-        container(d)["image"]
-        for d in objects
-        if (d["kind"], d["metadata"]["name"]) == ("Deployment", NAMESPACE)
-    )
-    assert image == f"gpu-rebalancer:{project_version()}"
+    return root
+
+
+_NEEDS_KUBECTL = pytest.mark.skipif(
+    shutil.which("kubectl") is None, reason="kubectl (with its built-in kustomize) is not installed"
+)
+
+
+@_NEEDS_KUBECTL
+def test_kustomize_builds_every_object_once() -> None:
+    objects = kustomize_build(DEPLOY)
+    assert _kinds(objects) == _kinds([d for _, d in all_objects(components=False)])
+    # Only Kubernetes' own kinds: `kubectl apply -k deploy/` works on a cluster without extra CRDs.
+    assert not {(d["apiVersion"], d["kind"]) for d in objects} & CUSTOM_KINDS
+    assert images_of(objects, NAMESPACE) == {f"gpu-rebalancer:{project_version()}"}
+
+
+@_NEEDS_KUBECTL
+def test_the_prometheus_operator_component_adds_its_objects(tmp_path: Path) -> None:
+    objects = kustomize_build(with_components(tmp_path, "prometheus-operator"))
+    added = [d for _, d in all_objects(components=False)] + [
+        doc for path in component_files("prometheus-operator") for doc in load_documents(path)
+    ]
+    assert _kinds(objects) == _kinds(added)
+    assert {(d["apiVersion"], d["kind"]) for d in objects} & CUSTOM_KINDS == CUSTOM_KINDS
+
+
+@_NEEDS_KUBECTL
+def test_the_cronjob_component_swaps_the_daemon_for_a_cronjob(tmp_path: Path) -> None:
+    objects = kustomize_build(with_components(tmp_path, "cronjob"))
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in objects}
+    assert ("CronJob", NAMESPACE) in kinds
+    # The daemon, its budget and its /metrics Service go; the packed scheduler stays.
+    assert not {("Deployment", NAMESPACE), ("PodDisruptionBudget", NAMESPACE), ("Service", NAMESPACE)} & kinds
+    assert ("Deployment", "gpu-packed-scheduler") in kinds
+    assert images_of(objects, NAMESPACE) == {f"gpu-rebalancer:{project_version()}"}
+
+
+@_NEEDS_KUBECTL
+def test_the_components_can_be_enabled_in_the_base_by_uncommenting_them(tmp_path: Path) -> None:
+    copy_of_deploy = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, copy_of_deploy)
+    kustomization_file = copy_of_deploy / "kustomization.yaml"
+    text = kustomization_file.read_text(encoding="utf-8")
+    for component in OPTIONAL_COMPONENTS:
+        commented = f"  # - components/{component}\n"
+        assert commented in text, f"deploy/kustomization.yaml does not offer components/{component}"
+        text = text.replace(commented, f"  - components/{component}\n")
+    kustomization_file.write_text(text, encoding="utf-8")
+    kinds = {d["kind"] for d in kustomize_build(copy_of_deploy)}
+    assert {"CronJob", "ServiceMonitor", "PrometheusRule"} <= kinds
+
+
+def test_each_component_lists_exactly_its_manifests() -> None:
+    for root in sorted(p for p in COMPONENTS.iterdir() if p.is_dir()):
+        data = yaml.safe_load((root / "kustomization.yaml").read_text(encoding="utf-8"))
+        assert data["kind"] == "Component" and data["apiVersion"] == "kustomize.config.k8s.io/v1alpha1"
+        assert sorted(data.get("resources", [])) == sorted(p.name for p in component_files(root.name)), root
+    assert sorted(p.name for p in COMPONENTS.iterdir()) == sorted(("image", *OPTIONAL_COMPONENTS))
+    assert kustomization()["components"] == ["components/image"]
 
 
 # --------------------------------------------------------------------------- policy
@@ -300,6 +404,48 @@ def _run_parser() -> argparse.ArgumentParser:
     return standalone
 
 
+def rebalancer_cronjob() -> Manifest:
+    return find("CronJob", "gpu-rebalancer")
+
+
+def rebalancer_cronjob_pod() -> Manifest:
+    """The CronJob's pod template (what `container()` reads of a Deployment)."""
+    template: Manifest = rebalancer_cronjob()["spec"]["jobTemplate"]
+    return template
+
+
+def test_the_cronjob_runs_one_cycle_at_a_time_in_dry_run() -> None:
+    cronjob = rebalancer_cronjob()
+    assert cronjob["spec"]["concurrencyPolicy"] == "Forbid"  # no leader election: never two at once
+    args = container(rebalancer_cronjob_pod())["args"]
+    assert args[:3] == ["once", "--policy", "/etc/gpu-rebalancer/policy.yaml"]
+    parsed = rebalancer_cli.build_parser().parse_args(args)
+    assert parsed.command == "once" and parsed.snapshot is None and parsed.dry_run is True
+    live = rebalancer_cli.build_parser().parse_args(
+        [("--no-dry-run" if a == "--dry-run" else a) for a in args]
+    )
+    assert live.dry_run is False
+    text = (COMPONENTS / "cronjob" / "cronjob.yaml").read_text(encoding="utf-8").splitlines()
+    flag = text.index("                - --dry-run")
+    comment = " ".join(line.strip().removeprefix("# ") for line in text[flag - 2 : flag])
+    assert "To act, change the next line to `- --no-dry-run`" in comment
+
+
+def test_the_cronjob_pod_is_the_daemon_pod_without_the_server() -> None:
+    """Same account, priority, security, policy mount and labels (the NetworkPolicy's egress) as the
+    daemon; no ports or probes: `once` serves nothing."""
+    daemon_pod = rebalancer_deployment()["spec"]["template"]
+    job_pod = rebalancer_cronjob_pod()["spec"]["template"]
+    assert job_pod["metadata"]["labels"] == daemon_pod["metadata"]["labels"]
+    for key in ("serviceAccountName", "priorityClassName", "securityContext", "volumes"):
+        assert job_pod["spec"][key] == daemon_pod["spec"][key], key
+    assert job_pod["spec"]["restartPolicy"] == "Never"
+    daemon, job = container(rebalancer_deployment()), container(rebalancer_cronjob_pod())
+    for key in ("image", "securityContext", "volumeMounts", "envFrom", "resources"):
+        assert job[key] == daemon[key], key
+    assert not {"ports", "livenessProbe", "readinessProbe"} & set(job)
+
+
 def test_the_command_accepts_the_deployment_args_and_the_go_live_change() -> None:
     args = container(rebalancer_deployment())["args"]
     parsed = _run_parser().parse_args(args)
@@ -354,12 +500,59 @@ def test_the_probes_hit_the_health_endpoints_on_the_http_port() -> None:
     assert dockerfile_instruction("EXPOSE") == ["8080"]
 
 
-def test_the_image_is_the_project_version() -> None:
+def test_the_image_is_the_project_version_named_once() -> None:
     version = project_version()
-    assert container(rebalancer_deployment())["image"] == f"gpu-rebalancer:{version}"
-    images = kustomization()["images"]
-    assert images == [{"name": "gpu-rebalancer", "newName": "gpu-rebalancer", "newTag": version}]
-    assert dockerfile_arg("VERSION") == version
+    component = yaml.safe_load((COMPONENTS / "image" / "kustomization.yaml").read_text(encoding="utf-8"))
+    assert component["images"] == [{"name": "gpu-rebalancer", "newName": "gpu-rebalancer", "newTag": version}]
+    # The manifests name the image without a tag: the component gives it.
+    assert container(rebalancer_deployment())["image"] == "gpu-rebalancer"
+    assert container(rebalancer_cronjob_pod())["image"] == "gpu-rebalancer"
+    named = [
+        path.relative_to(ROOT)
+        for path in sorted(DEPLOY.rglob("*.yaml"))
+        if version in path.read_text(encoding="utf-8")
+    ]
+    assert named == [Path("deploy/components/image/kustomization.yaml")]
+    assert "kustomization.yaml" not in {p.name for p in manifest_files()}
+    assert "images" not in kustomization()
+
+
+def test_the_dockerfile_takes_the_version_from_the_build_and_checks_it() -> None:
+    assert "VERSION" not in dockerfile_args(), "the Dockerfile repeats the version (ARG VERSION=...)"
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    assert f"={project_version()}" not in text and f":{project_version()}" not in text
+    check = next(line for line in dockerfile_lines() if line.startswith("RUN ") and "tomllib" in line)
+    assert "pyproject.toml" in check and '"${VERSION}"' in check
+
+
+def test_the_version_check_of_the_build_refuses_another_version(tmp_path: Path) -> None:
+    """The build stage's check, run as the build runs it: in the directory pyproject.toml is copied to."""
+    check = next(line for line in dockerfile_lines() if line.startswith("RUN ") and "tomllib" in line)
+    (tmp_path / "pyproject.toml").write_bytes((ROOT / "pyproject.toml").read_bytes())
+    command = check.removeprefix("RUN ")
+
+    def build(version: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["sh", "-c", command.replace("python ", f"{sys.executable} ", 1)],
+            cwd=tmp_path,
+            env={**os.environ, "VERSION": version},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    assert build(project_version()).returncode == 0
+    wrong = build("9.9.9")
+    assert wrong.returncode != 0 and f"pyproject.toml says {project_version()}" in wrong.stderr
+    assert build("").returncode != 0
+
+
+def test_make_image_builds_the_project_version() -> None:
+    make = shutil.which("make")
+    assert make is not None
+    dry = subprocess.run([make, "-n", "image"], cwd=ROOT, capture_output=True, text=True, check=True)
+    version = project_version()
+    assert f"--build-arg VERSION={version} " in dry.stdout and f"-t gpu-rebalancer:{version} ." in dry.stdout
 
 
 def test_the_credentials_come_from_the_optional_secret_of_the_template() -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from rebalancer.cycle_report import CycleReport, Summary
 from rebalancer.daemon.args import DEFAULT_LISTEN, DEFAULT_REPORT_LISTEN, add_run_arguments
-from rebalancer.daemon.http import REPORT_PATH, STATUS_PATHS, ServerLimits, StatusServer
+from rebalancer.daemon.http import REPORT_HTML_PATH, REPORT_PATH, STATUS_PATHS, ServerLimits, StatusServer
 from rebalancer.daemon.loop import DaemonError
 from rebalancer.daemon.wiring import start_status_servers
 from rebalancer.model import Finding
@@ -121,12 +121,17 @@ def test_report_can_have_its_own_address_and_can_be_off(servers: list[StatusServ
     assert code == 404 and body == "not found: try /metrics, /healthz, /readyz\n"
     code, content_type, body = get(report + REPORT_PATH)
     assert (code, content_type) == (200, "application/json") and json.loads(body)["mode"] == "dry-run"
+    # The page of the same report is served beside it, and only there.
+    assert get(status + REPORT_HTML_PATH)[0] == 404
+    code, content_type, body = get(report + REPORT_HTML_PATH)
+    assert (code, content_type) == (200, "text/html; charset=utf-8") and "dry-run report" in body
 
     for server in servers:
         server.stop()
     servers.clear()
     servers.extend(start_status_servers(daemon, ("127.0.0.1", status_port), None))
     assert len(servers) == 1 and get(status + REPORT_PATH)[0] == 404
+    assert get(status + REPORT_HTML_PATH)[0] == 404
 
     servers[0].stop()
     servers.clear()
@@ -154,8 +159,29 @@ def test_report_is_redacted_and_only_get_is_served(servers: list[StatusServer]) 
     assert code == 200 and "hunter2" not in body and "bob" not in body
     assert "http://***@prometheus.example:9090" in json.loads(body)["findings"][0]["detail"]
     assert get(base + REPORT_PATH, "POST")[0] == 405
+    code, _, page = get(base + REPORT_HTML_PATH)
+    assert code == 200 and "hunter2" not in page and "bob" not in page
+    assert "http://***@prometheus.example:9090" in page
+    assert get(base + REPORT_HTML_PATH, "POST")[0] == 405
     assert get(base + "/metrics", "DELETE")[0] == 405
     assert get(base + "/healthz", "HEAD")[0] == 200
+
+
+def test_the_report_page_forbids_framing_and_outside_content(servers: list[StatusServer]) -> None:
+    server = StatusServer(FakeDaemon(report_quoting("nothing secret")), "127.0.0.1", 0).start()
+    servers.append(server)
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}{REPORT_HTML_PATH}", timeout=5) as response:
+        policy = response.headers["Content-Security-Policy"]
+        assert "default-src 'none'" in policy and "frame-ancestors 'none'" in policy
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
+        assert response.headers["Cache-Control"] == "no-store"
+
+
+def test_the_report_page_waits_for_a_first_cycle(servers: list[StatusServer]) -> None:
+    server = StatusServer(FakeDaemon(None), "127.0.0.1", 0).start()
+    servers.append(server)
+    code, content_type, body = get(f"http://127.0.0.1:{server.port}{REPORT_HTML_PATH}")
+    assert (code, content_type, body) == (404, "text/plain; charset=utf-8", "no cycle has completed yet\n")
 
 
 def test_stop_is_idempotent_and_frees_the_port() -> None:

@@ -111,7 +111,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         type=_report_listen,
         default=DEFAULT_REPORT_LISTEN,
         metavar="HOST:PORT|off",
-        help="/report, the last report as JSON (default 127.0.0.1:8081: loopback, for kubectl "
+        help="/report and /report.html, the last report as JSON and as a page (default 127.0.0.1:8081: "
+        "loopback, for kubectl "
         "port-forward; the --listen address: served there too; off: not served)",
     )
     parser.add_argument("--jitter", type=_seconds, default=None, help="random delay per cycle (default 10%%)")

@@ -1,11 +1,12 @@
-"""The daemon's HTTP endpoints: `/metrics`, `/healthz`, `/readyz`, `/report`, served by waitress.
+"""The daemon's HTTP endpoints: `/metrics`, `/healthz`, `/readyz`, `/report`, `/report.html`, by waitress.
 
 `/metrics` is the private registry's exposition (prometheus_client's WSGI app: Prometheus text or
 OpenMetrics as the scraper asks, gzip when it accepts it), `/healthz` says the process answers,
 `/readyz` the loop's readiness (a cycle, or a standby check, succeeded within three intervals),
-`/report` the last report as JSON, every string in it redacted (`redaction.redact`). One
-`StatusServer` serves the paths it is given on one address: the daemon runs one for `/metrics`,
-`/healthz`, `/readyz` and, unless told otherwise, a second one for `/report` on a loopback address.
+`/report` the last report as JSON, every string in it redacted (`redaction.redact`), `/report.html` the
+same report as one self-contained page (`report_html`, which redacts too). One `StatusServer` serves the
+paths it is given on one address: the daemon runs one for `/metrics`, `/healthz`, `/readyz` and, unless
+told otherwise, a second one for both reports on a loopback address.
 
 Every server is bounded (`ServerLimits`): a fixed pool of request threads, at most `connection_limit`
 open connections (more wait in the listen backlog), and a connection idle for `idle_timeout` seconds is
@@ -30,15 +31,29 @@ from waitress.task import ThreadedTaskDispatcher  # type: ignore[import-untyped]
 from rebalancer.cycle_report import CycleReport
 from rebalancer.redaction import redact_tree
 from rebalancer.report import to_dict
+from rebalancer.report_html import render_html
 
-__all__ = ["ALL_PATHS", "REPORT_PATH", "STATUS_PATHS", "ServerLimits", "Status", "StatusServer"]
+__all__ = [
+    "ALL_PATHS",
+    "REPORT_HTML_PATH",
+    "REPORT_PATH",
+    "REPORT_PATHS",
+    "STATUS_PATHS",
+    "ServerLimits",
+    "Status",
+    "StatusServer",
+]
 
 REPORT_PATH = "/report"
+REPORT_HTML_PATH = "/report.html"
+# Both name pods, nodes and workloads: they are served together, behind the same exposure rules.
+REPORT_PATHS = (REPORT_PATH, REPORT_HTML_PATH)
 STATUS_PATHS = ("/metrics", "/healthz", "/readyz")
-ALL_PATHS = (*STATUS_PATHS, REPORT_PATH)
+ALL_PATHS = (*STATUS_PATHS, *REPORT_PATHS)
 
 _TEXT = "text/plain; charset=utf-8"
 _JSON = "application/json"
+_HTML = "text/html; charset=utf-8"
 
 StartResponse = Callable[..., Any]
 Environ = dict[str, Any]
@@ -115,16 +130,30 @@ class _Endpoints:
             status = "200 OK" if ready else "503 Service Unavailable"
             return _answer(start_response, status, f"{why}\n".encode())
         report = daemon.last_report
+        if report is None and path == REPORT_HTML_PATH:
+            return _answer(start_response, "404 Not Found", b"no cycle has completed yet\n")
         if report is None:
             return _answer(
                 start_response, "404 Not Found", b'{"error": "no cycle has completed yet"}\n', _JSON
+            )
+        if path == REPORT_HTML_PATH:
+            # A page of the cluster's names: never framed by another site, never cached on the way.
+            return _answer(
+                start_response,
+                "200 OK",
+                render_html(report).encode(),
+                _HTML,
+                Content_Security_Policy="default-src 'none'; style-src 'unsafe-inline'; "
+                "script-src 'unsafe-inline'; img-src data:; frame-ancestors 'none'",
+                X_Content_Type_Options="nosniff",
+                Cache_Control="no-store",
             )
         body = json.dumps(redact_tree(to_dict(report)), indent=2).encode() + b"\n"
         return _answer(start_response, "200 OK", body, _JSON)
 
 
 class StatusServer:
-    """`paths` (default all four) of one daemon on one address (port 0: any free one), within `limits`.
+    """`paths` (default all five) of one daemon on one address (port 0: any free one), within `limits`.
 
     `start()` serves on a thread of its own; `stop()` closes every connection and the request threads.
     """

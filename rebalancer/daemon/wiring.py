@@ -12,8 +12,8 @@ and nothing else:
   sink; a server-side dry run gets a plain KubeEvictor and an in-process memory; `once` a plain
   KubeEvictor;
 - the Lease elector, the notifiers (one worker per Slack / webhook sink), the metrics, the HTTP servers
-  (`/metrics` `/healthz` `/readyz` on `--listen`, `/report` on `--report-listen`, or on `--listen`
-  too when both name the same address, or nowhere with `off`);
+  (`/metrics` `/healthz` `/readyz` on `--listen`, `/report` `/report.html` on `--report-listen`, or on
+  `--listen` too when both name the same address, or nowhere with `off`);
 - running: `run_command` serves until SIGTERM / SIGINT, then exits 0 after the decision in flight;
   `run_live_once` runs one cycle.
 
@@ -40,7 +40,7 @@ from kubernetes import client
 
 from rebalancer.actuator import ClusterActuator
 from rebalancer.cycle_report import CycleReport
-from rebalancer.daemon.http import ALL_PATHS, REPORT_PATH, STATUS_PATHS, ServerLimits, Status, StatusServer
+from rebalancer.daemon.http import ALL_PATHS, REPORT_PATHS, STATUS_PATHS, ServerLimits, Status, StatusServer
 from rebalancer.daemon.lease import LeaseElector
 from rebalancer.daemon.loop import (
     Daemon,
@@ -255,8 +255,8 @@ def start_status_servers(
     limits: ServerLimits | None = None,
     report_limits: ServerLimits = REPORT_LIMITS,
 ) -> list[StatusServer]:
-    """The daemon's endpoints, serving: `/metrics` `/healthz` `/readyz` on `listen`, `/report` on
-    `report_listen` (the same server when it is `listen`, none when None).
+    """The daemon's endpoints, serving: `/metrics` `/healthz` `/readyz` on `listen`, `/report` and
+    `/report.html` on `report_listen` (the same server when it is `listen`, none when None).
 
     Raises DaemonError naming the flag when an address cannot be listened on.
     """
@@ -266,7 +266,7 @@ def start_status_servers(
         ("--listen", listen, ALL_PATHS if together else STATUS_PATHS, limits)
     ]
     if report_listen is not None and not together:
-        wanted.append(("--report-listen", report_listen, (REPORT_PATH,), report_limits))
+        wanted.append(("--report-listen", report_listen, REPORT_PATHS, report_limits))
     for flag, (host, port), paths, bounds in wanted:
         try:
             servers.append(StatusServer(daemon, host, port, paths=paths, limits=bounds).start())

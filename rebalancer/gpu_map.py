@@ -1,0 +1,140 @@
+"""Every GPU node of a snapshot as a row of its GPUs, each with the state the HTML report colours.
+
+Owns how one GPU's state is read from a snapshot and the cycle's findings (`cycle_report.GpuState`):
+which pods hold it (dcgm-exporter's pod attribution, then the node's remaining GPU pods on its
+unattributed GPUs), whether it is idle or leaked (only the idle-gpu and leaked-vram findings say so:
+this module sets no threshold of its own) and what its telemetry averaged over the shortest window.
+A GPU a pod holds with no telemetry is `unknown`, never idle. It must not do I/O, read the clock or
+decide anything: it describes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from itertools import count
+
+from rebalancer.cycle_report import GpuCell, GpuState, NodeGpus
+from rebalancer.model import Finding, GpuTelemetry, Node, Pod, Snapshot
+
+__all__ = ["IDLE_FINDING", "LEAKED_FINDING", "ZONE_LABEL", "gpu_map"]
+
+IDLE_FINDING = "idle-gpu"
+LEAKED_FINDING = "leaked-vram"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+
+
+def _index_order(index: str) -> tuple[int, int | str]:
+    return (0, int(index)) if index.isdigit() else (1, index)
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(sum(known) / len(known), 1) if known else None
+
+
+def _telemetry_cells(rows: Sequence[GpuTelemetry]) -> list[tuple[str, str, list[GpuTelemetry]]]:
+    """(index, uuid, rows) per physical GPU the node's telemetry names, in index order."""
+    by_uuid: dict[str, list[GpuTelemetry]] = defaultdict(list)
+    for row in rows:
+        by_uuid[row.uuid].append(row)
+    cells = [(next((r.gpu_index for r in rs if r.gpu_index), ""), uuid, rs) for uuid, rs in by_uuid.items()]
+    return sorted(cells, key=lambda cell: _index_order(cell[0]) if cell[0] else (2, cell[1]))
+
+
+def _state(pods: Sequence[str], uuid: str | None, util: float | None, flagged: _Flags) -> GpuState:
+    if uuid is not None and uuid in flagged.leaked:
+        return "leaked"
+    if not pods:
+        return "free"
+    if (uuid is not None and uuid in flagged.idle_gpus) or any(p in flagged.idle_pods for p in pods):
+        return "idle"
+    return "busy" if util is not None else "unknown"
+
+
+class _Flags:
+    """What the findings say of GPUs: which are leaked, which (or whose pods) are idle."""
+
+    def __init__(self, findings: Iterable[Finding]) -> None:
+        self.leaked: set[str] = set()
+        self.idle_gpus: set[str] = set()
+        self.idle_pods: set[str] = set()
+        for finding in findings:
+            if finding.kind == LEAKED_FINDING and finding.gpu:
+                self.leaked.add(finding.gpu)
+            elif finding.kind == IDLE_FINDING:
+                if finding.gpu:
+                    self.idle_gpus.add(finding.gpu)
+                if finding.namespace and finding.pod:
+                    self.idle_pods.add(f"{finding.namespace}/{finding.pod}")
+
+
+def _node_gpus(node: Node, pods: Sequence[Pod], rows: Sequence[GpuTelemetry], flags: _Flags) -> NodeGpus:
+    active = {pod.ref for pod in pods}
+    cells: list[tuple[str, str | None, list[str], float | None, float | None]] = []
+    attributed: set[str] = set()
+    for index, uuid, gpu_rows in _telemetry_cells(rows):
+        holders = sorted(
+            {
+                ref
+                for r in gpu_rows
+                if (key := r.pod_key) is not None and (ref := f"{key[0]}/{key[1]}") in active
+            }
+        )
+        attributed.update(holders)
+        cells.append(
+            (
+                index,
+                uuid,
+                holders,
+                _mean(r.util_avg_percent for r in gpu_rows),
+                _mean(r.fb_used_mib for r in gpu_rows),
+            )
+        )
+    # Positions for GPUs the telemetry names without an index, and for those it does not name at all (no
+    # exporter on the node, or fewer GPUs reported than the device plugin advertises).
+    taken = {index for index, *_ in cells}
+    spare = (str(i) for i in count() if str(i) not in taken)
+    cells = [(index or next(spare), uuid, holders, util, fb) for index, uuid, holders, util, fb in cells]
+    while len(cells) < node.gpu_count:
+        cells.append((next(spare), None, [], None, None))
+    # GPU pods the telemetry does not attribute go on the GPUs no pod holds and no finding names.
+    for pod in sorted(pods, key=lambda p: p.ref):
+        if pod.gpu.count <= 0 or pod.ref in attributed:
+            continue
+        left = pod.gpu.count
+        for _, held_uuid, holders, _, _ in cells:
+            if left == 0:
+                break
+            if not holders and (held_uuid is None or held_uuid not in flags.leaked):
+                holders.append(pod.ref)
+                left -= 1
+    return NodeGpus(
+        node=node.name,
+        gpu_model=node.gpu_model,
+        zone=node.labels.get(ZONE_LABEL),
+        gpus=tuple(
+            GpuCell(
+                index=index,
+                state=_state(holders, uuid, util, flags),
+                pods=tuple(holders),
+                uuid=uuid,
+                util_avg_percent=util,
+                fb_used_mib=fb,
+            )
+            for index, uuid, holders, util, fb in cells
+        ),
+    )
+
+
+def gpu_map(snapshot: Snapshot, findings: Iterable[Finding]) -> tuple[NodeGpus, ...]:
+    """Every node with whole GPUs, by name, each GPU in index order with its state at the snapshot."""
+    telemetry = snapshot.telemetry
+    window = telemetry.windows[min(telemetry.windows)] if telemetry.available and telemetry.windows else None
+    by_node = window.by_node if window is not None else {}
+    flags = _Flags(findings)
+    return tuple(
+        _node_gpus(node, snapshot.pods_on(name), by_node.get(name, ()), flags)
+        for name, node in sorted(snapshot.nodes.items())
+        if node.gpu_count > 0
+    )

@@ -1,0 +1,218 @@
+"""The HTML report: each GPU's state as the report records it, and the page drawn from it.
+
+The page is parsed with the standard library's HTML parser (the browser test, test_report_browser.py,
+renders it in Chromium): its structure, its escaping of cluster-provided text, its lack of external
+references.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from rebalancer.cli import EXIT_OK, main
+from rebalancer.cycle_report import CycleReport, GpuCell, NodeGpus, ReportedDecision, Summary
+from rebalancer.gpu_map import gpu_map
+from rebalancer.model import Finding
+from rebalancer.report_html import render_html
+from tests.builders import gpu_sample, node, pod, snapshot, telemetry
+from tests.html_dom import parse
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "examples" / "demo-cluster"
+HOSTILE = "<script>alert('pwned')</script>\"onmouseover=alert(1) x='&amp;"
+
+
+# --------------------------------------------------------------------------- the GPU map
+
+
+def test_gpu_states_come_from_telemetry_and_findings() -> None:
+    busy = pod("train", "n1", gpus=2)
+    idle = pod("notebook", "n1", gpus=1)
+    rows = [
+        gpu_sample("n1", "GPU-a", pod=busy, util=80.0),
+        gpu_sample("n1", "GPU-b", pod=busy, util=70.0),
+        gpu_sample("n1", "GPU-c", pod=idle, util=0.5),
+        gpu_sample("n1", "GPU-d", util=0.0, fb_used_mib=20480.0),
+    ]
+    snap = snapshot([node("n1", gpus=5)], [busy, idle], telemetry=telemetry(rows))
+    findings = [
+        Finding(kind="idle-gpu", node="n1", gpu="GPU-c", namespace="ml", pod="notebook"),
+        Finding(kind="leaked-vram", node="n1", gpu="GPU-d"),
+    ]
+    [n1] = gpu_map(snap, findings)
+    assert [(c.uuid, c.state, c.pods) for c in n1.gpus] == [
+        ("GPU-a", "busy", ("ml/train",)),
+        ("GPU-b", "busy", ("ml/train",)),
+        ("GPU-c", "idle", ("ml/notebook",)),
+        ("GPU-d", "leaked", ()),
+        (None, "free", ()),
+    ]
+    assert [c.index for c in n1.gpus] == ["0", "1", "2", "3", "4"]
+    assert n1.gpus[0].util_avg_percent == 80.0
+
+
+def test_a_gpu_pod_without_telemetry_is_unknown_never_idle() -> None:
+    quiet = pod("quiet", "n1", gpus=2)
+    snap = snapshot([node("n1", gpus=4), node("cpu", gpus=0)], [quiet])  # no telemetry at all
+    [n1] = gpu_map(snap, [])  # the node without GPUs is not drawn
+    assert [c.state for c in n1.gpus] == ["unknown", "unknown", "free", "free"]
+    assert n1.gpus[0].pods == ("ml/quiet",)
+
+
+def test_low_utilisation_alone_is_not_idle() -> None:
+    """Only the idle-gpu strategy calls a GPU idle (its threshold, window, pod age, samples)."""
+    slow = pod("slow", "n1", gpus=1)
+    snap = snapshot(
+        [node("n1", gpus=1)], [slow], telemetry=telemetry([gpu_sample("n1", "G", pod=slow, util=0.1)])
+    )
+    [n1] = gpu_map(snap, [])
+    assert n1.gpus[0].state == "busy"
+
+
+def test_the_gpu_index_label_orders_the_gpus() -> None:
+    a, b = pod("a", "n1"), pod("b", "n1")
+    rows = [
+        dataclasses.replace(gpu_sample("n1", "GPU-z", pod=a), gpu_index="0"),
+        dataclasses.replace(gpu_sample("n1", "GPU-y", pod=b), gpu_index="1"),
+    ]
+    [n1] = gpu_map(snapshot([node("n1", gpus=2)], [a, b], telemetry=telemetry(rows)), [])
+    assert [(c.index, c.uuid) for c in n1.gpus] == [("0", "GPU-z"), ("1", "GPU-y")]
+
+
+# --------------------------------------------------------------------------- the page
+
+
+def _report(**changes: object) -> CycleReport:
+    base = CycleReport(
+        mode="dry-run",
+        now=datetime(2026, 11, 29, 12, tzinfo=UTC),
+        summary=Summary(
+            nodes=2,
+            gpus=4,
+            pods=1,
+            proposals=1,
+            evictions=1,
+            blocked=0,
+            nodes_freed=1,
+            gpus_freed=2,
+            estimated_savings_per_hour=2.3,
+        ),
+        decisions=(
+            ReportedDecision(
+                strategy="gpu-consolidation",
+                namespace="ml",
+                pod="p",
+                node="a",
+                action="evict",
+                outcome="would-evict",
+                reason="node a is light",
+                blocked_by=None,
+                group=None,
+                target_node="b",
+            ),
+        ),
+        freed_nodes=("a",),
+        gpu_nodes=(
+            NodeGpus("a", "NVIDIA-L4", None, (GpuCell("0", "busy", ("ml/p",)), GpuCell("1", "free"))),
+            NodeGpus("b", "NVIDIA-L4", None, (GpuCell("0", "busy", ("ml/q",)), GpuCell("1", "free"))),
+        ),
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_the_moved_pod_lands_on_its_target_and_the_freed_node_is_empty() -> None:
+    dom = parse(render_html(_report()))
+    after = {row["data-node"]: row for row in dom.having("g", class_="after")}
+    assert after["a"]["data-freed"] == "true" and after["b"]["data-freed"] == "false"
+    [move] = dom.having("path", class_="move")
+    assert (move["data-pod"], move["data-from"], move["data-to"]) == ("ml/p", "a", "b")
+    # 2 nodes x 2 GPUs before, and after; of the after ones, b's free GPU now holds the moved pod.
+    assert len(dom.having("rect", class_="gpu")) == 8
+    assert len(dom.having("rect", class_="moved")) == 1
+    assert len(dom.having("rect", class_="gpu-busy")) == 2 + 2  # before: p and q; after: q and p on b
+
+
+def test_a_blocked_plan_names_its_guard_on_the_node_and_in_the_table() -> None:
+    blocked = ReportedDecision(
+        strategy="gpu-consolidation",
+        namespace="ml",
+        pod="q",
+        node="b",
+        action="skip",
+        outcome=None,
+        reason="PDB ml/q allows 0 more disruptions",
+        blocked_by="pdb",
+        group=None,
+        target_node="a",
+    )
+    dom = parse(render_html(_report(decisions=(blocked,), freed_nodes=())))
+    assert dom.having("path", class_="move") == []
+    text = "".join(dom.text)
+    assert "blocked: pdb" in text and "PDB ml/q allows 0 more disruptions" in text
+    assert len(dom.having("table", id="blocked")) == 1
+
+
+def test_cluster_text_is_escaped_everywhere() -> None:
+    hostile = ReportedDecision(
+        strategy="gpu-consolidation",
+        namespace="ml",
+        pod=HOSTILE,
+        node="a",
+        action="evict",
+        outcome="would-evict",
+        reason=f"reason {HOSTILE}",
+        blocked_by=None,
+        group=None,
+        target_node="b",
+    )
+    report = _report(
+        decisions=(hostile,),
+        findings=(Finding(kind="leaked-vram", node="a", gpu=HOSTILE, detail=HOSTILE),),
+        gpu_nodes=(
+            NodeGpus(HOSTILE, HOSTILE, HOSTILE, (GpuCell("0", "busy", (f"ml/{HOSTILE}",)),)),
+            NodeGpus("a", None, None, (GpuCell("0", "busy", (f"ml/{HOSTILE}",)),)),
+            NodeGpus("b", None, None, (GpuCell("0", "free"),)),
+        ),
+    )
+    page = render_html(report)
+    dom = parse(page)
+    assert len(dom.having("script")) == 1  # the page's own
+    assert not [attrs for _, attrs in dom.tags if any(k.startswith("on") for k in attrs)]
+    assert "<script>alert" not in page
+    # The text survives escaping intact: as a pod of a move, in a tooltip, in the tables.
+    assert dom.having("path", class_="move")[0]["data-pod"] == f"ml/{HOSTILE}"
+    assert sum(HOSTILE in t for t in dom.text) >= 4
+
+
+def test_credentials_in_report_text_are_redacted() -> None:
+    finding = Finding(kind="telemetry-unavailable", detail="GET https://bob:hunter2@prom.example/api failed")
+    page = render_html(_report(findings=(finding,)))
+    assert "hunter2" not in page and "https://***@prom.example/api" in page
+
+
+def test_the_page_references_nothing_outside_itself() -> None:
+    dom = parse(render_html(_report()))
+    for tag, attrs in dom.tags:
+        for key in ("src", "href"):
+            assert attrs.get(key) is None, (tag, attrs)
+    assert dom.having("link") == []
+
+
+def test_once_output_html_draws_every_gpu_node_of_the_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["once", "--snapshot", str(DEMO), "--policy", str(DEMO / "policy.yaml"), "--output", "html"])
+    page = capsys.readouterr().out
+    assert code == EXIT_OK
+    dom = parse(page)
+    before = dom.having("g", class_="before")
+    # The demo's README table: 12 GPU nodes (cpu-a-1 has none), 84 GPUs.
+    assert len(before) == 12
+    assert len(dom.having("rect", class_="gpu")) == 2 * 84
+    freed = [row["data-node"] for row in dom.having("g", class_="after") if row["data-freed"] == "true"]
+    assert sorted(freed) == ["a100-a-2", "a100-b-2"]
+    moves = {(m["data-from"], m["data-to"]) for m in dom.having("path", class_="move")}
+    assert ("a100-a-2", "a100-b-1") in moves and ("a100-b-1", "h100-b-1") in moves
+    assert len(dom.having("rect", class_="gpu-leaked")) == 2  # l4-a-1 GPU 3, before and after

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -341,6 +342,22 @@ def test_full_pod() -> None:
     assert pod.created == datetime(2026, 11, 28, 10, 0, tzinfo=UTC)
     assert pod.started == datetime(2026, 11, 28, 10, 1, tzinfo=UTC)
     assert pod.uses_gpu
+
+
+def _frozen(value: Any) -> Any:
+    """The same JSON with every object a read-only mapping that is not a dict."""
+    if isinstance(value, dict):
+        return MappingProxyType({k: _frozen(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [_frozen(v) for v in value]
+    return value
+
+
+def test_objects_that_are_mappings_but_not_dicts_give_the_same_pod() -> None:
+    # The field reader tests for dict first; any other Mapping must still be read, not refused.
+    assert pod_from_json(_frozen(FULL_POD), gangs=GANGS, sharing=SHARING) == pod_from_json(
+        FULL_POD, gangs=GANGS, sharing=SHARING
+    )
 
 
 def test_sidecar_counts_during_later_init_containers() -> None:

@@ -89,7 +89,8 @@ class FieldReader:
         value = parent.get(key)
         if value is None:
             return {}
-        if not isinstance(value, Mapping):
+        # `type(...) is dict` first: decoded JSON is always a dict, and the ABC check costs ~5x more.
+        if type(value) is not dict and not isinstance(value, Mapping):
             raise self.error(join_path(path, key), f"expected an object, got {type_name(value)}")
         return value
 
@@ -97,12 +98,13 @@ class FieldReader:
         value = parent.get(key)
         if value is None:
             return []
-        where = join_path(path, key)
         if not isinstance(value, list):
-            raise self.error(where, f"expected a list, got {type_name(value)}")
+            raise self.error(join_path(path, key), f"expected a list, got {type_name(value)}")
         for index, item in enumerate(value):
-            if not isinstance(item, Mapping):
-                raise self.error(f"{where}[{index}]", f"expected an object, got {type_name(item)}")
+            if type(item) is not dict and not isinstance(item, Mapping):
+                raise self.error(
+                    f"{join_path(path, key)}[{index}]", f"expected an object, got {type_name(item)}"
+                )
         return value
 
     def string(self, parent: Mapping[str, Any], key: str, path: str, default: str = "") -> str:
@@ -117,9 +119,8 @@ class FieldReader:
         value = parent.get(key)
         if value is None:
             return ()
-        where = join_path(path, key)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self.error(where, "expected a list of strings")
+            raise self.error(join_path(path, key), "expected a list of strings")
         return tuple(value)
 
     def string_map(self, parent: Mapping[str, Any], key: str, path: str) -> dict[str, str]:

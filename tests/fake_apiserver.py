@@ -24,6 +24,12 @@ the code under test runs its real request building, serialisation and error hand
   expired to get the API server's 410); get; create; update (PUT, with the `resourceVersion` conflict
   check); patch (strategic merge, JSON merge, JSON patch); delete (with uid / resourceVersion
   preconditions); `dryRun=All` on every write;
+- watch (`?watch=1&resourceVersion=RV&allowWatchBookmarks=true&timeoutSeconds=N`), as the watch cache
+  serves it: chunked JSON lines `{"type", "object"}` for the changes after RV (no RV or "0": ADDED for
+  every current object first), DELETED carrying the deletion's own resourceVersion (as etcd3's watcher),
+  BOOKMARK events with the latest resourceVersion, an ERROR event with a 410 Status "too old resource
+  version" when RV predates `compact()`, the stream ending after timeoutSeconds. Differs on purpose: one
+  history shared by all kinds, bookmarks every 0.5 s of quiet instead of about once a minute;
 - `POST .../pods/{name}/eviction` with the API server's rules: 404 for a missing pod; PDBs of the
   namespace that select the pod: none -> delete; more than one -> 500; `disruptionsAllowed` 0 -> 429 with
   the real message and a `DisruptionBudget` cause; otherwise decrement and delete; a uid precondition
@@ -56,6 +62,7 @@ import json
 import re
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import suppress
@@ -694,6 +701,11 @@ class FakeApiServer:
         # (group, resource, namespace) whose updates an admission policy denies: (policy, message, reason).
         self._denials: dict[tuple[str, str, str], tuple[str, str, str]] = {}
         self._snapshots: dict[int, _ListSnapshot] = {}
+        # Watch history, as the watch cache keeps it: (rv, group, resource, type, object), oldest first.
+        # A watch from an RV older than `_compacted_rv` answers 410 Gone, as after an etcd compaction.
+        self._history: list[tuple[int, str, str, str, JsonObj]] = []
+        self._compacted_rv = 999
+        self._changed = threading.Condition(self._lock)
         self._snapshot_ids = itertools.count(1)
         self._clock = clock or (lambda: datetime.now(UTC))
         self._httpd: ThreadingHTTPServer | None = None
@@ -758,13 +770,18 @@ class FakeApiServer:
             meta.pop("namespace", None)
         with self._lock:
             self._fill_new(kind, stored)
-            self._store(kind)[self._key(kind, meta.get("namespace"), meta["name"])] = stored
+            key = self._key(kind, meta.get("namespace"), meta["name"])
+            existed = key in self._store(kind)
+            self._store(kind)[key] = stored
+            self._emit(kind, "MODIFIED" if existed else "ADDED", stored)
             return copy.deepcopy(stored)
 
     def remove(self, kind: str, name: str, namespace: str | None = None, api_version: str = "v1") -> None:
         resolved = self._kind_of(kind, api_version)
         with self._lock:
-            self._store(resolved).pop(self._key(resolved, namespace, name), None)
+            gone = self._store(resolved).pop(self._key(resolved, namespace, name), None)
+            if gone is not None:
+                self._emit(resolved, "DELETED", gone)
 
     def get(
         self, kind: str, name: str, namespace: str | None = None, api_version: str = "v1"
@@ -903,6 +920,125 @@ class FakeApiServer:
     def _next_rv(self) -> str:
         self._last_rv = next(self._rv)
         return str(self._last_rv)
+
+    def _emit(self, kind: _Kind, event: str, obj: JsonObj) -> None:
+        """Record a change for watchers. A DELETED event carries the object at the deletion's own
+        resourceVersion, as etcd3's watcher reports it."""
+        shown = copy.deepcopy(obj)
+        if event == "DELETED":
+            shown["metadata"]["resourceVersion"] = self._next_rv()
+        self._history.append(
+            (int(shown["metadata"]["resourceVersion"]), kind.group, kind.resource, event, shown)
+        )
+        self._changed.notify_all()
+
+    def compact(self) -> None:
+        """Forget the watch history up to now (as an etcd compaction): watches from an older
+        resourceVersion answer 410 Gone and the client must list again."""
+        with self._lock:
+            self._history.clear()
+            self._compacted_rv = self._last_rv
+
+    def watch(self, path: str, query: Mapping[str, tuple[str, ...]]) -> Iterator[JsonObj]:
+        """The events of a `?watch=1` request, as kube-apiserver's watch cache serves them: changes
+        after `resourceVersion` (or, with none or "0", ADDED for every current object first), a 410
+        ERROR event when that version is compacted, BOOKMARK events (with allowWatchBookmarks) carrying
+        the latest resourceVersion, and the end of the stream after `timeoutSeconds`. Raises ApiError
+        (before any byte is sent) for an unknown resource or a refused watch."""
+        match = _CORE_PATH.match(path) or _GROUP_PATH.match(path)
+        if match is None:
+            raise ApiError(404, _NOT_FOUND_RESOURCE)
+        parts = match.groupdict()
+        kind = _BY_PATH.get((parts.get("group") or "", parts["version"], parts["resource"]))
+        if kind is None or parts["name"] is not None or kind.qualified in self._missing:
+            raise ApiError(404, _NOT_FOUND_RESOURCE)
+        ns = parts["ns"]
+        with self._lock:
+            self._authorize("watch", kind, ns, None, None)
+        labels = parse_label_selector(_last(query, "labelSelector") or "")
+        fields = _parse_field_selector(_last(query, "fieldSelector") or "", kind)
+        bookmarks = _last(query, "allowWatchBookmarks") in ("true", "1")
+        timeout = float(_last(query, "timeoutSeconds") or 1800)
+        return self._watch_events(
+            kind,
+            ns=ns,
+            since=_last(query, "resourceVersion") or "",
+            labels=labels,
+            fields=fields,
+            bookmarks=bookmarks,
+            timeout=timeout,
+        )
+
+    def _watch_events(
+        self,
+        kind: _Kind,
+        *,
+        ns: str | None,
+        since: str,
+        labels: tuple[_Requirement, ...],
+        fields: list[tuple[tuple[str, ...], bool, str]],
+        bookmarks: bool,
+        timeout: float,
+    ) -> Iterator[JsonObj]:
+        def wanted(obj: JsonObj) -> bool:
+            meta = obj["metadata"]
+            if ns is not None and meta.get("namespace") != ns:
+                return False
+            if not all(r.matches(meta.get("labels") or {}) for r in labels):
+                return False
+            return all((_field_value(obj, p) == v) == eq for p, eq, v in fields)
+
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            if since in ("", "0"):
+                position = self._last_rv
+                initial = [copy.deepcopy(o) for o in self._store(kind).values() if wanted(o)]
+            else:
+                position = int(since)
+                initial = []
+                if position < self._compacted_rv:
+                    yield {
+                        "type": "ERROR",
+                        "object": ApiError(
+                            410,
+                            f"too old resource version: {position} ({self._compacted_rv})",
+                            reason="Expired",
+                        ).status(),
+                    }
+                    return
+        for obj in initial:
+            yield {"type": "ADDED", "object": obj}
+        last_bookmark = time.monotonic()
+        while not self._stop.is_set():
+            with self._lock:
+                events = [
+                    (rv, t, o)
+                    for rv, g, r, t, o in self._history
+                    if rv > position and g == kind.group and r == kind.resource
+                ]
+                if not events:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return
+                    self._changed.wait(min(left, 0.2))
+                    latest = self._last_rv
+                else:
+                    latest = position
+            for rv, t, o in events:
+                position = rv
+                if wanted(o):
+                    yield {"type": t, "object": copy.deepcopy(o)}
+            if bookmarks and not events and latest > position and time.monotonic() - last_bookmark >= 0.5:
+                position = latest
+                last_bookmark = time.monotonic()
+                yield {
+                    "type": "BOOKMARK",
+                    "object": {
+                        "kind": kind.kind,
+                        "apiVersion": kind.api_version,
+                        "metadata": {"resourceVersion": str(latest)},
+                    },
+                }
 
     def _fill_new(self, kind: _Kind, obj: JsonObj) -> None:
         obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
@@ -1098,6 +1234,7 @@ class FakeApiServer:
         self._fill_new(kind, obj)
         if not dry_run:
             self._store(kind)[key] = obj
+            self._emit(kind, "ADDED", obj)
         return 201, self._with_type(kind, obj)
 
     def _update(
@@ -1194,6 +1331,7 @@ class FakeApiServer:
         if not dry_run:
             meta["resourceVersion"] = self._next_rv()
             self._store(kind)[self._key(kind, ns, name)] = obj
+            self._emit(kind, "MODIFIED", obj)
         return 200, self._with_type(kind, obj)
 
     # ---- the scale subresource
@@ -1290,6 +1428,7 @@ class FakeApiServer:
         if not dry_run:
             updated["metadata"]["resourceVersion"] = self._next_rv()
             self._store(kind)[self._key(kind, ns, name)] = updated
+            self._emit(kind, "MODIFIED", updated)
         return 200, self._scale_of(kind, updated)
 
     def _delete(
@@ -1300,6 +1439,7 @@ class FakeApiServer:
         self._check_preconditions(kind, name, current, options)
         if not (dry_run or "All" in (options.get("dryRun") or ())):
             del self._store(kind)[self._key(kind, ns, name)]
+            self._emit(kind, "DELETED", current)
         return 200, self._with_type(kind, current)
 
     @staticmethod
@@ -1363,7 +1503,9 @@ class FakeApiServer:
             status["disruptionsAllowed"] = int(status.get("disruptionsAllowed") or 0) - 1
             status.setdefault("disruptedPods", {})[name] = self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
             budget["metadata"]["resourceVersion"] = self._next_rv()
-        del self._store(pods)[self._key(pods, ns, name)]
+            self._emit(_BY_KIND[(budget["apiVersion"], budget["kind"])], "MODIFIED", budget)
+        gone = self._store(pods).pop(self._key(pods, ns, name))
+        self._emit(pods, "DELETED", gone)
         return 201, success
 
     @staticmethod
@@ -1484,6 +1626,9 @@ class _Handler(BaseHTTPRequestHandler):
                 body = raw.decode("utf-8", "replace")
         request = RecordedRequest(self.command, split.path, query, body, ctype)
         fault = self.fake._record(request)
+        if fault is None and self.command == "GET" and _last(query, "watch") in ("true", "1"):
+            self._stream_watch(split.path, query)
+            return
         if fault is not None:
             if fault.delay and self.fake._stop.wait(fault.delay):
                 self._drop()
@@ -1510,6 +1655,28 @@ class _Handler(BaseHTTPRequestHandler):
                 self._drop()
             return
         self._send(code, payload)
+
+    def _stream_watch(self, path: str, query: Mapping[str, tuple[str, ...]]) -> None:
+        """A watch: one JSON event a line, chunked, until the events end (timeout, 410, shutdown)."""
+        try:
+            events = self.fake.watch(path, query)
+        except ApiError as error:
+            self._send(error.code, error.status())
+            return
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for event in events:
+                line = json.dumps(event).encode() + b"\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:
+            pass
+        self.close_connection = True
 
     def _send(self, code: int, payload: JsonObj, headers: Mapping[str, str] | None = None) -> None:
         data = json.dumps(payload).encode()

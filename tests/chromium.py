@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.debian_packages import ensure_binaries
+
 RUN_TIMEOUT = 90.0
 FLAGS = (
     "--headless",
@@ -44,9 +46,8 @@ FLAGS = (
 
 def ensure_chromium() -> str:
     """The path of `chromium`, installing the Debian package when it is missing."""
-    found = shutil.which("chromium")
-    if found:
-        return found
+    (chromium,) = ensure_binaries("chromium", ("chromium",), "a real browser")
+    return chromium
     if os.geteuid() != 0:
         pytest.fail(
             "these tests need a real browser: install it with `sudo apt-get install -y chromium` "

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import signal
 import socket
 import ssl
@@ -42,6 +41,8 @@ from typing import Any
 
 import pytest
 
+from tests.debian_packages import ensure_binaries
+
 CONFIG = "global:\n  scrape_interval: 30s\n"  # no scrape jobs: the TSDB holds only what tests backfill
 READY_TIMEOUT = 30.0
 
@@ -55,27 +56,8 @@ def free_port() -> int:
 
 def ensure_prometheus() -> tuple[str, str]:
     """Paths of `prometheus` and `promtool`, installing the Debian package when they are missing."""
-    binaries = shutil.which("prometheus"), shutil.which("promtool")
-    if binaries[0] and binaries[1]:
-        return binaries[0], binaries[1]
-    if os.geteuid() != 0:
-        pytest.fail(
-            "these tests need a real Prometheus: install it with `sudo apt-get install -y prometheus` "
-            "(Debian / Ubuntu; it provides `prometheus` and `promtool`), or run the tests as root",
-            pytrace=False,
-        )
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "--no-install-recommends", "prometheus"]
-    done = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        subprocess.run(["apt-get", "update"], env=env, capture_output=True, check=False)
-        done = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
-    binaries = shutil.which("prometheus"), shutil.which("promtool")
-    if done.returncode != 0 or not (binaries[0] and binaries[1]):
-        pytest.fail(
-            f"`{' '.join(install)}` failed (exit {done.returncode}):\n{done.stderr[-2000:]}", pytrace=False
-        )
-    return str(binaries[0]), str(binaries[1])
+    prometheus, promtool = ensure_binaries("prometheus", ("prometheus", "promtool"), "a real Prometheus")
+    return prometheus, promtool
 
 
 def _last_timestamp(openmetrics: str) -> float | None:

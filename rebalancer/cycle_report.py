@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Literal, get_args
 
 from rebalancer.model import (
     Finding,
@@ -178,20 +178,8 @@ class CycleReport:
         return sum(1 for d in self.decisions if d.action != "skip" and d.outcome in _ACTED)
 
 
-# Outcomes that are an eviction or a workload change made, or one a dry run would make.
-_ACTED: frozenset[OutcomeResult | None] = frozenset(
-    {
-        "would-evict",
-        "evicted",
-        "would-notify",
-        "notified",
-        "would-scale",
-        "scaled",
-        "would-suspend",
-        "suspended",
-        "would-stop",
-        "stopped",
-        "would-clear",
-        "cleared",
-    }
-)
+# Outcomes that leave the cluster as it was: refused, gone, failed or waiting. Every other outcome is an
+# eviction or a workload change made, or one a dry run would make (a result added later counts as
+# acting, the side on which `--exit-code` fails a CI job).
+_NOTHING_DONE: frozenset[OutcomeResult] = frozenset({"blocked-by-pdb", "gone", "error", "checkpoint-pending"})
+_ACTED: frozenset[OutcomeResult | None] = frozenset(get_args(OutcomeResult)) - _NOTHING_DONE

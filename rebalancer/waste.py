@@ -2,9 +2,9 @@
 
 Owns what `rebalancer waste` counts and how it is added up:
 
-- the period (`Period`, `period()`): `since` seconds ending at `until` rounded down to a multiple of
-  the step (steps are aligned to the epoch, as Prometheus aligns a subquery's steps), cut into steps
-  of `step` seconds, each step `(t - step, t]`;
+- the period (`rebalancer.period`, re-exported here): `since` seconds ending at `until` rounded down to
+  a multiple of the step (steps are aligned to the epoch, as Prometheus aligns a subquery's steps), cut
+  into steps of `step` seconds, each step `(t - step, t]`;
 - the resolution: time is counted in whole steps. For each series (one GPU or MIG instance and the pod
   it is attributed to) a step is *covered* when it holds at least one utilisation sample, and *idle*
   when the mean of those samples is strictly below the idle-gpu strategy's `max_utilization_percent`
@@ -44,15 +44,15 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Literal
 
 from rebalancer.gpu_devices import mig_share
 from rebalancer.model import Pod, Snapshot
-from rebalancer.policy import LabelMapping, TelemetryConfig, format_duration
+from rebalancer.period import Period, check_steps, period
+from rebalancer.policy import LabelMapping, TelemetryConfig
 from rebalancer.telemetry.exposition import Series
 from rebalancer.telemetry.identity import SeriesIdentity, identify, resolve_preset
-from rebalancer.telemetry.windows import datetime_from_ms, epoch_ms, seconds_to_ms
+from rebalancer.telemetry.windows import seconds_to_ms
 from rebalancer.wording import plural
 from rebalancer.workloads import resolve
 
@@ -82,63 +82,6 @@ GONE = "(pods no longer in the cluster)"
 
 # The hourly price of one GPU of a `nvidia.com/gpu.product` value (None: the model is unknown).
 PriceOf = Callable[[str | None], float | None]
-
-
-# --------------------------------------------------------------------------- the period
-
-
-@dataclass(frozen=True, slots=True)
-class Period:
-    """`[end - seconds, end]` in steps of `step` seconds; `end` is a multiple of the step."""
-
-    end_ms: int
-    seconds: int
-    step: int
-
-    @property
-    def start_ms(self) -> int:
-        return self.end_ms - self.seconds * 1000
-
-    @property
-    def start(self) -> datetime:
-        return datetime_from_ms(self.start_ms)
-
-    @property
-    def end(self) -> datetime:
-        return datetime_from_ms(self.end_ms)
-
-    @property
-    def steps(self) -> int:
-        return self.seconds // self.step
-
-    def step_of(self, ms: int) -> int | None:
-        """The end (ms) of the step `(t - step, t]` holding the instant `ms`, or None outside the period."""
-        if not self.start_ms < ms <= self.end_ms:
-            return None
-        step_ms = self.step * 1000
-        return -(-ms // step_ms) * step_ms
-
-
-def check_steps(since: int, step: int) -> None:
-    """ValueError unless a period of `since` seconds is a whole number of `step`-second steps."""
-    if step <= 0:
-        raise ValueError("the step must be at least 1s")
-    if since < step:
-        raise ValueError(
-            f"the period ({format_duration(since)}) is shorter than one step ({format_duration(step)})"
-        )
-    if since % step:
-        raise ValueError(
-            f"the period ({format_duration(since)}) is not a whole number of steps ({format_duration(step)})"
-        )
-
-
-def period(until: datetime, since: int, step: int) -> Period:
-    """The `since` seconds before `until` (rounded down to a multiple of `step`). ValueError if they do
-    not make whole steps (`check_steps`)."""
-    check_steps(since, step)
-    step_ms = step * 1000
-    return Period(end_ms=epoch_ms(until) // step_ms * step_ms, seconds=since, step=step)
 
 
 # --------------------------------------------------------------------------- step counts

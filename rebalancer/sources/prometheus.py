@@ -62,6 +62,7 @@ from typing import Any, Literal
 import requests
 
 from rebalancer.model import Finding, Pod, Telemetry, TelemetryWindow
+from rebalancer.period import Period
 from rebalancer.policy import PrometheusConfig, TelemetryConfig, format_duration
 from rebalancer.redaction import redact, redact_url
 from rebalancer.sources.prometheus_http import (
@@ -91,7 +92,7 @@ from rebalancer.telemetry.windows import (
     row,
     seconds_to_ms,
 )
-from rebalancer.waste import Period, SeriesSteps
+from rebalancer.waste import SeriesSteps
 
 __all__ = [
     "RETRY_STATUSES",

@@ -11,10 +11,11 @@ import math
 from collections import defaultdict
 from collections.abc import Mapping
 
+from rebalancer.period import Period
 from rebalancer.policy import TelemetryConfig
 from rebalancer.sources.prometheus_http import PrometheusError
 from rebalancer.telemetry.identity import format_labels, resolve_preset
-from rebalancer.waste import Period, SeriesSteps, mapped_labels
+from rebalancer.waste import SeriesSteps, mapped_labels
 
 __all__ = ["WASTE_LABEL", "idle_steps_query", "steps_of"]
 

@@ -2,9 +2,11 @@
 
 Owns what the advisor recommends and why, for a workload (all its replicas) given its evidence:
 
-- thin data first: fewer samples than `min_samples`, or a GPU model the catalogue does not know, is
-  `low-confidence` and never read as fitting anything;
-- multi-GPU replicas that are gang-scheduled or NVLink-heavy are `not-advised`: splitting or moving them
+- thin or bad data first: a problem with the evidence's telemetry (GPUs without series, bad steps),
+  fewer samples than `min_samples`, or a GPU model the catalogue does not know, is `low-confidence` and
+  never read as fitting anything;
+- multi-GPU replicas that are gang-scheduled or NVLink-heavy (p95 NVLink traffic, transmit plus
+  receive, at least `nvlink_heavy_bytes_per_second`) are `not-advised`: splitting or moving them
   changes their communication, which the framebuffer and utilisation figures do not show;
 - GPUs of a multi-GPU replica idle the whole window: `fewer-gpus`;
 - otherwise the memory the workload needs is its peak framebuffer used plus `headroom` (default 20 %),
@@ -13,6 +15,11 @@ Owns what the advisor recommends and why, for a workload (all its replicas) give
   throughput), or a MIG profile of its own model with that memory and at least that share of compute
   slices. Nothing cheaper fits: `keep`.
 
+Confidence: `high` when compute was measured by the profiling metrics (graphics engine activity),
+`medium` when only by `DCGM_FI_DEV_GPU_UTIL` (busy while any kernel runs: it overstates the need, so the
+advice errs towards keeping), or for a multi-GPU replica whose NVLink traffic was not measured; `low`
+for `low-confidence`. Each reason for less than `high` is a note on the recommendation.
+
 The saving is per month (730 hours) over all replicas; the change is a YAML patch of the workload's pod
 template built with the yaml library. It must stay pure: no I/O, no clock, no query; callers bring the
 evidence (the telemetry edge aggregates it) and render the result.
@@ -20,7 +27,7 @@ evidence (the telemetry edge aggregates it) and render the result.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import yaml
@@ -31,6 +38,7 @@ from rebalancer.model import GPU_PRODUCT_LABEL
 __all__ = [
     "DEFAULT_HEADROOM",
     "DEFAULT_MIN_SAMPLES",
+    "DEFAULT_NVLINK_HEAVY_BYTES_PER_SECOND",
     "HOURS_PER_MONTH",
     "Evidence",
     "Recommendation",
@@ -40,14 +48,21 @@ __all__ = [
 HOURS_PER_MONTH = 730
 DEFAULT_HEADROOM = 0.20
 DEFAULT_MIN_SAMPLES = 100
+# NVLink traffic (transmit + receive, p95) from which a multi-GPU replica depends on NVLink: 1 GB/s, a
+# thirtieth of one PCIe 4.0 x16 link and under 1 % of an A100's NVLink bandwidth, is more than the
+# incidental traffic of replicas that do not talk to each other.
+DEFAULT_NVLINK_HEAVY_BYTES_PER_SECOND = 1e9
 
 Kind = Literal["cheaper-model", "mig-profile", "fewer-gpus", "keep", "not-advised", "low-confidence"]
+Confidence = Literal["high", "medium", "low"]
 
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
-    """What the window showed of one workload (all replicas): framebuffer used (GiB), p95 utilisation
-    (percent of its current GPU), samples, shape, and per GPU of a replica whether it was idle all window."""
+    """What the window showed of one workload (all replicas): framebuffer used (GiB), p95 compute
+    (percent of its current GPU: graphics engine activity when `profiled`, else utilisation), samples,
+    shape, per GPU of a replica whether it was idle all window, NVLink traffic (None: not measured), the
+    other profiling figures for the reader, and the problems of its telemetry (never read as fitting)."""
 
     namespace: str
     workload: str
@@ -61,18 +76,26 @@ class Evidence:
     samples: int
     idle_all_window: tuple[bool, ...] = ()
     gang: bool = False
-    nvlink_heavy: bool = False
+    nvlink_bytes_per_second: float | None = None
+    profiled: bool = False
+    p95_sm_percent: float | None = None
+    p95_tensor_percent: float | None = None
+    p95_dram_percent: float | None = None
+    problems: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Recommendation:
-    """The advice for one workload: what, why, the monthly saving and the patch (empty when no change)."""
+    """The advice for one workload: what, why, the monthly saving, the patch (empty when no change), how
+    sure it is and why not more."""
 
     kind: Kind
     reason: str
     monthly_saving: float = 0.0
     target: str | None = None
     patch: str = ""
+    confidence: Confidence = "high"
+    notes: tuple[str, ...] = ()
 
 
 def _container_patch(spec: dict[str, object]) -> str:
@@ -87,12 +110,49 @@ def _resources(evidence: Evidence, limits: dict[str, object]) -> dict[str, objec
 def advise(
     evidence: Evidence,
     available: frozenset[str],
+    *,
     catalogue: tuple[GpuModel, ...] = DEFAULT_CATALOGUE,
     headroom: float = DEFAULT_HEADROOM,
     min_samples: int = DEFAULT_MIN_SAMPLES,
+    nvlink_heavy_bytes_per_second: float = DEFAULT_NVLINK_HEAVY_BYTES_PER_SECOND,
 ) -> Recommendation:
     """The recommendation for one workload; `available` are the `nvidia.com/gpu.product` values it could
     be moved to (present in the cluster or listed in the policy)."""
+    found = _advise(
+        evidence,
+        available,
+        catalogue=catalogue,
+        headroom=headroom,
+        min_samples=min_samples,
+        nvlink_heavy_bytes_per_second=nvlink_heavy_bytes_per_second,
+    )
+    if found.kind == "low-confidence":
+        return replace(found, confidence="low")
+    notes: list[str] = []
+    if not evidence.profiled:
+        notes.append(
+            "no profiling metrics (DCGM_FI_PROF_GR_ENGINE_ACTIVE): compute judged by DCGM_FI_DEV_GPU_UTIL, "
+            "which counts a GPU busy while any kernel runs"
+        )
+    if evidence.gpus_per_replica > 1 and evidence.nvlink_bytes_per_second is None:
+        notes.append(
+            "NVLink traffic not measured (no DCGM_FI_PROF_NVLINK_* series): "
+            "check the replica's GPUs do not talk"
+        )
+    return replace(found, confidence="medium" if notes else "high", notes=tuple(notes))
+
+
+def _advise(
+    evidence: Evidence,
+    available: frozenset[str],
+    *,
+    catalogue: tuple[GpuModel, ...],
+    headroom: float,
+    min_samples: int,
+    nvlink_heavy_bytes_per_second: float,
+) -> Recommendation:
+    if evidence.problems:
+        return Recommendation("low-confidence", "; ".join(evidence.problems))
     if evidence.samples < min_samples:
         return Recommendation(
             "low-confidence", f"{evidence.samples} samples in the window, fewer than the {min_samples} needed"
@@ -100,8 +160,10 @@ def advise(
     current = model_of(evidence.product, catalogue)
     if current is None:
         return Recommendation("low-confidence", f"GPU model {evidence.product!r} is not in the catalogue")
-    if evidence.gpus_per_replica > 1 and (evidence.gang or evidence.nvlink_heavy):
-        why = "gang-scheduled" if evidence.gang else "NVLink-heavy"
+    nvlink = evidence.nvlink_bytes_per_second
+    nvlink_heavy = nvlink is not None and nvlink >= nvlink_heavy_bytes_per_second
+    if evidence.gpus_per_replica > 1 and (evidence.gang or nvlink_heavy):
+        why = "gang-scheduled" if evidence.gang else f"NVLink-heavy (p95 {(nvlink or 0) / 1e9:.3g} GB/s)"
         return Recommendation(
             "not-advised",
             f"{evidence.gpus_per_replica} GPUs a replica, {why}: resizing would change how they talk",

@@ -14,8 +14,10 @@ rendering (`rebalancer.waste_report`):
   (`--kubeconfig`, `--context`, in-cluster config) when grouping by workload or label, or when a
   kubeconfig or context is named;
 - the period: `--since` (default 7d) in `--step` steps (default 5m) ending at `--until` (RFC 3339), or
-  at the snapshot's `now` when the history is the snapshot's, else at the clock's now (`daemon.clock`,
-  read once here).
+  at the snapshot's `now` when the history is the snapshot's, else at the clock's now.
+
+The flags and inputs it shares with `rebalancer advise` (period, policy, history, cluster view) are
+`rebalancer.history_command`'s.
 
 Bad input (flags, policy, prices file, snapshot) raises `InputError` (exit 2), naming what is wrong and
 where; Prometheus or the cluster failing raises `Problems` (exit 1). It must not count or render. The
@@ -28,38 +30,30 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from datetime import datetime
 from pathlib import Path
 
 import yaml
-from pydantic import ValidationError
 
-from rebalancer import rfc3339, yaml_input
-from rebalancer.daemon.args import add_service_account_token_argument
-from rebalancer.daemon.clock import utcnow
+from rebalancer import yaml_input
 from rebalancer.errors import InputError, Problems
-from rebalancer.model import Snapshot
+from rebalancer.history_command import (
+    add_history_arguments,
+    history_inputs,
+    live_cluster,
+    prometheus_source,
+    snapshot_history,
+)
 from rebalancer.policy import (
     MAX_GPU_PRICE_PER_HOUR,
     LoadedPolicy,
-    PrometheusConfig,
-    TelemetryConfig,
-    default_policy,
-    format_duration,
-    load_policy,
-    parse_duration,
 )
-from rebalancer.redaction import redact, redact_url
+from rebalancer.redaction import redact
 from rebalancer.registry import StrategyContext, get_strategy
-from rebalancer.sources.files import load_snapshot_dir
-from rebalancer.sources.snapshot_history import snapshot_series
 from rebalancer.waste import (
     GroupBy,
     PriceOf,
     SeriesSteps,
-    check_steps,
     gpu_product,
-    period,
     steps_from_samples,
     tally,
 )
@@ -72,16 +66,6 @@ IDLE_GPU = "idle-gpu"
 DEFAULT_SINCE = "7d"
 DEFAULT_STEP = "5m"
 DEFAULT_TOP = 5
-
-
-def _duration(text: str) -> int:
-    try:
-        seconds = parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive duration, got {quoted(text)}")
-    return seconds
 
 
 def _group_by(text: str) -> GroupBy:
@@ -99,24 +83,7 @@ def _top(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `rebalancer waste`."""
-    parser.add_argument(
-        "--since",
-        type=_duration,
-        default=_duration(DEFAULT_SINCE),
-        metavar="DURATION",
-        help=f"the period, ending at --until (default {DEFAULT_SINCE})",
-    )
-    parser.add_argument(
-        "--until", metavar="RFC3339", help="end of the period (default: now, or the snapshot's now)"
-    )
-    parser.add_argument(
-        "--step",
-        type=_duration,
-        default=_duration(DEFAULT_STEP),
-        metavar="DURATION",
-        help="resolution: a step with a sample counts in full, one without not at all "
-        f"(default {DEFAULT_STEP})",
-    )
+    add_history_arguments(parser, "resolution: a step with a sample counts in full, one without not at all")
     parser.add_argument(
         "--by",
         type=_group_by,
@@ -131,18 +98,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"top idle workloads shown (default {DEFAULT_TOP})",
     )
-    parser.add_argument("--policy", metavar="FILE", help="policy file (default: built-in)")
     parser.add_argument("--prices", metavar="FILE", help="YAML mapping GPU model -> USD per GPU-hour")
     parser.add_argument(
         "-o", "--output", choices=("text", "json", "markdown", "csv"), default="text", help="report format"
     )
-    parser.add_argument(
-        "--snapshot", metavar="DIR", help="cluster view (and, without Prometheus, history) from a snapshot"
-    )
-    parser.add_argument("--prometheus-url", metavar="URL", help="overrides telemetry.prometheus.url")
-    add_service_account_token_argument(parser)
-    parser.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig for the cluster view")
-    parser.add_argument("--context", metavar="NAME", help="kubeconfig context")
 
 
 # --------------------------------------------------------------------------- inputs
@@ -159,21 +118,6 @@ def _threshold(loaded: LoadedPolicy) -> float:
     if not isinstance(value, int | float):
         raise InputError([f"waste: the {IDLE_GPU} strategy has no max_utilization_percent"])
     return float(value)
-
-
-def _prometheus(cfg: TelemetryConfig, url: str | None) -> PrometheusConfig | None:
-    conn = cfg.prometheus
-    if url is None:
-        return conn
-    base = conn.model_dump() if conn is not None else {}
-    try:
-        return PrometheusConfig.model_validate({**base, "url": url})
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        detail = str(error["msg"]).removeprefix("Value error, ")
-        if error["type"] == "string_pattern_mismatch":
-            detail = "expected an http(s):// URL"
-        raise InputError([f"waste: --prometheus-url: {detail} (got {quoted(url)})"]) from None
 
 
 def _key_lines(root: yaml.Node | None) -> dict[str, int]:
@@ -237,92 +181,29 @@ def _price_of(loaded: LoadedPolicy, prices_file: str | None) -> PriceOf:
     ).price_per_gpu_hour
 
 
-def _until(text: str | None) -> datetime | None:
-    if text is None:
-        return None
-    try:
-        return rfc3339.parse(text.strip())
-    except ValueError as exc:
-        raise InputError([f"waste: --until: {exc}"]) from None
-
-
-def _cluster(
-    args: argparse.Namespace, loaded: LoadedPolicy, snapshot: Snapshot | None, now: datetime
-) -> Snapshot | None:
-    """The cluster view: the snapshot's, else the live cluster's when the grouping or the flags ask."""
-    if snapshot is not None:
-        return snapshot
-    if not args.by.needs_cluster and args.kubeconfig is None and args.context is None:
-        return None
-    from rebalancer.kubeapi import load_api_client
-    from rebalancer.sources.kube import KubeSource
-
-    return KubeSource(load_api_client(args.kubeconfig, args.context), loaded).snapshot(now)
-
-
 # --------------------------------------------------------------------------- running
 
 
 def run(args: argparse.Namespace) -> int:
     """`rebalancer waste`; writes the table to stdout."""
-    now = utcnow()
-    loaded = load_policy(args.policy) if args.policy else default_policy()
-    cfg = loaded.policy.telemetry
-    if cfg is None:
-        raise InputError(["waste: telemetry is disabled in the policy (telemetry: null)"])
-    if args.snapshot is not None and (args.kubeconfig is not None or args.context is not None):
-        raise InputError(["waste: --snapshot and --kubeconfig / --context name two cluster views: give one"])
-    if args.step < cfg.scrape_interval:
-        raise InputError(
-            [
-                f"waste: --step {format_duration(args.step)} is shorter than telemetry.scrape_interval "
-                f"({format_duration(cfg.scrape_interval)}): steps without a sample would not be counted"
-            ]
-        )
-    try:
-        check_steps(args.since, args.step)
-    except ValueError as exc:
-        raise InputError([f"waste: --since / --step: {exc}"]) from None
-    until = _until(args.until)
+    inputs = history_inputs(args, "waste")
+    loaded, cfg, window = inputs.loaded, inputs.telemetry, inputs.window
     threshold = _threshold(loaded)
     price_of = _price_of(loaded, args.prices)
-    conn = _prometheus(cfg, args.prometheus_url)
-    if conn is None and args.snapshot is None:
-        raise InputError(
-            [
-                "waste: no history: pass --prometheus-url URL, set telemetry.prometheus.url, or give "
-                "--snapshot DIR holding DCGM history (.prom / .om files)"
-            ]
-        )
-    snapshot = load_snapshot_dir(Path(args.snapshot), loaded) if args.snapshot is not None else None
-    if until is None:
-        # The snapshot's history ends at its `now`; Prometheus' history at the clock's.
-        until = snapshot.now if conn is None and snapshot is not None else now
-    window = period(until, args.since, args.step)
-
-    cluster = _cluster(args, loaded, snapshot, now)
+    cluster = inputs.snapshot
+    if cluster is None and (args.by.needs_cluster or args.kubeconfig is not None or args.context is not None):
+        cluster = live_cluster(args, loaded, inputs.now)
     steps: list[SeriesSteps]
-    if conn is None:
-        root = Path(args.snapshot)
-        series, files = snapshot_series(root, (cfg.utilization.name,))
-        if not series:
-            raise InputError(
-                [f"waste: {root}: no {cfg.utilization.name} series in {files} .prom / .om files"]
-            )
+    if inputs.prometheus is None:
+        series = snapshot_history(inputs, (cfg.utilization.name,), cfg.utilization.name)
         steps = steps_from_samples(series, cfg, window, threshold)
-        history = f"snapshot {root}"
     else:
-        from rebalancer.sources.prometheus import PrometheusError, PrometheusTelemetrySource
+        from rebalancer.sources.prometheus import PrometheusError
 
-        source = PrometheusTelemetrySource(
-            cfg, (), prometheus=conn, allow_service_account_token=args.allow_service_account_token
-        )
-        where = redact_url(conn.url)
         try:
-            steps = source.idle_steps(window, threshold)
+            steps = prometheus_source(inputs, args).idle_steps(window, threshold)
         except PrometheusError as exc:
-            raise Problems([f"waste: Prometheus at {where}: {redact(str(exc))}"]) from None
-        history = f"Prometheus at {where}"
+            raise Problems([f"waste: {inputs.history}: {redact(str(exc))}"]) from None
     waste = tally(
         steps,
         cfg,
@@ -332,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         price_of=price_of,
         cluster=cluster,
         top=args.top,
-        history=history,
+        history=inputs.history,
     )
     sys.stdout.write(render(waste, args.output))
     return 0

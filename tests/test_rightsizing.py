@@ -103,14 +103,65 @@ def test_multi_gpu_with_idle_gpus_fits_fewer() -> None:
     assert limits == {"nvidia.com/gpu": 1}
 
 
-@pytest.mark.parametrize("flag", ["gang", "nvlink_heavy"])
-def test_multi_gpu_gang_or_nvlink_is_not_advised(flag: str) -> None:
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"gang": True}, "gang-scheduled"),
+        ({"nvlink_bytes_per_second": 1e9}, "NVLink-heavy (p95 1 GB/s)"),  # the default bound itself
+    ],
+)
+def test_multi_gpu_gang_or_nvlink_is_not_advised(changes: dict[str, object], why: str) -> None:
     found = advise(
-        evidence(product=H100, gpus_per_replica=4, idle_all_window=(False, True, True, True), **{flag: True}),
+        evidence(product=H100, gpus_per_replica=4, idle_all_window=(False, True, True, True), **changes),
         frozenset({H100}),
     )
     assert found.kind == "not-advised"
+    assert why in found.reason
     assert found.monthly_saving == 0
+
+
+def test_nvlink_traffic_below_the_bound_still_gets_fewer_gpus() -> None:
+    found = advise(
+        evidence(
+            product=H100,
+            gpus_per_replica=4,
+            idle_all_window=(False, True, True, True),
+            nvlink_bytes_per_second=0.99e9,
+            profiled=True,
+        ),
+        frozenset({H100}),
+    )
+    assert found.kind == "fewer-gpus"
+    assert found.confidence == "high"
+
+
+def test_telemetry_problems_are_never_read_as_fitting() -> None:
+    found = advise(
+        evidence(
+            peak_memory_gib=1,
+            p95_utilization_percent=1,
+            problems=("telemetry for 0 of the 1 GPUs of pod ml/a",),
+        ),
+        frozenset({A100_80, L4}),
+    )
+    assert (found.kind, found.confidence, found.monthly_saving) == ("low-confidence", "low", 0)
+    assert "0 of the 1 GPUs" in found.reason
+
+
+def test_confidence_says_what_was_not_measured() -> None:
+    unprofiled = advise(evidence(peak_memory_gib=8, p95_utilization_percent=12), frozenset({A100_80}))
+    assert unprofiled.confidence == "medium"
+    assert any("DCGM_FI_DEV_GPU_UTIL" in note for note in unprofiled.notes)
+    profiled = advise(
+        evidence(peak_memory_gib=8, p95_utilization_percent=12, profiled=True), frozenset({A100_80})
+    )
+    assert (profiled.confidence, profiled.notes) == ("high", ())
+    multi = advise(
+        evidence(product=H100, gpus_per_replica=2, idle_all_window=(False, True), profiled=True),
+        frozenset({H100}),
+    )
+    assert multi.confidence == "medium"
+    assert any("NVLink traffic not measured" in note for note in multi.notes)
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,10 @@ Owns talking to Prometheus (its HTTP API through requests, `prometheus_http`: pr
   one query however many pods there are (`prometheus_steps.idle_steps_query`, which also reads the
   answer): a subquery stepping through the period
   whose inner ranges are the steps themselves, evaluated by Prometheus, so the answer is two numbers
-  per series, not its samples.
+  per series, not its samples;
+- `PrometheusTelemetrySource.usage(period)`: for `rebalancer advise`, every series' steps, peak and p95
+  of each metric the advisor reads (`rebalancer.usage`), one query per metric
+  (`prometheus_usage.usage_query`), however many pods there are.
 
 Failure policy: a down, slow or erroring Prometheus, an unreadable or refused token, a malformed or
 partial answer (`warnings`, `isPartial`), or the deadline passing gives `Telemetry(available=False,
@@ -74,6 +77,7 @@ from rebalancer.sources.prometheus_http import (
     bearer_headers,
 )
 from rebalancer.sources.prometheus_steps import idle_steps_query, steps_of
+from rebalancer.sources.prometheus_usage import usage_of, usage_query
 from rebalancer.telemetry.exposition import Sample, Series
 from rebalancer.telemetry.identity import (
     GroupKey,
@@ -92,6 +96,7 @@ from rebalancer.telemetry.windows import (
     row,
     seconds_to_ms,
 )
+from rebalancer.usage import LabelKey, MetricUsage, SeriesUsage, series_usage, usage_metrics
 from rebalancer.waste import SeriesSteps
 
 __all__ = [
@@ -105,7 +110,6 @@ __all__ = [
 UNAVAILABLE = "telemetry-unavailable"
 
 Aggregate = Literal["count", "sum", "max", "last", "last_ts", "newest"]
-LabelKey = tuple[tuple[str, str], ...]
 Vector = dict[LabelKey, float]
 
 
@@ -536,6 +540,19 @@ class PrometheusTelemetrySource:
         with self._connect() as client:
             result = client.query(expr, _time_param(window.end))
         return steps_of(_vector(result, expr), expr)
+
+    def usage(self, window: Period) -> list[SeriesUsage]:
+        """Every series' usage over `window` (`rebalancer.usage`): one query per metric the advisor reads
+        (`usage_query`), evaluated at its end, all within `telemetry.prometheus.deadline`. A metric the
+        exporter does not have answers nothing. Raises PrometheusError."""
+        answers: dict[str, dict[LabelKey, MetricUsage]] = {}
+        with self._connect() as client:
+            for role, metric in usage_metrics(self._cfg).items():
+                expr = usage_query(self._cfg, metric, window)
+                answers[role] = usage_of(
+                    _vector(client.query(expr, _time_param(window.end)), expr), metric, expr
+                )
+        return series_usage(answers, self._cfg)
 
 
 def _stale_findings(

@@ -25,6 +25,8 @@ from rebalancer.model import Finding, GpuTelemetry, Pod
 from rebalancer.policy import LabelMapping, MetricConfig, TelemetryConfig, TelemetryPreset
 
 __all__ = [
+    "DCGM_BLANKS",
+    "DCGM_INT64_BLANK",
     "PRESETS",
     "GroupKey",
     "Role",
@@ -45,13 +47,13 @@ __all__ = [
 
 # DCGM's "blank" values (no data, not found, not supported, no permission) that the exporter prints
 # verbatim: int32 0x7ffffff0..3, fp64 2^47..2^47+3, int64 0x7ffffffffffffff0.. (2^63 once a float).
-_DCGM_BLANKS = frozenset(float(base + i) for base in (0x7FFFFFF0, 2**47) for i in range(4))
-_DCGM_INT64_BLANK = float(0x7FFFFFFFFFFFFFF0)
+DCGM_BLANKS = frozenset(float(base + i) for base in (0x7FFFFFF0, 2**47) for i in range(4))
+DCGM_INT64_BLANK = float(0x7FFFFFFFFFFFFFF0)
 
 
 def is_valid_value(value: float) -> bool:
     """False for NaN, infinities, negative values and DCGM's blank / not-supported sentinels."""
-    return math.isfinite(value) and value >= 0 and value not in _DCGM_BLANKS and value < _DCGM_INT64_BLANK
+    return math.isfinite(value) and value >= 0 and value not in DCGM_BLANKS and value < DCGM_INT64_BLANK
 
 
 def bad_telemetry_finding(identity: SeriesIdentity, detail: str) -> Finding:

@@ -1,0 +1,230 @@
+"""The flags and inputs of the commands that read a period of DCGM history: `waste` and `advise`.
+
+Owns what both take the same way, so they cannot drift apart:
+
+- the flags of the period (`--since`, `--until`, `--step`), the policy, the history (`--prometheus-url`
+  or `telemetry.prometheus.url`, the service-account token opt-in; else the `.prom` / `.om` files of
+  `--snapshot DIR`) and the cluster view (`--snapshot DIR`, or `--kubeconfig` / `--context` / in-cluster);
+- `history_inputs()`: those flags checked and resolved into the policy, the period (ending at `--until`
+  (RFC 3339), or at the snapshot's `now` when the history is the snapshot's, else at the clock's now,
+  `daemon.clock`, read once here), the Prometheus connection or the snapshot, and where the history is
+  read (for the report, with the URL's credentials redacted);
+- `prometheus_source()`, `snapshot_history()` and `live_cluster()`: the edges, each imported only when
+  used, so a `--snapshot` run loads neither the Kubernetes nor the Prometheus client.
+
+Bad input raises `InputError` (exit 2) naming the command, the flag and what is wrong. It must not count,
+judge or render anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
+
+from rebalancer import rfc3339
+from rebalancer.daemon.args import add_service_account_token_argument
+from rebalancer.daemon.clock import utcnow
+from rebalancer.errors import InputError
+from rebalancer.model import Snapshot
+from rebalancer.period import Period, check_steps, period
+from rebalancer.policy import (
+    LoadedPolicy,
+    PrometheusConfig,
+    TelemetryConfig,
+    default_policy,
+    format_duration,
+    load_policy,
+    parse_duration,
+)
+from rebalancer.redaction import redact_url
+from rebalancer.sources.files import load_snapshot_dir
+from rebalancer.sources.snapshot_history import snapshot_series
+from rebalancer.telemetry.exposition import Series
+from rebalancer.wording import quoted
+
+if TYPE_CHECKING:
+    from rebalancer.sources.prometheus import PrometheusTelemetrySource
+
+__all__ = [
+    "DEFAULT_SINCE",
+    "DEFAULT_STEP",
+    "HistoryInputs",
+    "add_history_arguments",
+    "duration",
+    "history_inputs",
+    "live_cluster",
+    "prometheus_source",
+    "snapshot_history",
+]
+
+DEFAULT_SINCE = "7d"
+DEFAULT_STEP = "5m"
+
+
+def duration(text: str) -> int:
+    """An argparse type: a positive duration (`90s`, `5m`, `7d`) in seconds."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive duration, got {quoted(text)}")
+    return seconds
+
+
+def add_history_arguments(parser: argparse.ArgumentParser, step_help: str) -> None:
+    """The period, policy, history and cluster-view flags."""
+    parser.add_argument(
+        "--since",
+        type=duration,
+        default=duration(DEFAULT_SINCE),
+        metavar="DURATION",
+        help=f"the period, ending at --until (default {DEFAULT_SINCE})",
+    )
+    parser.add_argument(
+        "--until", metavar="RFC3339", help="end of the period (default: now, or the snapshot's now)"
+    )
+    parser.add_argument(
+        "--step",
+        type=duration,
+        default=duration(DEFAULT_STEP),
+        metavar="DURATION",
+        help=f"{step_help} (default {DEFAULT_STEP})",
+    )
+    parser.add_argument("--policy", metavar="FILE", help="policy file (default: built-in)")
+    parser.add_argument(
+        "--snapshot", metavar="DIR", help="cluster view (and, without Prometheus, history) from a snapshot"
+    )
+    parser.add_argument("--prometheus-url", metavar="URL", help="overrides telemetry.prometheus.url")
+    add_service_account_token_argument(parser)
+    parser.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig for the cluster view")
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context")
+
+
+@dataclass(frozen=True)
+class HistoryInputs:
+    """The checked inputs of one run: the history is Prometheus' (`prometheus` set) or the snapshot's."""
+
+    command: str
+    loaded: LoadedPolicy
+    telemetry: TelemetryConfig
+    window: Period
+    prometheus: PrometheusConfig | None
+    snapshot: Snapshot | None
+    snapshot_dir: Path | None
+    now: datetime
+
+    @property
+    def history(self) -> str:
+        """Where the history is read, for the report: never a credential."""
+        if self.prometheus is not None:
+            return f"Prometheus at {redact_url(self.prometheus.url)}"
+        return f"snapshot {self.snapshot_dir}"
+
+
+def _prometheus(command: str, cfg: TelemetryConfig, url: str | None) -> PrometheusConfig | None:
+    conn = cfg.prometheus
+    if url is None:
+        return conn
+    base = conn.model_dump() if conn is not None else {}
+    try:
+        return PrometheusConfig.model_validate({**base, "url": url})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        detail = str(error["msg"]).removeprefix("Value error, ")
+        if error["type"] == "string_pattern_mismatch":
+            detail = "expected an http(s):// URL"
+        raise InputError([f"{command}: --prometheus-url: {detail} (got {quoted(url)})"]) from None
+
+
+def _until(command: str, text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        return rfc3339.parse(text.strip())
+    except ValueError as exc:
+        raise InputError([f"{command}: --until: {exc}"]) from None
+
+
+def history_inputs(args: argparse.Namespace, command: str) -> HistoryInputs:
+    """The flags of `add_history_arguments`, checked and resolved. Raises InputError."""
+    now = utcnow()
+    loaded = load_policy(args.policy) if args.policy else default_policy()
+    cfg = loaded.policy.telemetry
+    if cfg is None:
+        raise InputError([f"{command}: telemetry is disabled in the policy (telemetry: null)"])
+    if args.snapshot is not None and (args.kubeconfig is not None or args.context is not None):
+        raise InputError(
+            [f"{command}: --snapshot and --kubeconfig / --context name two cluster views: give one"]
+        )
+    if args.step < cfg.scrape_interval:
+        raise InputError(
+            [
+                f"{command}: --step {format_duration(args.step)} is shorter than telemetry.scrape_interval "
+                f"({format_duration(cfg.scrape_interval)}): steps without a sample would not be counted"
+            ]
+        )
+    until = _until(command, args.until)
+    conn = _prometheus(command, cfg, args.prometheus_url)
+    if conn is None and args.snapshot is None:
+        raise InputError(
+            [
+                f"{command}: no history: pass --prometheus-url URL, set telemetry.prometheus.url, or give "
+                "--snapshot DIR holding DCGM history (.prom / .om files)"
+            ]
+        )
+    try:
+        check_steps(args.since, args.step)
+    except ValueError as exc:
+        raise InputError([f"{command}: --since / --step: {exc}"]) from None
+    snapshot = load_snapshot_dir(Path(args.snapshot), loaded) if args.snapshot is not None else None
+    if until is None:
+        # The snapshot's history ends at its `now`; Prometheus' history at the clock's.
+        until = snapshot.now if conn is None and snapshot is not None else now
+    return HistoryInputs(
+        command=command,
+        loaded=loaded,
+        telemetry=cfg,
+        window=period(until, args.since, args.step),
+        prometheus=conn,
+        snapshot=snapshot,
+        snapshot_dir=Path(args.snapshot) if args.snapshot is not None else None,
+        now=now,
+    )
+
+
+def snapshot_history(inputs: HistoryInputs, metrics: Collection[str], needed: str) -> list[Series]:
+    """The series of `metrics` in the snapshot directory's exposition files; InputError when none of
+    them is the `needed` metric."""
+    root = inputs.snapshot_dir
+    assert root is not None
+    series, files = snapshot_series(root, metrics)
+    if not any(one.metric == needed for one in series):
+        raise InputError([f"{inputs.command}: {root}: no {needed} series in {files} .prom / .om files"])
+    return series
+
+
+def prometheus_source(inputs: HistoryInputs, args: argparse.Namespace) -> PrometheusTelemetrySource:
+    """The Prometheus source of the history (imports the client)."""
+    from rebalancer.sources.prometheus import PrometheusTelemetrySource
+
+    return PrometheusTelemetrySource(
+        inputs.telemetry,
+        (),
+        prometheus=inputs.prometheus,
+        allow_service_account_token=args.allow_service_account_token,
+    )
+
+
+def live_cluster(args: argparse.Namespace, loaded: LoadedPolicy, now: datetime) -> Snapshot:
+    """The live cluster's view (imports the Kubernetes client)."""
+    from rebalancer.kubeapi import load_api_client
+    from rebalancer.sources.kube import KubeSource
+
+    return KubeSource(load_api_client(args.kubeconfig, args.context), loaded).snapshot(now)

@@ -1,21 +1,18 @@
-"""The GPU model catalogue the right-sizing advisor compares against: memory, relative speed, price.
+"""The GPU model catalogue the right-sizing advisor compares against: memory, relative speed, MIG profiles.
 
 Owns the shipped defaults for common NVIDIA data-centre models (keyed by their `nvidia.com/gpu.product`
 label value) and their MIG profiles. Memory figures are from NVIDIA's datasheets and the MIG user guide;
 relative throughput is a rough order (A100-80GB = 1.0) from the datasheets' dense FP16/BF16 Tensor Core
-peaks and is marked approximate; prices are PLACEHOLDER list prices an operator must replace with their
-own contract's. It must stay pure: data and lookups only, no I/O.
+peaks and is marked approximate. Prices are not here: they are the policy's `prices.per_gpu_hour`
+(`rebalancer.policy.EXAMPLE_GPU_PRICES` by default), the one home of what a GPU costs. It must stay
+pure: data and lookups only, no I/O.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_CATALOGUE", "PRICES_AS_OF", "GpuModel", "MigProfile", "model_of"]
-
-# The date the placeholder prices below were written down. They are round on-demand-style figures of the
-# kind public clouds list, NOT a citation of any provider's price list: set your own per contract.
-PRICES_AS_OF = "2026-12-02"
+__all__ = ["DEFAULT_CATALOGUE", "GpuModel", "MigProfile", "model_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,18 +32,13 @@ class MigProfile:
 
 @dataclass(frozen=True, slots=True)
 class GpuModel:
-    """One GPU model: label value, memory, relative throughput, placeholder price, MIG profiles."""
+    """One GPU model: label value, memory, relative throughput, MIG profiles."""
 
     product: str
     memory_gib: float
     relative_throughput: float
-    price_per_hour: float
     compute_slices: int = 0
     mig_profiles: tuple[MigProfile, ...] = ()
-
-    def mig_price(self, profile: MigProfile) -> float:
-        """The share of this GPU's price a MIG instance costs: its compute slices of the total."""
-        return self.price_per_hour * profile.slices / self.compute_slices
 
 
 # MIG profiles: NVIDIA Multi-Instance GPU User Guide, "Supported MIG Profiles"
@@ -83,16 +75,16 @@ _H100_80 = _A100_80
 # which is what the framebuffer metrics report (a few percent generous; the headroom covers it).
 # Relative throughput: approximate, from the datasheets' dense FP16 Tensor Core peaks (A100 ~312 TFLOPS
 # = 1.0; H100 SXM ~990 ~ 3.2; L40S ~362 ~ 1.2; A30 ~165 ~ 0.5; A10 ~125 ~ 0.4; L4 ~121 ~ 0.4; T4 ~65
-# ~ 0.2). Not a benchmark: workloads bound by memory bandwidth differ. Prices: placeholders (see above).
+# ~ 0.2). Not a benchmark: workloads bound by memory bandwidth differ.
 DEFAULT_CATALOGUE: tuple[GpuModel, ...] = (
-    GpuModel("Tesla-T4", 16, 0.2, 0.35),
-    GpuModel("NVIDIA-L4", 24, 0.4, 1.15),
-    GpuModel("NVIDIA-A10", 24, 0.4, 1.00),
-    GpuModel("NVIDIA-A30", 24, 0.5, 1.60, 4, _A30),
-    GpuModel("NVIDIA-L40S", 48, 1.2, 2.30),
-    GpuModel("NVIDIA-A100-SXM4-40GB", 40, 1.0, 4.10, 7, _A100_40),
-    GpuModel("NVIDIA-A100-SXM4-80GB", 80, 1.0, 5.10, 7, _A100_80),
-    GpuModel("NVIDIA-H100-80GB-HBM3", 80, 3.2, 6.90, 7, _H100_80),
+    GpuModel("Tesla-T4", 16, 0.2),
+    GpuModel("NVIDIA-L4", 24, 0.4),
+    GpuModel("NVIDIA-A10", 24, 0.4),
+    GpuModel("NVIDIA-A30", 24, 0.5, 4, _A30),
+    GpuModel("NVIDIA-L40S", 48, 1.2),
+    GpuModel("NVIDIA-A100-SXM4-40GB", 40, 1.0, 7, _A100_40),
+    GpuModel("NVIDIA-A100-SXM4-80GB", 80, 1.0, 7, _A100_80),
+    GpuModel("NVIDIA-H100-80GB-HBM3", 80, 3.2, 7, _H100_80),
 )
 
 

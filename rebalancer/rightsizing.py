@@ -20,13 +20,16 @@ Confidence: `high` when compute was measured by the profiling metrics (graphics 
 advice errs towards keeping), or for a multi-GPU replica whose NVLink traffic was not measured; `low`
 for `low-confidence`. Each reason for less than `high` is a note on the recommendation.
 
-The saving is per month (730 hours) over all replicas; the change is a YAML patch of the workload's pod
-template built with the yaml library. It must stay pure: no I/O, no clock, no query; callers bring the
-evidence (the telemetry edge aggregates it) and render the result.
+Prices are the policy's (`prices.per_gpu_hour`), never the catalogue's: a model without one is never
+offered, and a workload on one is `low-confidence` (its saving cannot be known); a MIG instance costs
+its compute slices' share of its GPU's price. The saving is per month (730 hours) over all replicas;
+the change is a YAML patch of the workload's pod template built with the yaml library. It must stay
+pure: no I/O, no clock, no query; callers bring the evidence (`rebalancer.usage`) and render the result.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -35,12 +38,17 @@ import yaml
 from rebalancer.gpu_catalogue import DEFAULT_CATALOGUE, GpuModel, model_of
 from rebalancer.model import GPU_PRODUCT_LABEL
 
+# The hourly price of one GPU of a `nvidia.com/gpu.product` value, None when unknown: the policy's
+# `prices` (`StrategyContext.price_per_gpu_hour`), the one home of prices.
+PriceOf = Callable[[str | None], float | None]
+
 __all__ = [
     "DEFAULT_HEADROOM",
     "DEFAULT_MIN_SAMPLES",
     "DEFAULT_NVLINK_HEAVY_BYTES_PER_SECOND",
     "HOURS_PER_MONTH",
     "Evidence",
+    "PriceOf",
     "Recommendation",
     "advise",
 ]
@@ -110,6 +118,7 @@ def _resources(evidence: Evidence, limits: dict[str, object]) -> dict[str, objec
 def advise(
     evidence: Evidence,
     available: frozenset[str],
+    price_of: PriceOf,
     *,
     catalogue: tuple[GpuModel, ...] = DEFAULT_CATALOGUE,
     headroom: float = DEFAULT_HEADROOM,
@@ -117,10 +126,12 @@ def advise(
     nvlink_heavy_bytes_per_second: float = DEFAULT_NVLINK_HEAVY_BYTES_PER_SECOND,
 ) -> Recommendation:
     """The recommendation for one workload; `available` are the `nvidia.com/gpu.product` values it could
-    be moved to (present in the cluster or listed in the policy)."""
+    be moved to (present in the cluster or listed in the policy), `price_of` the policy's hourly price
+    of one GPU of a model (None: unknown; a model without a price is never offered)."""
     found = _advise(
         evidence,
         available,
+        price_of,
         catalogue=catalogue,
         headroom=headroom,
         min_samples=min_samples,
@@ -145,6 +156,7 @@ def advise(
 def _advise(
     evidence: Evidence,
     available: frozenset[str],
+    price_of: PriceOf,
     *,
     catalogue: tuple[GpuModel, ...],
     headroom: float,
@@ -160,6 +172,11 @@ def _advise(
     current = model_of(evidence.product, catalogue)
     if current is None:
         return Recommendation("low-confidence", f"GPU model {evidence.product!r} is not in the catalogue")
+    current_price = price_of(current.product)
+    if current_price is None:
+        return Recommendation(
+            "low-confidence", f"no price for {current.product}: set prices.per_gpu_hour to know the saving"
+        )
     nvlink = evidence.nvlink_bytes_per_second
     nvlink_heavy = nvlink is not None and nvlink >= nvlink_heavy_bytes_per_second
     if evidence.gpus_per_replica > 1 and (evidence.gang or nvlink_heavy):
@@ -175,17 +192,20 @@ def _advise(
         return Recommendation(
             "fewer-gpus",
             f"{idle} of {evidence.gpus_per_replica} GPUs a replica idle all window",
-            idle * current.price_per_hour * gpu_hours,
+            idle * current_price * gpu_hours,
             f"{keep} GPUs",
             _container_patch(_resources(evidence, {"nvidia.com/gpu": keep})),
         )
     need_gib = evidence.peak_memory_gib * (1 + headroom)
     need_share = evidence.p95_utilization_percent / 100
     work = need_share * current.relative_throughput
-    price = current.price_per_hour * evidence.gpus_per_replica
+    price = current_price * evidence.gpus_per_replica
     options: list[Recommendation] = []
     for model in catalogue:
-        cost = model.price_per_hour * evidence.gpus_per_replica
+        model_price = price_of(model.product)
+        if model_price is None:
+            continue
+        cost = model_price * evidence.gpus_per_replica
         if (
             model.product in available
             and model.product != current.product
@@ -214,7 +234,7 @@ def _advise(
                         f"fits {profile.memory_gib:g} GiB; "
                         f"p95 utilisation {evidence.p95_utilization_percent:g} % fits "
                         f"{profile.slices}/{current.compute_slices} of the GPU",
-                        (current.price_per_hour - current.mig_price(profile)) * gpu_hours,
+                        current_price * (1 - share) * gpu_hours,
                         profile.name,
                         _container_patch(_resources(evidence, {"nvidia.com/gpu": None, profile.resource: 1})),
                     )

@@ -8,7 +8,14 @@ import pytest
 import yaml
 
 from rebalancer.gpu_catalogue import DEFAULT_CATALOGUE, model_of
+from rebalancer.policy import EXAMPLE_GPU_PRICES
 from rebalancer.rightsizing import Evidence, advise
+
+
+def price_of(product: str | None) -> float | None:
+    """The shipped policy's example prices (prices.per_gpu_hour)."""
+    return EXAMPLE_GPU_PRICES.get(product or "")
+
 
 A100_80 = "NVIDIA-A100-SXM4-80GB"
 L4 = "NVIDIA-L4"
@@ -33,8 +40,11 @@ def evidence(**changes: object) -> Evidence:
 
 def test_fits_a_cheaper_model_present_in_the_cluster() -> None:
     # 16 GiB peak + 20 % = 19.2 GiB <= L4's 24; 30 % of an A100 (1.0) = 0.3 <= L4's 0.4. Cheapest fitting:
-    # the L4 at 1.15/h (T4: 16 GiB too small; A10 not in the cluster). 2 replicas x 730 h x (5.10 - 1.15).
-    found = advise(evidence(peak_memory_gib=16, p95_utilization_percent=30), frozenset({A100_80, L4}))
+    # the L4 at 1.15/h (T4: 16 GiB too small, and unpriced; A10 not in the cluster).
+    # 2 replicas x 730 h x (5.10 - 1.15).
+    found = advise(
+        evidence(peak_memory_gib=16, p95_utilization_percent=30), frozenset({A100_80, L4}), price_of
+    )
     assert found.kind == "cheaper-model"
     assert found.target == L4
     assert found.monthly_saving == pytest.approx(2 * 730 * 3.95)
@@ -43,7 +53,7 @@ def test_fits_a_cheaper_model_present_in_the_cluster() -> None:
 
 
 def test_a_cheaper_model_absent_from_the_cluster_is_not_offered() -> None:
-    found = advise(evidence(peak_memory_gib=16, p95_utilization_percent=30), frozenset({A100_80}))
+    found = advise(evidence(peak_memory_gib=16, p95_utilization_percent=30), frozenset({A100_80}), price_of)
     assert found.kind == "mig-profile"  # 19.2 GiB -> 2g.20gb; 30 % > 2/7 = 28.6 % -> 3g.40gb
     assert found.target == "3g.40gb"
 
@@ -51,7 +61,7 @@ def test_a_cheaper_model_absent_from_the_cluster_is_not_offered() -> None:
 def test_fits_a_mig_slice_of_its_model() -> None:
     # 8 GiB peak + 20 % = 9.6 GiB <= 10; 12 % <= 1/7 = 14.3 %: 1g.10gb, costing 5.10 / 7 an hour.
     # Saving: 2 replicas x 730 h x 5.10 x 6/7.
-    found = advise(evidence(peak_memory_gib=8, p95_utilization_percent=12), frozenset({A100_80}))
+    found = advise(evidence(peak_memory_gib=8, p95_utilization_percent=12), frozenset({A100_80}), price_of)
     assert found.kind == "mig-profile"
     assert found.target == "1g.10gb"
     assert found.monthly_saving == pytest.approx(2 * 730 * 5.10 * 6 / 7)
@@ -64,14 +74,16 @@ def test_fits_a_mig_slice_of_its_model() -> None:
 
 def test_nine_gib_peak_needs_more_than_a_ten_gib_slice_with_headroom() -> None:
     # 9 GiB + 20 % = 10.8 GiB > 10: the next profile with the memory, 2g.20gb (15 % <= 2/7).
-    found = advise(evidence(peak_memory_gib=9, p95_utilization_percent=15), frozenset({A100_80}))
+    found = advise(evidence(peak_memory_gib=9, p95_utilization_percent=15), frozenset({A100_80}), price_of)
     assert found.target == "2g.20gb"
     assert found.monthly_saving == pytest.approx(2 * 730 * 5.10 * 5 / 7)
 
 
 def test_needs_its_gpu_when_peak_memory_is_too_high() -> None:
     # 70 GiB + 20 % = 84 GiB: more than any model or profile (80 GiB at most).
-    found = advise(evidence(peak_memory_gib=70, p95_utilization_percent=10), frozenset({A100_80, L4}))
+    found = advise(
+        evidence(peak_memory_gib=70, p95_utilization_percent=10), frozenset({A100_80, L4}), price_of
+    )
     assert found.kind == "keep"
     assert found.monthly_saving == 0
     assert found.patch == ""
@@ -79,7 +91,10 @@ def test_needs_its_gpu_when_peak_memory_is_too_high() -> None:
 
 def test_thin_data_is_low_confidence_never_fits() -> None:
     found = advise(
-        evidence(peak_memory_gib=1, p95_utilization_percent=1, samples=99), frozenset({L4}), min_samples=100
+        evidence(peak_memory_gib=1, p95_utilization_percent=1, samples=99),
+        frozenset({L4}),
+        price_of,
+        min_samples=100,
     )
     assert found.kind == "low-confidence"
     assert "99 samples" in found.reason
@@ -87,7 +102,7 @@ def test_thin_data_is_low_confidence_never_fits() -> None:
 
 
 def test_an_unknown_model_is_low_confidence() -> None:
-    found = advise(evidence(product="NVIDIA-Mystery"), frozenset({L4}))
+    found = advise(evidence(product="NVIDIA-Mystery"), frozenset({L4}), price_of)
     assert found.kind == "low-confidence"
 
 
@@ -96,6 +111,7 @@ def test_multi_gpu_with_idle_gpus_fits_fewer() -> None:
     found = advise(
         evidence(product=H100, gpus_per_replica=4, idle_all_window=(False, True, True, True)),
         frozenset({H100}),
+        price_of,
     )
     assert found.kind == "fewer-gpus"
     assert found.monthly_saving == pytest.approx(3 * 6.90 * 730 * 2)
@@ -114,6 +130,7 @@ def test_multi_gpu_gang_or_nvlink_is_not_advised(changes: dict[str, object], why
     found = advise(
         evidence(product=H100, gpus_per_replica=4, idle_all_window=(False, True, True, True), **changes),
         frozenset({H100}),
+        price_of,
     )
     assert found.kind == "not-advised"
     assert why in found.reason
@@ -130,6 +147,7 @@ def test_nvlink_traffic_below_the_bound_still_gets_fewer_gpus() -> None:
             profiled=True,
         ),
         frozenset({H100}),
+        price_of,
     )
     assert found.kind == "fewer-gpus"
     assert found.confidence == "high"
@@ -143,22 +161,26 @@ def test_telemetry_problems_are_never_read_as_fitting() -> None:
             problems=("telemetry for 0 of the 1 GPUs of pod ml/a",),
         ),
         frozenset({A100_80, L4}),
+        price_of,
     )
     assert (found.kind, found.confidence, found.monthly_saving) == ("low-confidence", "low", 0)
     assert "0 of the 1 GPUs" in found.reason
 
 
 def test_confidence_says_what_was_not_measured() -> None:
-    unprofiled = advise(evidence(peak_memory_gib=8, p95_utilization_percent=12), frozenset({A100_80}))
+    unprofiled = advise(
+        evidence(peak_memory_gib=8, p95_utilization_percent=12), frozenset({A100_80}), price_of
+    )
     assert unprofiled.confidence == "medium"
     assert any("DCGM_FI_DEV_GPU_UTIL" in note for note in unprofiled.notes)
     profiled = advise(
-        evidence(peak_memory_gib=8, p95_utilization_percent=12, profiled=True), frozenset({A100_80})
+        evidence(peak_memory_gib=8, p95_utilization_percent=12, profiled=True), frozenset({A100_80}), price_of
     )
     assert (profiled.confidence, profiled.notes) == ("high", ())
     multi = advise(
         evidence(product=H100, gpus_per_replica=2, idle_all_window=(False, True), profiled=True),
         frozenset({H100}),
+        price_of,
     )
     assert multi.confidence == "medium"
     assert any("NVLink traffic not measured" in note for note in multi.notes)
@@ -172,14 +194,16 @@ def test_confidence_says_what_was_not_measured() -> None:
     ],
 )
 def test_headroom_edge(peak: float, expected: str) -> None:
-    found = advise(evidence(peak_memory_gib=peak, p95_utilization_percent=10), frozenset({A100_80}))
+    found = advise(evidence(peak_memory_gib=peak, p95_utilization_percent=10), frozenset({A100_80}), price_of)
     assert found.target == expected
 
 
 def test_zero_headroom_lets_the_peak_fill_the_slice() -> None:
-    found = advise(evidence(peak_memory_gib=10, p95_utilization_percent=10), frozenset({A100_80}), headroom=0)
+    found = advise(
+        evidence(peak_memory_gib=10, p95_utilization_percent=10), frozenset({A100_80}), price_of, headroom=0
+    )
     assert found.target == "1g.10gb"
-    found = advise(evidence(peak_memory_gib=10, p95_utilization_percent=10), frozenset({A100_80}))
+    found = advise(evidence(peak_memory_gib=10, p95_utilization_percent=10), frozenset({A100_80}), price_of)
     assert found.target == "2g.20gb"
 
 
@@ -199,3 +223,17 @@ def test_catalogue_lists_the_common_models_and_mig_profiles_smallest_first() -> 
         slices = [profile.slices for profile in model.mig_profiles]
         assert slices == sorted(slices)
         assert all(profile.memory_gib <= model.memory_gib for profile in model.mig_profiles)
+
+
+def test_prices_are_the_policys_a_model_without_one_is_never_offered() -> None:
+    # The L4 would fit (16 GiB + 20 % <= 24; 30 % of an A100 <= 0.4), but the policy prices no L4.
+    def no_l4(product: str | None) -> float | None:
+        return None if product == L4 else price_of(product)
+
+    found = advise(evidence(peak_memory_gib=16, p95_utilization_percent=30), frozenset({A100_80, L4}), no_l4)
+    assert found.kind == "mig-profile"
+    unpriced = advise(
+        evidence(peak_memory_gib=16, p95_utilization_percent=30), frozenset({L4}), lambda _: None
+    )
+    assert (unpriced.kind, unpriced.monthly_saving) == ("low-confidence", 0)
+    assert "prices.per_gpu_hour" in unpriced.reason

@@ -197,13 +197,17 @@ class GpuSharingConfig(StrictModel):
     )
 
 
-# Round on-demand cloud list prices in USD: examples to replace with what the GPUs really cost.
+# Round on-demand cloud list prices in USD: examples to replace with what the GPUs really cost. Not a
+# citation of any provider's price list. The right-sizing catalogue (`rebalancer.gpu_catalogue`) has
+# no prices of its own: a model without one here (the T4 by default) is never offered as a target.
 EXAMPLE_GPU_PRICES = {
     "NVIDIA-H100-80GB-HBM3": 6.90,
     "NVIDIA-A100-SXM4-80GB": 5.10,
     "NVIDIA-A100-SXM4-40GB": 4.10,
     "NVIDIA-L40S": 2.30,
+    "NVIDIA-A30": 1.60,
     "NVIDIA-L4": 1.15,
+    "NVIDIA-A10": 1.00,
 }
 
 

@@ -25,6 +25,7 @@ from rebalancer.daemon.args import (
     add_service_account_token_argument,
 )
 from rebalancer.errors import InputError, Problems
+from rebalancer.history_command import add_history_arguments
 from rebalancer.redaction import redact
 from rebalancer.simulate.command import add_arguments as add_simulate_arguments
 from rebalancer.waste_command import add_arguments as add_waste_arguments
@@ -408,6 +409,13 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
+def cmd_advise(args: argparse.Namespace) -> int:
+    """`rebalancer advise`: workloads that would fit a cheaper GPU model, a MIG slice or fewer GPUs."""
+    from rebalancer.advise_command import run as run_advise
+
+    return run_advise(args)
+
+
 def cmd_waste(args: argparse.Namespace) -> int:
     """`rebalancer waste`: idle GPU-hours and their cost per team over a period (rebalancer.waste)."""
     from rebalancer.waste_command import run as run_waste
@@ -533,6 +541,16 @@ def build_parser() -> argparse.ArgumentParser:
     waste = sub.add_parser("waste", help="idle GPU-hours and their cost per team over a period")
     add_waste_arguments(waste)
     waste.set_defaults(func=cmd_waste)
+
+    advise = sub.add_parser(
+        "advise",
+        help="workloads that would fit a cheaper GPU model, a MIG slice or fewer GPUs, with the saving",
+    )
+    add_history_arguments(advise, "resolution: each step counts as its busiest sample")
+    advise.add_argument(
+        "-o", "--output", choices=("text", "json", "markdown"), default="text", help="report format"
+    )
+    advise.set_defaults(func=cmd_advise)
     return parser
 
 

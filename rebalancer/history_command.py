@@ -9,6 +9,7 @@ Owns what both take the same way, so they cannot drift apart:
   (RFC 3339), or at the snapshot's `now` when the history is the snapshot's, else at the clock's now,
   `daemon.clock`, read once here), the Prometheus connection or the snapshot, and where the history is
   read (for the report, with the URL's credentials redacted);
+- `policy_price_of()`: the policy's prices of one GPU of a model;
 - `prometheus_source()`, `snapshot_history()` and `live_cluster()`: the edges, each imported only when
   used, so a `--snapshot` run loads neither the Kubernetes nor the Prometheus client.
 
@@ -43,9 +44,12 @@ from rebalancer.policy import (
     parse_duration,
 )
 from rebalancer.redaction import redact_url
+from rebalancer.registry import StrategyContext
+from rebalancer.rightsizing import PriceOf
 from rebalancer.sources.files import load_snapshot_dir
 from rebalancer.sources.snapshot_history import snapshot_series
 from rebalancer.telemetry.exposition import Series
+from rebalancer.waste import gpu_product
 from rebalancer.wording import quoted
 
 if TYPE_CHECKING:
@@ -59,6 +63,7 @@ __all__ = [
     "duration",
     "history_inputs",
     "live_cluster",
+    "policy_price_of",
     "prometheus_source",
     "snapshot_history",
 ]
@@ -197,6 +202,16 @@ def history_inputs(args: argparse.Namespace, command: str) -> HistoryInputs:
         snapshot_dir=Path(args.snapshot) if args.snapshot is not None else None,
         now=now,
     )
+
+
+def policy_price_of(loaded: LoadedPolicy) -> PriceOf:
+    """How the policy's `prices` price one GPU of a model (`StrategyContext.price_per_gpu_hour`), keyed
+    in `nvidia.com/gpu.product` form."""
+    prices = loaded.policy.prices
+    return StrategyContext(
+        gpu_prices={gpu_product(k): v for k, v in prices.per_gpu_hour.items()},
+        default_gpu_price=prices.default_per_gpu_hour,
+    ).price_per_gpu_hour
 
 
 def snapshot_history(inputs: HistoryInputs, metrics: Collection[str], needed: str) -> list[Series]:

@@ -18,7 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from rebalancer.usage import UsageHistory
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -398,6 +401,8 @@ class Finding:
     # idle-gpu: the workload (`namespace/Kind/name`) and the GPU-equivalents it holds idle.
     workload: str | None = None
     gpus: float | None = None
+    # gpu-rightsizing: what the recommended change saves an hour, at the policy's prices.
+    saving_per_hour: float | None = None
 
     @classmethod
     def about(cls, kind: str, pod: Pod, detail: str) -> Finding:
@@ -425,6 +430,9 @@ class Snapshot:
     # Where the picture was taken, for the report (`snapshot DIR`, `live cluster (context ...)`): never
     # a credential.
     source: str = ""
+    # GPU usage over a long window (peak, p95 per series), read only when a strategy asks for it
+    # (`StrategyArgs.usage_period`); None when not read.
+    usage: UsageHistory | None = None
 
     @cached_property
     def pods_by_node(self) -> Mapping[str, tuple[Pod, ...]]:

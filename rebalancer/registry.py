@@ -31,6 +31,11 @@ class StrategyArgs(BaseModel):
         """Window lengths (seconds) this strategy reads telemetry over."""
         return frozenset()
 
+    def usage_period(self) -> tuple[int, int] | None:
+        """The long window and step (seconds) of GPU usage history (`rebalancer.usage`) this strategy
+        reads from `Snapshot.usage`; None when it reads none."""
+        return None
+
     def needs_telemetry(self) -> bool:
         return self.requires_telemetry
 
@@ -103,6 +108,7 @@ BUILTIN_MODULES = (
     "strategies.gpu_affinity",
     "strategies.gpu_consolidation",
     "strategies.topology_spread",
+    "strategies.gpu_rightsizing",
 )
 
 

@@ -90,6 +90,7 @@ class Evidence:
     p95_tensor_percent: float | None = None
     p95_dram_percent: float | None = None
     problems: tuple[str, ...] = ()
+    pods: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,7 @@ from rebalancer.history_command import (
     add_history_arguments,
     history_inputs,
     live_cluster,
+    policy_price_of,
     prometheus_source,
     snapshot_history,
 )
@@ -174,11 +175,7 @@ def _price_of(loaded: LoadedPolicy, prices_file: str | None) -> PriceOf:
     (no default price) or the policy's `prices`."""
     if prices_file is not None:
         return StrategyContext(gpu_prices=load_prices(prices_file)).price_per_gpu_hour
-    prices = loaded.policy.prices
-    return StrategyContext(
-        gpu_prices={gpu_product(k): v for k, v in prices.per_gpu_hour.items()},
-        default_gpu_price=prices.default_per_gpu_hour,
-    ).price_per_gpu_hour
+    return policy_price_of(loaded)
 
 
 # --------------------------------------------------------------------------- running

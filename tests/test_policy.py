@@ -35,8 +35,8 @@ from rebalancer.workloads import IDLE_SINCE, resolve
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ROOT / "policies"
 DEMO = ROOT / "examples" / "demo-cluster"
-BUILTIN = ("gpu-affinity", "gpu-consolidation", "idle-gpu", "topology-spread")
-KNOWN = "known: gpu-affinity, gpu-consolidation, idle-gpu, topology-spread"
+BUILTIN = ("gpu-affinity", "gpu-consolidation", "gpu-rightsizing", "idle-gpu", "topology-spread")
+KNOWN = "known: gpu-affinity, gpu-consolidation, gpu-rightsizing, idle-gpu, topology-spread"
 
 
 def problems_of(text: str, source: str = "p.yaml") -> list[str]:

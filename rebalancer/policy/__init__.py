@@ -353,6 +353,11 @@ class LoadedPolicy(BaseModel):
             windows |= configured.args.telemetry_windows()
         return frozenset(windows)
 
+    def usage_period(self) -> tuple[int, int] | None:
+        """The longest usage history (window, step) a strategy of the policy reads, None when none does."""
+        periods = [p for configured in self.strategies if (p := configured.args.usage_period()) is not None]
+        return max(periods, default=None)
+
 
 def format_loc(loc: Sequence[int | str]) -> str:
     """`('strategies', 1, 'args', 'window')` -> `strategies[1].args.window` (each key cut to a readable

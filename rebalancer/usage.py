@@ -344,4 +344,5 @@ def _evidence(ref: str, workload: _Workload, cluster: Snapshot, idle_threshold_p
         p95_tensor_percent=_p95(series, TENSOR),
         p95_dram_percent=_p95(series, DRAM),
         problems=tuple(problems),
+        pods=tuple(name for _, name in sorted(workload.pods)),
     )

@@ -31,6 +31,7 @@ from rebalancer.simulate.command import add_arguments as add_simulate_arguments
 from rebalancer.waste_command import add_arguments as add_waste_arguments
 
 if TYPE_CHECKING:
+    from rebalancer.model import Snapshot
     from rebalancer.policy import LoadedPolicy
 
 # Each command imports the edges it uses inside it (the Kubernetes client, the Prometheus HTTP client,
@@ -111,6 +112,14 @@ def _refuse_live_flags(args: argparse.Namespace, command: str = "once") -> None:
         raise InputError([f"{command} --snapshot: {flags}: {given[0][1]}; remove it, or drop --snapshot"])
 
 
+def _snapshot_dir(root: Path, loaded: LoadedPolicy) -> Snapshot:
+    """A snapshot directory for a cycle, with the usage history its policy's strategies read."""
+    from rebalancer.sources.files import load_snapshot_dir
+    from rebalancer.sources.snapshot_history import with_directory_usage
+
+    return with_directory_usage(load_snapshot_dir(root, loaded), root, loaded)
+
+
 def cmd_once(args: argparse.Namespace) -> int:
     from rebalancer.report import OutputFormat, render
 
@@ -123,10 +132,9 @@ def cmd_once(args: argparse.Namespace) -> int:
     else:
         from rebalancer.cycle import run_cycle
         from rebalancer.evictor import DryRunEvictor
-        from rebalancer.sources.files import load_snapshot_dir
 
         _refuse_live_flags(args)
-        snapshot = load_snapshot_dir(Path(args.snapshot), loaded)
+        snapshot = _snapshot_dir(Path(args.snapshot), loaded)
         # A snapshot is a picture of the past: it is always evaluated in dry-run.
         report = run_cycle(snapshot, loaded, DryRunEvictor())
     fmt: OutputFormat = args.output
@@ -140,7 +148,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from rebalancer.cycle import run_cycle
     from rebalancer.evictor import DryRunEvictor
     from rebalancer.explain import explain_lines, parse_subject
-    from rebalancer.sources.files import load_snapshot_dir
 
     try:
         subject = parse_subject(args.subject)
@@ -156,7 +163,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         snapshot = live_snapshot(args, loaded, utcnow())
     else:
         _refuse_live_flags(args, "explain")
-        snapshot = load_snapshot_dir(Path(args.snapshot), loaded)
+        snapshot = _snapshot_dir(Path(args.snapshot), loaded)
     if subject.is_pod:
         pod = snapshot.pods_by_key.get((subject.namespace or "", subject.name))
         if pod is None:

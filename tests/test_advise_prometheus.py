@@ -11,6 +11,7 @@ advice without Prometheus.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -26,6 +27,12 @@ import pytest
 import yaml
 
 from rebalancer.cli import EXIT_OK, main
+from rebalancer.cycle import run_cycle
+from rebalancer.evictor import DryRunEvictor
+from rebalancer.model import Snapshot
+from rebalancer.policy import LoadedPolicy, loads_policy
+from rebalancer.sources.files import load_snapshot_dir
+from rebalancer.sources.usage_history import PrometheusUsage
 from tests.genai_trace import read_genai_trace
 
 if TYPE_CHECKING:
@@ -394,3 +401,64 @@ def test_a_prometheus_that_is_down_is_an_error_not_advice(
     assert code == 1
     assert captured.out == ""
     assert "advise: Prometheus at http://127.0.0.1:9" in captured.err
+
+
+# --------------------------------------------------------------------------- in a cycle
+
+ADVISING_POLICY = """
+telemetry:
+  prometheus: {url: "%s"}
+strategies:
+  - name: gpu-rightsizing
+    args: {window: 3d, step: 5m}
+"""
+
+
+def cluster_snapshot(tmp_path: Path, loaded: LoadedPolicy) -> Snapshot:
+    return load_snapshot_dir(write_snapshot(tmp_path / "cluster", None), loaded)
+
+
+def test_the_live_reader_asks_prometheus_once_an_hour(backfilled: Backfilled, tmp_path: Path) -> None:
+    loaded = loads_policy(ADVISING_POLICY % backfilled.server.url, "p.yaml")
+    snapshot = cluster_snapshot(tmp_path, loaded)
+    prometheus = loaded.policy.telemetry.prometheus if loaded.policy.telemetry else None
+    assert prometheus is not None
+    reader = PrometheusUsage(prometheus)
+    before = backfilled.server.query_requests()
+    first = reader.attach(snapshot, loaded)
+    assert backfilled.server.query_requests() - before == 8
+    assert first.usage is not None and len(first.usage.series) == len(HISTORY)
+    later = reader.attach(dataclasses.replace(snapshot, now=snapshot.now + timedelta(minutes=59)), loaded)
+    assert backfilled.server.query_requests() - before == 8  # kept: no query
+    assert later.usage is first.usage
+    reader.attach(dataclasses.replace(snapshot, now=snapshot.now + timedelta(hours=1)), loaded)
+    assert backfilled.server.query_requests() - before == 16  # an hour on: read again
+
+
+def test_a_failed_read_is_a_finding_and_no_usage(tmp_path: Path) -> None:
+    loaded = loads_policy(ADVISING_POLICY % "http://127.0.0.1:9", "p.yaml")
+    snapshot = cluster_snapshot(tmp_path, loaded)
+    prometheus = loaded.policy.telemetry.prometheus if loaded.policy.telemetry else None
+    assert prometheus is not None
+    found = PrometheusUsage(prometheus).attach(snapshot, loaded)
+    assert found.usage is None
+    (finding,) = [f for f in found.findings if f.kind == "usage-history-unavailable"]
+    assert finding.detail.startswith("Prometheus at http://127.0.0.1:9: ")
+    report = run_cycle(found, loaded, DryRunEvictor())
+    assert [s.strategy for s in report.skipped_strategies] == ["gpu-rightsizing"]
+
+
+def test_once_on_a_snapshot_reports_the_advice_as_findings(
+    backfilled: Backfilled, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("strategies:\n  - name: gpu-rightsizing\n    args: {window: 3d, step: 5m}\n")
+    with_history = write_snapshot(tmp_path / "with-history", backfilled.history)
+    code = main(["once", "--snapshot", str(with_history), "--policy", str(policy), "--output", "json"])
+    captured = capsys.readouterr()
+    assert code == EXIT_OK, captured.err
+    report = json.loads(captured.out)
+    findings = {f["workload"]: f for f in report["findings"] if f["kind"] == "gpu-rightsizing"}
+    assert set(findings) == {"serve/ReplicaSet/embed-7d9f", "research/Job/probe", "multi/Job/four"}
+    assert "cheaper-model NVIDIA-L4" in findings["serve/ReplicaSet/embed-7d9f"]["detail"]
+    assert report["decisions"] == []

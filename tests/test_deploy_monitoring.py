@@ -35,9 +35,10 @@ from rebalancer.cycle_report import CycleReport, PredictionCheck
 from rebalancer.evictor import DryRunEvictor
 from rebalancer.guards import PDB
 from rebalancer.model import PREDICTION_RESULTS, OutcomeResult
-from rebalancer.policy import load_policy
+from rebalancer.policy import LoadedPolicy, loads_policy
 from rebalancer.sinks.metrics import CYCLE_RESULTS, DaemonMetrics
 from rebalancer.sources.files import load_snapshot_dir
+from rebalancer.sources.snapshot_history import with_directory_usage
 from tests.test_deploy import DEPLOY, NAMESPACE, ROOT, find, policy_text
 
 Manifest = dict[str, Any]
@@ -63,6 +64,8 @@ DESIGN_METRICS: dict[str, frozenset[str]] = {
     # Additive to §8: idle GPU-hours by team, and what idle-gpu did to idle workloads.
     "gpu_rebalancer_idle_gpu_seconds_total": frozenset({"namespace"}),
     "gpu_rebalancer_workload_actions_total": frozenset({"strategy", "action", "result", "mode"}),
+    # Additive to §8: what the right-sizing advice would save, by team.
+    "gpu_rebalancer_rightsizing_savings_per_hour": frozenset({"namespace"}),
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # Labels Prometheus adds to every scraped series (ServiceMonitor target labels).
@@ -136,11 +139,25 @@ def grafana_to_promql(expr: str) -> str:
 # --------------------------------------------------------------------------- the metrics sink, scraped
 
 
+def demo_policy_advising() -> LoadedPolicy:
+    """The demo policy, also running gpu-rightsizing over the two hours of the demo's history."""
+    demo = ROOT / "examples" / "demo-cluster"
+    raw = yaml.safe_load((demo / "policy.yaml").read_text(encoding="utf-8"))
+    raw["strategies"].append({"name": "gpu-rightsizing", "args": {"window": "2h", "step": "1m"}})
+    return loads_policy(yaml.safe_dump(raw), "demo policy advising")
+
+
+def demo_report() -> CycleReport:
+    """A dry cycle of the demo cluster, advising too, with the landings a live cycle would judge."""
+    demo = ROOT / "examples" / "demo-cluster"
+    loaded = demo_policy_advising()
+    snapshot = with_directory_usage(load_snapshot_dir(demo, loaded), demo, loaded)
+    return with_landings(run_cycle(snapshot, loaded, DryRunEvictor()))
+
+
 def scrape() -> dict[str, frozenset[str]]:
     """Sample name -> label names, from the text exposition of a metrics sink that saw real cycles."""
-    loaded = load_policy(ROOT / "examples" / "demo-cluster" / "policy.yaml")
-    snapshot = load_snapshot_dir(ROOT / "examples" / "demo-cluster", loaded)
-    report = with_landings(run_cycle(snapshot, loaded, DryRunEvictor()))
+    report = demo_report()
     metrics = DaemonMetrics()
     metrics.cycle_took(1.5)
     metrics.publish(report)
@@ -596,6 +613,9 @@ def test_the_dashboard_has_the_panels_operators_need() -> None:
     assert queried("Estimated savings per hour") == {"gpu_rebalancer_estimated_savings_per_hour"}
     assert queried("Replacement landings by strategy and result") == {"gpu_rebalancer_predictions_total"}
     assert queried("Landed as predicted (range)") == {"gpu_rebalancer_predictions_total"}
+    assert queried("Right-sizing savings per hour by namespace") == {
+        "gpu_rebalancer_rightsizing_savings_per_hour"
+    }
 
 
 def test_every_dashboard_metric_is_a_design_metric_the_sink_exports(
@@ -606,9 +626,7 @@ def test_every_dashboard_metric_is_a_design_metric_the_sink_exports(
 
 def test_every_dashboard_query_returns_data_from_a_real_scrape(promtool: str, tmp_path: Path) -> None:
     """Each query, evaluated by Prometheus' engine over the sink's own exposition (leader and standby)."""
-    loaded = load_policy(ROOT / "examples" / "demo-cluster" / "policy.yaml")
-    snapshot = load_snapshot_dir(ROOT / "examples" / "demo-cluster", loaded)
-    report = with_landings(run_cycle(snapshot, loaded, DryRunEvictor()))
+    report = demo_report()
     leader, standby = DaemonMetrics(), DaemonMetrics()
     leader.cycle_took(1.5)
     leader.publish(report)

@@ -470,6 +470,25 @@ def test_cycle_state_counts_distinct_idle_gpus_by_model_and_leaked_bytes_by_node
     assert state.estimated_savings_per_hour == 3.5
 
 
+def test_rightsizing_savings_are_summed_by_namespace_and_replaced_each_cycle() -> None:
+    metrics = DaemonMetrics()
+    findings = [
+        Finding("gpu-rightsizing", namespace="ml", workload="ml/ReplicaSet/a", saving_per_hour=3.95),
+        Finding("gpu-rightsizing", namespace="ml", workload="ml/Job/b", saving_per_hour=4.37),
+        Finding("gpu-rightsizing", namespace="serve", workload="serve/ReplicaSet/c", saving_per_hour=1.5),
+        Finding("idle-gpu", namespace="serve", workload="serve/ReplicaSet/c", gpus=1.0),
+    ]
+    metrics.publish(make_report(findings=findings))
+    samples = _samples(metrics)
+    gauge = "gpu_rebalancer_rightsizing_savings_per_hour"
+    assert samples[(gauge, (("namespace", "ml"),))] == pytest.approx(3.95 + 4.37)
+    assert samples[(gauge, (("namespace", "serve"),))] == 1.5
+    metrics.publish(make_report(findings=findings[2:]))
+    samples = _samples(metrics)
+    assert (gauge, (("namespace", "ml"),)) not in samples
+    assert samples[(gauge, (("namespace", "serve"),))] == 1.5
+
+
 def test_circuit_open_follows_the_circuit_finding() -> None:
     metrics = DaemonMetrics()
     opened = make_report(findings=[Finding("circuit-open", namespace="ml", detail="ml/train still Pending")])

@@ -66,6 +66,7 @@ from rebalancer.sinks.slack import SlackSink
 from rebalancer.sinks.webhook import WebhookSink
 from rebalancer.sources.kube import KubeSource
 from rebalancer.sources.prometheus import PrometheusTelemetrySource
+from rebalancer.sources.usage_history import PrometheusUsage
 from rebalancer.state import ConfigMapStateStore, FileStateStore, StateStore
 from rebalancer.wording import quoted
 
@@ -114,7 +115,11 @@ def kube_snapshot_source(
     of the policy's connection settings; `allow_service_account_token` (--allow-service-account-token)
     is handed to the Prometheus source. Telemetry needs `telemetry` in the policy and a strategy with a
     telemetry window. `described` is what the reports say the snapshots' source is (no credential).
+    A strategy reading long-window usage (gpu-rightsizing) gets it from the same Prometheus, read once an
+    hour (`sources.usage_history.PrometheusUsage`, kept across this source's cycles).
     """
+
+    usage: dict[str, PrometheusUsage] = {}  # by Prometheus URL, kept across the daemon's cycles
 
     def source(now: datetime, loaded: LoadedPolicy) -> Snapshot:
         telemetry = None
@@ -126,7 +131,15 @@ def kube_snapshot_source(
                 cfg, windows, prometheus=conn, allow_service_account_token=allow_service_account_token
             )
         kube = KubeSource(api_client, loaded, namespaces=namespaces, telemetry=telemetry, described=described)
-        return kube.snapshot(now)
+        snapshot = kube.snapshot(now)
+        if conn is None or loaded.usage_period() is None:
+            return snapshot
+        reader = usage.get(conn.url)
+        if reader is None or reader.prometheus != conn:
+            reader = usage[conn.url] = PrometheusUsage(
+                conn, allow_service_account_token=allow_service_account_token
+            )
+        return reader.attach(snapshot, loaded)
 
     return source
 

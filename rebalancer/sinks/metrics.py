@@ -21,7 +21,9 @@ names) into counter increments and per-cycle gauges; the daemon adds the cycles 
 - per-cycle state, replaced whole at the end of every successful cycle so that a scrape never sees
   half of two cycles: `nodes_freeable{gpu_model}`, `idle_gpus{gpu_model}` (distinct GPU UUIDs of
   per-GPU `idle-gpu` findings, and the GPUs of each idle workload's), `leaked_vram_bytes{node}`,
-  `estimated_savings_per_hour` (absent when the policy has no prices).
+  `estimated_savings_per_hour` (absent when the policy has no prices),
+  `rightsizing_savings_per_hour{namespace}` (what the gpu-rightsizing findings' changes would save an
+  hour, at the policy's prices, by the workload's namespace).
 
 It must not use the process-global registry, label anything by pod name, or read the wall clock (the
 daemon passes the timestamps). It never fails a cycle: it only counts.
@@ -53,6 +55,7 @@ __all__ = [
 ]
 
 PREFIX = "gpu_rebalancer_"
+RIGHTSIZING = "gpu-rightsizing"
 CYCLE_RESULTS = ("success", "error", "standby", "skipped")
 UNKNOWN_MODEL = "unknown"
 MIB = 1024 * 1024
@@ -72,6 +75,7 @@ class CycleState:
     leaked_vram_bytes: Mapping[str, float] = field(default_factory=dict)
     estimated_savings_per_hour: float | None = None
     circuit_open: bool = False
+    rightsizing_savings_per_hour: Mapping[str, float] = field(default_factory=dict)
 
 
 def cycle_state(report: CycleReport) -> CycleState:
@@ -111,6 +115,11 @@ def cycle_state(report: CycleReport) -> CycleState:
         seen.add(key)
         leaked[finding.node] = leaked.get(finding.node, 0.0) + (finding.fb_used_mib or 0.0) * MIB
 
+    rightsizing: dict[str, float] = {}
+    for finding in report.findings:
+        if finding.kind == RIGHTSIZING and finding.namespace and finding.saving_per_hour is not None:
+            rightsizing[finding.namespace] = rightsizing.get(finding.namespace, 0.0) + finding.saving_per_hour
+
     return CycleState(
         nodes_freeable=dict(freeable),
         gpus_freeable=dict(gpus_freeable),
@@ -118,6 +127,7 @@ def cycle_state(report: CycleReport) -> CycleState:
         leaked_vram_bytes=leaked,
         estimated_savings_per_hour=report.summary.estimated_savings_per_hour,
         circuit_open=any(finding.kind == "circuit-open" for finding in report.findings),
+        rightsizing_savings_per_hour=rightsizing,
     )
 
 
@@ -169,6 +179,11 @@ class _CycleStateCollector(Collector):
         savings = _gauge(
             "estimated_savings_per_hour", f"Hourly price of the GPUs on {freed}, from policy prices."
         )
+        rightsizing = _gauge(
+            "rightsizing_savings_per_hour",
+            "What the changes gpu-rightsizing recommends would save an hour, at policy prices, by namespace.",
+            ["namespace"],
+        )
         if state is not None:
             for model, count in sorted(state.nodes_freeable.items()):
                 freeable.add_metric([model], count)
@@ -181,6 +196,8 @@ class _CycleStateCollector(Collector):
                 leaked.add_metric([node], size)
             if state.estimated_savings_per_hour is not None:
                 savings.add_metric([], state.estimated_savings_per_hour)
+            for namespace, saving in sorted(state.rightsizing_savings_per_hour.items()):
+                rightsizing.add_metric([namespace], saving)
         yield freeable
         yield gpus_freeable
         yield circuit
@@ -188,6 +205,7 @@ class _CycleStateCollector(Collector):
         yield leaked
         if state is None or state.estimated_savings_per_hour is not None:
             yield savings
+        yield rightsizing
 
     def describe(self) -> Iterable[Metric]:
         return list(self._families(None))

@@ -218,7 +218,8 @@ def _advise(
                 Recommendation(
                     "cheaper-model",
                     f"peak {evidence.peak_memory_gib:g} GiB + {headroom:.0%} fits {model.memory_gib:g} GiB; "
-                    f"p95 utilisation {evidence.p95_utilization_percent:g} % fits its throughput",
+                    f"p95 utilisation {evidence.p95_utilization_percent:g} % is {work:.2g} of an A100's "
+                    f"throughput, within its {model.relative_throughput:g}",
                     (price - cost) * gpu_hours,
                     model.product,
                     _container_patch({"nodeSelector": {GPU_PRODUCT_LABEL: model.product}}),

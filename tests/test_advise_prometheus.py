@@ -28,11 +28,13 @@ import yaml
 
 from rebalancer.cli import EXIT_OK, main
 from rebalancer.cycle import run_cycle
+from rebalancer.daemon.wiring import kube_snapshot_source
 from rebalancer.evictor import DryRunEvictor
 from rebalancer.model import Snapshot
 from rebalancer.policy import LoadedPolicy, loads_policy
 from rebalancer.sources.files import load_snapshot_dir
 from rebalancer.sources.usage_history import PrometheusUsage
+from tests.fake_apiserver import FakeApiServer
 from tests.genai_trace import read_genai_trace
 
 if TYPE_CHECKING:
@@ -237,8 +239,7 @@ def pod_json(gpu: Gpu) -> dict[str, Any]:
     }
 
 
-def write_snapshot(directory: Path, history: History | None) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
+def cluster_objects() -> list[dict[str, Any]]:
     nodes = [
         node_json("a100-1", A100, 8),
         node_json("a100-2", A100, 8),
@@ -247,7 +248,12 @@ def write_snapshot(directory: Path, history: History | None) -> Path:
         node_json("h100-1", H100, 8),
     ]
     pods = {gpu.pod: pod_json(gpu) for gpu in HISTORY}
-    items = nodes + list(pods.values())
+    return nodes + list(pods.values())
+
+
+def write_snapshot(directory: Path, history: History | None) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    items = cluster_objects()
     (directory / "cluster.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
     (directory / "snapshot.yaml").write_text(f"now: {UNTIL.isoformat()}\n")
     if history is not None:
@@ -462,3 +468,21 @@ def test_once_on_a_snapshot_reports_the_advice_as_findings(
     assert set(findings) == {"serve/ReplicaSet/embed-7d9f", "research/Job/probe", "multi/Job/four"}
     assert "cheaper-model NVIDIA-L4" in findings["serve/ReplicaSet/embed-7d9f"]["detail"]
     assert report["decisions"] == []
+
+
+def test_the_daemon_source_keeps_one_reader_across_cycles(backfilled: Backfilled) -> None:
+    """The live source of `rebalancer run`, over the fake API server: usage read once, kept for the hour."""
+    loaded = loads_policy(ADVISING_POLICY % backfilled.server.url, "p.yaml")
+    with FakeApiServer() as api, api.api_client() as api_client:
+        for obj in cluster_objects():
+            api.add(obj)
+        source = kube_snapshot_source(api_client)
+        before = backfilled.server.query_requests()
+        first = source(UNTIL, loaded)
+        second = source(UNTIL + timedelta(minutes=5), loaded)
+        assert backfilled.server.query_requests() - before == 8
+    assert first.usage is not None and second.usage is first.usage
+    report = run_cycle(second, loaded, DryRunEvictor())
+    workloads = {f.workload for f in report.findings if f.kind == "gpu-rightsizing"}
+    assert workloads == {"serve/ReplicaSet/embed-7d9f", "research/Job/probe", "multi/Job/four"}
+    assert report.decisions == ()

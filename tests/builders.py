@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 from rebalancer.model import (
     GPU_PRODUCT_LABEL,
@@ -221,3 +224,15 @@ def snapshot(
         telemetry=telemetry,
         controllers={c.key: c for c in controllers},
     )
+
+
+def write_snapshot_dir(
+    directory: Path, items: list[dict[str, Any]], now: datetime, openmetrics: str | None = None
+) -> Path:
+    """A snapshot directory: the objects as one `kind: List`, `now`, and DCGM history if given."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "cluster.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    (directory / "snapshot.yaml").write_text(f"now: {now.isoformat()}\n")
+    if openmetrics is not None:
+        (directory / "dcgm.om").write_text(openmetrics)
+    return directory

@@ -34,6 +34,7 @@ from rebalancer.model import Snapshot
 from rebalancer.policy import LoadedPolicy, loads_policy
 from rebalancer.sources.files import load_snapshot_dir
 from rebalancer.sources.usage_history import PrometheusUsage
+from tests.builders import write_snapshot_dir
 from tests.fake_apiserver import FakeApiServer
 from tests.genai_trace import read_genai_trace
 
@@ -252,13 +253,7 @@ def cluster_objects() -> list[dict[str, Any]]:
 
 
 def write_snapshot(directory: Path, history: History | None) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    items = cluster_objects()
-    (directory / "cluster.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
-    (directory / "snapshot.yaml").write_text(f"now: {UNTIL.isoformat()}\n")
-    if history is not None:
-        (directory / "dcgm.om").write_text(history.openmetrics)
-    return directory
+    return write_snapshot_dir(directory, cluster_objects(), UNTIL, history.openmetrics if history else None)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from rebalancer.cli import EXIT_OK, main
+from tests.builders import write_snapshot_dir
 from tests.fake_apiserver import FakeApiServer
 from tests.genai_trace import read_genai_trace
 from tests.test_prometheus_live import kubeconfig
@@ -327,13 +328,7 @@ def cluster_objects() -> list[dict[str, Any]]:
 
 def write_snapshot(directory: Path, history: History | None) -> Path:
     """A snapshot directory of the cluster, with the history's samples if given."""
-    directory.mkdir(parents=True, exist_ok=True)
-    items = cluster_objects()
-    (directory / "cluster.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
-    (directory / "snapshot.yaml").write_text(f"now: {UNTIL.isoformat()}\n")
-    if history is not None:
-        (directory / "dcgm.om").write_text(history.openmetrics)
-    return directory
+    return write_snapshot_dir(directory, cluster_objects(), UNTIL, history.openmetrics if history else None)
 
 
 # --------------------------------------------------------------------------- fixtures

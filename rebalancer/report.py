@@ -89,6 +89,25 @@ def to_dict(report: CycleReport) -> dict[str, Any]:
             for strategy, (count, top) in not_chosen_counts(report).items()
         },
         "freed_nodes": list(report.freed_nodes),
+        "gpu_nodes": [
+            {
+                "node": n.node,
+                "gpu_model": n.gpu_model,
+                "zone": n.zone,
+                "gpus": [
+                    {
+                        "index": g.index,
+                        "state": g.state,
+                        "pods": list(g.pods),
+                        "uuid": g.uuid,
+                        "util_avg_percent": g.util_avg_percent,
+                        "fb_used_mib": g.fb_used_mib,
+                    }
+                    for g in n.gpus
+                ],
+            }
+            for n in report.gpu_nodes
+        ],
         "hints": list(report.hints),
         "workload_actions": [
             {

@@ -267,15 +267,27 @@ def _gang(
     )
 
 
-def _required(snapshot: Snapshot, args: GpuAffinityArgs, state: ClusterState, out: _Outcome) -> None:
-    """Proposals, findings and records for required violations; the pods judged noted in `out`."""
+def _required(
+    snapshot: Snapshot, args: GpuAffinityArgs, state: ClusterState, out: _Outcome
+) -> list[tuple[Pod, Node]]:
+    """Proposals, findings and records for required violations, and at once the record of every pod
+    that cannot be moved at all (one pass over the pods); the others it returns, for the preferred
+    pass and the last one: a gang member (its gang may move) and, with `preferred`, a pod with
+    preferred terms."""
     violations: list[_Violation] = []
+    rest: list[tuple[Pod, Node]] = []
+    no_rule = _NO_RULE_PREFERRED_OFF if not args.preferred else _NO_RULE
     for pod, node in _placed(snapshot):
         # A pod without a nodeSelector or required affinity matches every node: skip the matching.
-        if not (pod.node_selector or pod.required_affinity):
-            continue
-        violation = _violation(pod, node)
+        has_rule = bool(pod.node_selector or pod.required_affinity)
+        violation = _violation(pod, node) if has_rule else None
         if violation is None:
+            if pod.gang is not None or (args.preferred and pod.preferred_affinity):
+                rest.append((pod, node))
+            elif has_rule:
+                out.left.append(_left(pod, "affinity-satisfied", _SATISFIED))
+            else:
+                out.left.append(_left(pod, "no-rule", no_rule if pod.preferred_affinity else _NO_RULE))
             continue
         if _old_enough(pod, snapshot, args):
             violations.append(violation)
@@ -297,6 +309,7 @@ def _required(snapshot: Snapshot, args: GpuAffinityArgs, state: ClusterState, ou
         gangs_done.add(gang)
         members = snapshot.gangs.get(gang, (v.pod,))
         _gang(gang, members, by_gang[gang], state, out)
+    return rest
 
 
 # --------------------------------------------------------------------------- preferred
@@ -322,8 +335,14 @@ def _preferred_target(
     return name, -weight
 
 
-def _preferred(snapshot: Snapshot, args: GpuAffinityArgs, state: ClusterState, out: _Outcome) -> None:
-    for pod, node in _placed(snapshot):
+def _preferred(
+    snapshot: Snapshot,
+    state: ClusterState,
+    out: _Outcome,
+    args: GpuAffinityArgs,
+    pods: list[tuple[Pod, Node]],
+) -> None:
+    for pod, node in pods:
         if pod.key in out.judged or not pod.preferred_affinity:
             continue
         if pod.gang is not None:
@@ -376,10 +395,10 @@ def _preferred_rule(pod: Pod, snapshot: Snapshot) -> DestinationRule:
     return DestinationRule("matching one of its preferred node affinity terms", nodes)
 
 
-def _the_rest(snapshot: Snapshot, args: GpuAffinityArgs, out: _Outcome) -> None:
-    """Every other pod looked at: nothing to check, or its node matches what it requires."""
+def _the_rest(args: GpuAffinityArgs, out: _Outcome, pods: list[tuple[Pod, Node]]) -> None:
+    """The pods left of `pods`: nothing to check, or its node matches what it requires."""
     no_rule = _NO_RULE_PREFERRED_OFF if not args.preferred else _NO_RULE
-    for pod, _ in _placed(snapshot):
+    for pod, _ in pods:
         if pod.key in out.judged:
             continue
         if pod.node_selector or pod.required_affinity:
@@ -400,10 +419,10 @@ def _the_rest(snapshot: Snapshot, args: GpuAffinityArgs, out: _Outcome) -> None:
 def gpu_affinity(snapshot: Snapshot, args: GpuAffinityArgs, ctx: StrategyContext) -> StrategyResult:
     state = ClusterState.from_snapshot(snapshot)
     out = _Outcome()
-    _required(snapshot, args, state, out)
+    rest = _required(snapshot, args, state, out)
     if args.preferred:
-        _preferred(snapshot, args, state, out)
-    _the_rest(snapshot, args, out)
+        _preferred(snapshot, state, out, args, rest)
+    _the_rest(args, out, rest)
     return StrategyResult(
         proposals=tuple(out.proposals), findings=tuple(out.findings), not_chosen=tuple(out.left)
     )

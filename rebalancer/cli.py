@@ -147,7 +147,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     `once` reads), then every strategy's and the planner's verdict on that node or pod."""
     from rebalancer.cycle import run_cycle
     from rebalancer.evictor import DryRunEvictor
-    from rebalancer.explain import explain_lines, parse_subject
+    from rebalancer.explain import parse_subject, render_explanation
 
     try:
         subject = parse_subject(args.subject)
@@ -175,7 +175,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     # Explaining never evicts: the cycle is always dry, whatever the policy says.
     report = run_cycle(snapshot, loaded, DryRunEvictor())
     names = [configured.name for configured in loaded.strategies]
-    sys.stdout.write("\n".join(explain_lines(report, subject, names)) + "\n")
+    sys.stdout.write(render_explanation(report, subject, names, args.output))
     return EXIT_OK
 
 
@@ -469,6 +469,14 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("subject", metavar="NODE|NAMESPACE/POD", help="e.g. gpu-a-3 or ml/train-0")
     explain.add_argument("--snapshot", metavar="DIR", help="explain a snapshot directory (else: live)")
     explain.add_argument("--policy", metavar="FILE", help="policy file (default: built-in safe policy)")
+    explain.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json", "yaml"),
+        default="text",
+        help="json / yaml: the same verdicts as one document (subject, per strategy its proposals with "
+        "the planner's verdict, what it left alone and why, skipped; the findings naming it)",
+    )
     add_live_once_arguments(explain)  # without --snapshot: the source a live `once` reads, always dry
     explain.set_defaults(func=cmd_explain)
 

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from rebalancer.cycle_report import CycleReport, ReportedDecision
-from rebalancer.model import PREDICTION_RESULTS, PredictionResult
+from rebalancer.model import PREDICTION_RESULTS, Finding, PredictionResult
 from rebalancer.report_html import render_html
 
 OutputFormat = Literal["text", "json", "markdown", "html"]
@@ -52,35 +52,8 @@ def to_dict(report: CycleReport) -> dict[str, Any]:
             "gpus_reclaimed": s.gpus_reclaimed,
             "blocked_by": dict(s.blocked_by),
         },
-        "decisions": [
-            {
-                "strategy": d.strategy,
-                "namespace": d.namespace,
-                "pod": d.pod,
-                "node": d.node,
-                "action": d.action,
-                "outcome": d.outcome,
-                "reason": d.reason,
-                "blocked_by": d.blocked_by,
-                "group": d.group,
-                "target_node": d.target_node,
-                "workload": d.workload,
-            }
-            for d in report.decisions
-        ],
-        "findings": [
-            {
-                "kind": f.kind,
-                "node": f.node,
-                "gpu": f.gpu,
-                "namespace": f.namespace,
-                "pod": f.pod,
-                "detail": f.detail,
-                "workload": f.workload,
-                "gpus": f.gpus,
-            }
-            for f in report.findings
-        ],
+        "decisions": [decision_dict(d) for d in report.decisions],
+        "findings": [finding_dict(f) for f in report.findings],
         "skipped_strategies": [
             {"strategy": s.strategy, "reason": s.reason} for s in report.skipped_strategies
         ],
@@ -89,6 +62,25 @@ def to_dict(report: CycleReport) -> dict[str, Any]:
             for strategy, (count, top) in not_chosen_counts(report).items()
         },
         "freed_nodes": list(report.freed_nodes),
+        "gpu_nodes": [
+            {
+                "node": n.node,
+                "gpu_model": n.gpu_model,
+                "zone": n.zone,
+                "gpus": [
+                    {
+                        "index": g.index,
+                        "state": g.state,
+                        "pods": list(g.pods),
+                        "uuid": g.uuid,
+                        "util_avg_percent": g.util_avg_percent,
+                        "fb_used_mib": g.fb_used_mib,
+                    }
+                    for g in n.gpus
+                ],
+            }
+            for n in report.gpu_nodes
+        ],
         "hints": list(report.hints),
         "workload_actions": [
             {
@@ -122,6 +114,37 @@ def to_dict(report: CycleReport) -> dict[str, Any]:
                 for c in report.predictions
             ],
         },
+    }
+
+
+def decision_dict(d: ReportedDecision) -> dict[str, Any]:
+    """One row of `decisions` (DESIGN §7's keys, then the added ones)."""
+    return {
+        "strategy": d.strategy,
+        "namespace": d.namespace,
+        "pod": d.pod,
+        "node": d.node,
+        "action": d.action,
+        "outcome": d.outcome,
+        "reason": d.reason,
+        "blocked_by": d.blocked_by,
+        "group": d.group,
+        "target_node": d.target_node,
+        "workload": d.workload,
+    }
+
+
+def finding_dict(f: Finding) -> dict[str, Any]:
+    """One entry of `findings` (DESIGN §7's keys, then the added ones)."""
+    return {
+        "kind": f.kind,
+        "node": f.node,
+        "gpu": f.gpu,
+        "namespace": f.namespace,
+        "pod": f.pod,
+        "detail": f.detail,
+        "workload": f.workload,
+        "gpus": f.gpus,
     }
 
 

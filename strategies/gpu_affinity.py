@@ -10,7 +10,10 @@ preferred term (the pod's required affinity the placement enforces anyway). A ga
 only when every member can be placed together. A violating pod no allowed node can take yields an
 `affinity-violation` finding instead of a proposal. With
 `preferred: true` it also moves pods whose node matches none of their preferred node affinity terms
-to a preferred node with room now; required violations always rank (and reserve) first.
+to a preferred node with room now; required violations always rank (and reserve) first. Every active
+pod it looks at and does not propose gets a `NotChosen` record saying why (no rule to check, its node
+matches, too young, no allowed node or no room, its gang cannot move together, a gang not moved for
+a preference).
 
 This module must stay pure: no I/O, no clock (it reads `snapshot.now`), no cluster clients. It must
 not apply safety guards (PDBs, opt-out annotations, limits): the planner does, and re-checks the
@@ -20,7 +23,7 @@ predicted targets against its own ledger (re-placing a pod under those rules whe
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from rebalancer.model import (
@@ -29,13 +32,14 @@ from rebalancer.model import (
     Node,
     NodeSelectorRequirement,
     NodeSelectorTerm,
+    NotChosen,
     Pod,
     Proposal,
     Snapshot,
     StrategyResult,
 )
 from rebalancer.placement import ClusterState
-from rebalancer.policy import Duration
+from rebalancer.policy import Duration, format_duration
 from rebalancer.registry import StrategyArgs, StrategyContext, strategy
 from rebalancer.selectors import (
     node_selector_matches,
@@ -45,6 +49,12 @@ from rebalancer.selectors import (
 
 NAME = "gpu-affinity"
 FINDING_KIND = "affinity-violation"
+# The reasons (`NotChosen.reason`) shared by many pods: one string each, not one per pod.
+_NO_RULE = "no nodeSelector or required node affinity to check"
+_NO_RULE_PREFERRED_OFF = (
+    "no nodeSelector or required node affinity to check (preferred terms are checked with preferred: true)"
+)
+_SATISFIED = "its node matches its nodeSelector and required node affinity"
 # Required violations outrank every preferred move, whatever the GPUs or weights involved.
 REQUIRED_PRIORITY = 1000.0
 PREFERRED_PRIORITY_CAP = 999.0
@@ -123,12 +133,20 @@ def _allowed_nodes(pod: Pod, snapshot: Snapshot) -> list[str]:
     ]
 
 
-def _no_room_text(pod: Pod, snapshot: Snapshot) -> str:
+def _no_room(pod: Pod, snapshot: Snapshot) -> tuple[str, str]:
+    """The `NotChosen` code and the words for a violating pod no allowed node can take."""
     allowed = _allowed_nodes(pod, snapshot)
     if not allowed:
-        return "no other node matches its node affinity"
+        return "no-allowed-node", "no other node matches its node affinity"
     count = len(allowed)
-    return f"none of the {count} {'node' if count == 1 else 'nodes'} its affinity allows can take it now"
+    return (
+        "no-room",
+        f"none of the {count} {'node' if count == 1 else 'nodes'} its affinity allows can take it now",
+    )
+
+
+def _left(pod: Pod, code: str, reason: str) -> NotChosen:
+    return NotChosen(NAME, pod.node_name, code, reason, namespace=pod.namespace, pod=pod.name)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -155,10 +173,8 @@ def _placed(snapshot: Snapshot) -> Iterable[tuple[Pod, Node]]:
             yield pod, node
 
 
-def _candidates(snapshot: Snapshot, args: GpuAffinityArgs) -> Iterable[tuple[Pod, Node]]:
-    for pod, node in _placed(snapshot):
-        if _old_enough(pod, snapshot, args):
-            yield pod, node
+def _too_young(args: GpuAffinityArgs) -> str:
+    return f"younger than min_pod_age {format_duration(args.min_pod_age)} (or of unknown age)"
 
 
 def _finding(violation: _Violation, detail: str) -> Finding:
@@ -175,25 +191,43 @@ def _finding(violation: _Violation, detail: str) -> Finding:
 # --------------------------------------------------------------------------- required
 
 
-def _single(
-    violation: _Violation, state: ClusterState, snapshot: Snapshot
-) -> tuple[Proposal | None, Finding | None]:
+@dataclass
+class _Outcome:
+    """What the run has concluded so far: proposals, findings, and the pods left alone with why."""
+
+    proposals: list[Proposal] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    left: list[NotChosen] = field(default_factory=list)
+    # Pods proposed or already given their record: the last pass leaves them be.
+    judged: set[tuple[str, str]] = field(default_factory=set)
+
+    def leave(self, pod: Pod, code: str, reason: str) -> None:
+        self.left.append(_left(pod, code, reason))
+        self.judged.add(pod.key)
+
+
+def _single(violation: _Violation, state: ClusterState, snapshot: Snapshot, out: _Outcome) -> None:
     pod = violation.pod
+    out.judged.add(pod.key)
     target = state.best_node(pod, exclude={violation.node.name})
     if target is None:
-        return None, _finding(violation, _no_room_text(pod, snapshot))
+        code, words = _no_room(pod, snapshot)
+        out.findings.append(_finding(violation, words))
+        out.leave(pod, code, f"{_violation_text(violation)}; {words}")
+        return
     state.place(pod, target)
-    proposal = Proposal(
-        strategy=NAME,
-        kind="pod",
-        pods=(pod,),
-        reason=f"{_violation_text(violation)}; predicted target {target}",
-        priority=REQUIRED_PRIORITY + pod.gpu.gpus,
-        node=violation.node.name,
-        targets={pod.key: target},
-        destinations={pod.key: (_leaving((violation.node.name,), "its affinity no longer allows"),)},
+    out.proposals.append(
+        Proposal(
+            strategy=NAME,
+            kind="pod",
+            pods=(pod,),
+            reason=f"{_violation_text(violation)}; predicted target {target}",
+            priority=REQUIRED_PRIORITY + pod.gpu.gpus,
+            node=violation.node.name,
+            targets={pod.key: target},
+            destinations={pod.key: (_leaving((violation.node.name,), "its affinity no longer allows"),)},
+        )
     )
-    return proposal, None
 
 
 def _gang(
@@ -201,67 +235,81 @@ def _gang(
     members: Sequence[Pod],
     violations: Sequence[_Violation],
     state: ClusterState,
-) -> tuple[Proposal | None, list[Finding]]:
+    out: _Outcome,
+) -> None:
     exclude = {v.node.name for v in violations}
     targets = state.place_all(members, exclude=exclude)
     if targets is None:
         detail = f"its gang {gang} ({len(members)} pods) cannot be re-placed together on allowed nodes"
-        return None, [_finding(v, detail) for v in violations]
+        out.findings.extend(_finding(v, detail) for v in violations)
+        why = {v.pod.key: _violation_text(v) for v in violations}
+        violating = ", ".join(v.pod.ref for v in violations)
+        for member in members:
+            said = why.get(member.key, f"its gang's {violating} violates its affinity")
+            out.leave(member, "gang-cannot-move", f"{said}; {detail}")
+        return
+    out.judged.update(pod.key for pod in members)
     moved = ", ".join(f"{pod.name} -> {targets[pod.key]}" for pod in members)
-    why = "; ".join(f"{v.pod.name}: {_violation_text(v)}" for v in violations)
-    proposal = Proposal(
-        strategy=NAME,
-        kind="gang",
-        pods=tuple(members),
-        reason=f"gang {gang}: {why}; predicted targets {moved}",
-        priority=REQUIRED_PRIORITY + sum(pod.gpu.gpus for pod in members),
-        group=gang,
-        targets=targets,
-        destinations=dict.fromkeys(
-            targets, (_leaving(sorted(exclude), f"gang {gang}'s affinity no longer allows"),)
-        ),
+    why_all = "; ".join(f"{v.pod.name}: {_violation_text(v)}" for v in violations)
+    out.proposals.append(
+        Proposal(
+            strategy=NAME,
+            kind="gang",
+            pods=tuple(members),
+            reason=f"gang {gang}: {why_all}; predicted targets {moved}",
+            priority=REQUIRED_PRIORITY + sum(pod.gpu.gpus for pod in members),
+            group=gang,
+            targets=targets,
+            destinations=dict.fromkeys(
+                targets, (_leaving(sorted(exclude), f"gang {gang}'s affinity no longer allows"),)
+            ),
+        )
     )
-    return proposal, []
 
 
 def _required(
-    snapshot: Snapshot, args: GpuAffinityArgs, state: ClusterState
-) -> tuple[list[Proposal], list[Finding], set[tuple[str, str]]]:
-    """Proposals and findings for required violations, and the pods they cover."""
-    violations = [
-        v
-        for pod, node in _placed(snapshot)
+    snapshot: Snapshot, args: GpuAffinityArgs, state: ClusterState, out: _Outcome
+) -> list[tuple[Pod, Node]]:
+    """Proposals, findings and records for required violations, and at once the record of every pod
+    that cannot be moved at all (one pass over the pods); the others it returns, for the preferred
+    pass and the last one: a gang member (its gang may move) and, with `preferred`, a pod with
+    preferred terms."""
+    violations: list[_Violation] = []
+    rest: list[tuple[Pod, Node]] = []
+    no_rule = _NO_RULE_PREFERRED_OFF if not args.preferred else _NO_RULE
+    for pod, node in _placed(snapshot):
         # A pod without a nodeSelector or required affinity matches every node: skip the matching.
-        if (pod.node_selector or pod.required_affinity)
-        and (v := _violation(pod, node)) is not None
-        and _old_enough(pod, snapshot, args)
-    ]
+        has_rule = bool(pod.node_selector or pod.required_affinity)
+        violation = _violation(pod, node) if has_rule else None
+        if violation is None:
+            if pod.gang is not None or (args.preferred and pod.preferred_affinity):
+                rest.append((pod, node))
+            elif has_rule:
+                out.left.append(_left(pod, "affinity-satisfied", _SATISFIED))
+            else:
+                out.left.append(_left(pod, "no-rule", no_rule if pod.preferred_affinity else _NO_RULE))
+            continue
+        if _old_enough(pod, snapshot, args):
+            violations.append(violation)
+        else:
+            out.leave(pod, "too-young", f"{_violation_text(violation)}; {_too_young(args)}")
     by_gang: dict[str, list[_Violation]] = {}
     for v in violations:
         if v.pod.gang is not None:
             by_gang.setdefault(v.pod.gang, []).append(v)
 
-    proposals: list[Proposal] = []
-    findings: list[Finding] = []
-    handled: set[tuple[str, str]] = set()
     gangs_done: set[str] = set()
     for v in violations:
         gang = v.pod.gang
         if gang is None:
-            proposal, finding = _single(v, state, snapshot)
-            proposals.extend([proposal] if proposal else [])
-            findings.extend([finding] if finding else [])
-            handled.add(v.pod.key)
+            _single(v, state, snapshot, out)
             continue
         if gang in gangs_done:
             continue
         gangs_done.add(gang)
         members = snapshot.gangs.get(gang, (v.pod,))
-        proposal, gang_findings = _gang(gang, members, by_gang[gang], state)
-        proposals.extend([proposal] if proposal else [])
-        findings.extend(gang_findings)
-        handled.update(pod.key for pod in members)
-    return proposals, findings, handled
+        _gang(gang, members, by_gang[gang], state, out)
+    return rest
 
 
 # --------------------------------------------------------------------------- preferred
@@ -288,25 +336,41 @@ def _preferred_target(
 
 
 def _preferred(
-    snapshot: Snapshot, args: GpuAffinityArgs, state: ClusterState, handled: set[tuple[str, str]]
-) -> list[Proposal]:
-    proposals: list[Proposal] = []
-    for pod, node in _candidates(snapshot, args):
-        # A whole gang is not moved for a soft preference.
-        if pod.key in handled or pod.gang is not None or not pod.preferred_affinity:
+    snapshot: Snapshot,
+    state: ClusterState,
+    out: _Outcome,
+    args: GpuAffinityArgs,
+    pods: list[tuple[Pod, Node]],
+) -> None:
+    for pod, node in pods:
+        if pod.key in out.judged or not pod.preferred_affinity:
+            continue
+        if pod.gang is not None:
+            out.leave(pod, "gang-kept-together", "a gang is not moved for a preferred node affinity")
             continue
         if preferred_affinity_score(pod, node) > 0:
+            out.leave(pod, "preferred-satisfied", f"{_node_text(node)} matches a preferred affinity term")
+            continue
+        if not _old_enough(pod, snapshot, args):
+            out.leave(pod, "too-young", f"not on a preferred node; {_too_young(args)}")
             continue
         found = _preferred_target(pod, node, state, snapshot)
         if found is None:
+            out.leave(
+                pod,
+                "no-preferred-room",
+                f"{_node_text(node)} matches none of its preferred affinity terms; "
+                "no node that matches one can take it now",
+            )
             continue
         target, weight = found
         state.place(pod, target)
+        out.judged.add(pod.key)
         terms = "; ".join(
             f"weight {p.weight}: {_term_text(p.term)}"
             for p in sorted(pod.preferred_affinity, key=lambda p: -p.weight)
         )
-        proposals.append(
+        out.proposals.append(
             Proposal(
                 strategy=NAME,
                 kind="pod",
@@ -321,7 +385,6 @@ def _preferred(
                 destinations={pod.key: (_preferred_rule(pod, snapshot),)},
             )
         )
-    return proposals
 
 
 def _preferred_rule(pod: Pod, snapshot: Snapshot) -> DestinationRule:
@@ -330,6 +393,19 @@ def _preferred_rule(pod: Pod, snapshot: Snapshot) -> DestinationRule:
         name for name, node in snapshot.nodes.items() if preferred_affinity_score(pod, node) > 0
     )
     return DestinationRule("matching one of its preferred node affinity terms", nodes)
+
+
+def _the_rest(args: GpuAffinityArgs, out: _Outcome, pods: list[tuple[Pod, Node]]) -> None:
+    """The pods left of `pods`: nothing to check, or its node matches what it requires."""
+    no_rule = _NO_RULE_PREFERRED_OFF if not args.preferred else _NO_RULE
+    for pod, _ in pods:
+        if pod.key in out.judged:
+            continue
+        if pod.node_selector or pod.required_affinity:
+            out.left.append(_left(pod, "affinity-satisfied", _SATISFIED))
+        else:
+            reason = no_rule if pod.preferred_affinity else _NO_RULE
+            out.left.append(_left(pod, "no-rule", reason))
 
 
 # --------------------------------------------------------------------------- strategy
@@ -342,7 +418,11 @@ def _preferred_rule(pod: Pod, snapshot: Snapshot) -> DestinationRule:
 )
 def gpu_affinity(snapshot: Snapshot, args: GpuAffinityArgs, ctx: StrategyContext) -> StrategyResult:
     state = ClusterState.from_snapshot(snapshot)
-    proposals, findings, handled = _required(snapshot, args, state)
+    out = _Outcome()
+    rest = _required(snapshot, args, state, out)
     if args.preferred:
-        proposals.extend(_preferred(snapshot, args, state, handled))
-    return StrategyResult(proposals=tuple(proposals), findings=tuple(findings))
+        _preferred(snapshot, state, out, args, rest)
+    _the_rest(args, out, rest)
+    return StrategyResult(
+        proposals=tuple(out.proposals), findings=tuple(out.findings), not_chosen=tuple(out.left)
+    )

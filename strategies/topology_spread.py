@@ -14,7 +14,8 @@ moves planned for one constraint are seen by the next constraint's counts. Shoul
 of the cycle (another strategy's) fill a predicted target, each proposal says where else its pods may
 go: a repaired pod only into the domain the repair chose, on a node its other DoNotSchedule
 constraints allowed; the rest of its gang anywhere; a compacted gang only onto the nodes it is packed
-onto.
+onto. Every pod it looks at and does not move gets a `NotChosen` record: per constraint of a group
+repaired, per gang compacted, and for a pod whose only constraints are ScheduleAnyway ones left alone.
 
 This module must stay pure: no I/O and no clock (`snapshot.now` is the time). Its parts must not
 import it but for the arguments' type (under TYPE_CHECKING): it imports them all.
@@ -60,10 +61,12 @@ class TopologySpreadArgs(StrategyArgs):
     "gangs onto fewer nodes",
 )
 def topology_spread(snapshot: Snapshot, args: TopologySpreadArgs, ctx: StrategyContext) -> StrategyResult:
-    groups = spread_groups(snapshot, args.include_soft)
+    groups, soft_only = spread_groups(snapshot, args.include_soft)
     if not groups and not (args.compact_gangs and snapshot.gangs):
-        return StrategyResult()  # no constraint to repair, no gang to pack: nothing to index
+        # No constraint to repair, no gang to pack: nothing to index.
+        return StrategyResult(not_chosen=tuple(soft_only))
     run = Run(snapshot=snapshot, args=args, ctx=ctx, state=ClusterState.from_snapshot(snapshot))
+    run.left.extend(soft_only)
     hints = [hint for group in groups if (hint := repair_group(run, group))]
     if args.compact_gangs:
         for gang, members in sorted(snapshot.gangs.items()):
@@ -71,4 +74,6 @@ def topology_spread(snapshot: Snapshot, args: TopologySpreadArgs, ctx: StrategyC
     # Later moves were planned on top of earlier ones: priorities keep that order in the planner.
     total = len(run.proposals)
     proposals = tuple(replace(p, priority=float(total - index)) for index, p in enumerate(run.proposals))
-    return StrategyResult(proposals=proposals, hints=tuple(hints))
+    # A pod recorded as staying for one constraint and moved later for another is moved.
+    left = tuple(r for r in run.left if (r.namespace or "", r.pod or "") not in run.moved)
+    return StrategyResult(proposals=proposals, hints=tuple(hints), not_chosen=left)

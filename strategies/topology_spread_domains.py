@@ -8,8 +8,9 @@ sit on an eligible node of that domain; a terminating pod is leaving its domain 
 Skew is max - min, where min is 0 while fewer domains than minDomains exist. `Run.hard_filter` is the
 scheduler's filter for a pod's DoNotSchedule constraints. The `Run` carries, from one proposal to the
 next, the one `ClusterState` of the run, where each active pod is predicted to be, the pods already
-moved and the proposals made; it indexes the pods by namespace and label, and caches eligible nodes per
-(topology key, nodeSelector, affinity), so counting does not scan the whole cluster.
+moved, the proposals made and the pods left alone (`NotChosen`, each with why); it indexes the pods
+by namespace and label, and caches eligible nodes per (topology key, nodeSelector, affinity), so
+counting does not scan the whole cluster.
 
 This module must stay pure: no I/O, no clock (`snapshot.now` is the time). It must not decide which
 pod moves where nor word proposals (the repair and gang compaction do).
@@ -27,6 +28,7 @@ from rebalancer.model import (
     LabelSelector,
     Node,
     NodeSelectorTerm,
+    NotChosen,
     Pod,
     Proposal,
     Snapshot,
@@ -88,6 +90,8 @@ class Run:
     location: dict[PodKey, str] = field(default_factory=dict)
     moved: set[PodKey] = field(default_factory=set)
     proposals: list[Proposal] = field(default_factory=list)
+    # The pods looked at and not moved, each with why (a pod moved later of the run is dropped at its end).
+    left: list[NotChosen] = field(default_factory=list)
     pods_by_namespace: dict[str, list[Pod]] = field(default_factory=dict)
     # Per namespace, the active pods carrying each label (key, value), in snapshot order: a selector's
     # matchLabels narrow `counted` down to a few pods instead of the whole namespace.

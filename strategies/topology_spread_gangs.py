@@ -3,10 +3,12 @@
 Owns the opt-in compaction. A gang spread over more nodes than needed is proposed whole, every active
 member listed, with targets that pack it onto fewer nodes of the GPU models it uses now, preferring the
 nodes that already host most members. Evicting only the stragglers would restart the job anyway, and
-the planner's `gang` guard refuses a proposal that lacks an active member. A gang with a member younger
-than `min_pod_age`, a member already moving, or a member carrying a DoNotSchedule spread constraint (it
-asks to be spread out) is left alone. Should an earlier proposal of the cycle fill a predicted target,
-the compacted gang may go only onto the nodes it is packed onto.
+the planner's `gang` guard refuses a proposal that lacks an active member. A gang a spread repair
+already moves (whole) is proposed; each member of one left alone gets a `NotChosen` record saying
+why: a member younger than `min_pod_age`, a member carrying a DoNotSchedule spread constraint (it
+asks to be spread out), already on one node, or no fewer nodes can take it. Should an earlier
+proposal of the cycle fill a predicted target, the compacted gang may go only onto the nodes it is
+packed onto.
 
 This module must stay pure: no I/O, no clock (`snapshot.now` is the time). It must not repair skew
 (the skew repair does, before any compaction).
@@ -17,8 +19,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
-from rebalancer.model import DestinationRule, Pod, Proposal
+from rebalancer.model import DestinationRule, NotChosen, Pod, Proposal
 from rebalancer.placement import ClusterState
+from rebalancer.policy import format_duration
 from rebalancer.wording import plural
 from strategies.topology_spread_domains import HARD, NAME, Run, old_enough
 
@@ -65,20 +68,37 @@ def _pack(
     return sim, placed, used
 
 
+def _leave(run: Run, gang: str, members: tuple[Pod, ...], code: str, why: str) -> None:
+    """Every member of the gang left where it is, and why."""
+    reason = f"gang {gang} not compacted: {why}"
+    run.left.extend(
+        NotChosen(NAME, m.node_name, code, reason, namespace=m.namespace, pod=m.name) for m in members
+    )
+
+
 def compact_gang(run: Run, gang: str, members: tuple[Pod, ...]) -> None:
-    """Propose the gang packed onto fewer nodes and reserve it in the run; nothing when it cannot be."""
+    """Propose the gang packed onto fewer nodes and reserve it in the run; else record why not."""
     snapshot = run.snapshot
-    if len(members) < 2 or any(m.key in run.moved for m in members):
-        return
-    if any(not old_enough(m, snapshot, run.min_age) for m in members):
+    if len(members) < 2:
+        return  # not a multi-pod gang: nothing to compact
+    if any(m.key in run.moved for m in members):
+        return  # a spread repair moves it, whole: proposed already
+    young = next((m for m in members if not old_enough(m, snapshot, run.min_age)), None)
+    if young is not None:
+        age = format_duration(run.args.min_pod_age)
+        _leave(run, gang, members, "too-young", f"{young.ref} is younger than min_pod_age {age}")
         return
     # Members that ask to be spread out (DoNotSchedule) are not packed together.
-    if any(c.when_unsatisfiable == HARD for m in members for c in m.topology_spread):
+    spread = next((m for m in members if any(c.when_unsatisfiable == HARD for c in m.topology_spread)), None)
+    if spread is not None:
+        why = f"{spread.ref} carries a DoNotSchedule spread constraint (it asks to be spread out)"
+        _leave(run, gang, members, "asks-to-spread", why)
         return
     current: dict[str, int] = defaultdict(int)
     for member in members:
         current[run.location[member.key]] += 1
     if len(current) < 2:
+        _leave(run, gang, members, "gang-together", f"all its pods are on node {next(iter(current))}")
         return
     models = {snapshot.nodes[n].gpu_model for n in current if n in snapshot.nodes}
     candidates = sorted(name for name, node in snapshot.nodes.items() if node.gpu_model in models)
@@ -87,6 +107,8 @@ def compact_gang(run: Run, gang: str, members: tuple[Pod, ...]) -> None:
         sim.remove(member)
     packed = _pack(sim, members, candidates, current, len(current) - 1)
     if packed is None:
+        why = f"its {plural(len(members), 'pod')} on {plural(len(current), 'node')} fit on no fewer nodes now"
+        _leave(run, gang, members, "cannot-pack", why)
         return
     sim, placed, used = packed
     gpus = sum(m.gpu.gpus for m in members)

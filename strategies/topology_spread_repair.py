@@ -13,7 +13,11 @@ within maxSkew with the fewest evictions: it only ever takes pods out of the dom
 water level and puts them into the domains below it, so no pod moves twice and no domain both gives
 and takes (the tests check the count against exhaustive search). Moves that end up not lowering the
 skew (the repair stalls: no room, too-young pods, the eviction limit) are dropped, so no eviction is
-proposed for nothing, and a hint says which constraints stay violated. Pods younger than
+proposed for nothing, and a hint says which constraints stay violated. Every member of a group
+that is not moved gets a `NotChosen` record for the group's constraint: within maxSkew (before or
+after the other moves), on a node in no domain of it, too young, in a domain with too few pods to
+give one, past the eviction limit, or no less-loaded domain can take it; so does a pod whose only
+constraints are ScheduleAnyway ones left alone without `include_soft`. Pods younger than
 `min_pod_age` are never moved; among the movable pods of a domain the strategy prefers those no
 static guard refuses, then the fewest GPUs (a gang counts whole), then the newest. Only pods that
 carry the constraint themselves are moved: the scheduler would not re-spread the others. A repaired
@@ -33,12 +37,14 @@ from rebalancer.model import (
     DestinationRule,
     LabelSelector,
     NodeSelectorTerm,
+    NotChosen,
     Pod,
     Proposal,
     Snapshot,
     TopologySpreadConstraint,
 )
 from rebalancer.placement import ClusterState
+from rebalancer.policy import format_duration
 from rebalancer.wording import plural
 from strategies.topology_spread_domains import HARD, NAME, Run, global_min, old_enough, skew_of
 
@@ -153,11 +159,20 @@ def _wanted(constraint: TopologySpreadConstraint, include_soft: bool) -> bool:
     return include_soft and constraint.when_unsatisfiable == SOFT
 
 
-def spread_groups(snapshot: Snapshot, include_soft: bool) -> list[_Group]:
-    """The groups of active pods to repair (ScheduleAnyway constraints too with `include_soft`)."""
+_SOFT_LEFT = "only ScheduleAnyway spread constraints, which are not repaired (include_soft: false)"
+
+
+def _record(pod: Pod, code: str, reason: str) -> NotChosen:
+    return NotChosen(NAME, pod.node_name, code, reason, namespace=pod.namespace, pod=pod.name)
+
+
+def spread_groups(snapshot: Snapshot, include_soft: bool) -> tuple[list[_Group], list[NotChosen]]:
+    """The groups of active pods to repair (ScheduleAnyway constraints too with `include_soft`), and
+    the records of the placed pods whose every constraint is a ScheduleAnyway one left alone."""
     found: dict[_GroupKey, tuple[TopologySpreadConstraint, list[Pod]]] = {}
+    soft_only: list[NotChosen] = []
     for pod in snapshot.pods:
-        if not pod.is_active or pod.terminating:
+        if not pod.is_active or pod.terminating or not pod.topology_spread:
             continue
         seen: set[_GroupKey] = set()
         for constraint in pod.topology_spread:
@@ -167,11 +182,14 @@ def spread_groups(snapshot: Snapshot, include_soft: bool) -> list[_Group]:
             if key not in seen:
                 seen.add(key)
                 found.setdefault(key, (constraint, []))[1].append(pod)
+        if not seen and pod.node_name is not None:
+            soft_only.append(_record(pod, "soft-constraint", _SOFT_LEFT))
     # Hard constraints first, then by namespace and key: a stable, reproducible order.
-    return [
+    groups = [
         _Group(key=key, constraint=constraint, members=tuple(members))
         for key, (constraint, members) in sorted(found.items())
     ]
+    return groups, soft_only
 
 
 def _own_constraint(pod: Pod, key: _GroupKey) -> TopologySpreadConstraint | None:
@@ -280,8 +298,9 @@ def _next_step(
     return None
 
 
-def _plan_group(run: Run, group: _Group) -> list[_Move]:
-    """Plan up to the eviction limit for one group, on copies: the run itself is left unchanged."""
+def _plan_group(run: Run, group: _Group) -> tuple[list[_Move], bool]:
+    """Plan up to the eviction limit for one group, on copies: the run itself is left unchanged. True
+    with the moves when the limit stopped the plan (a further move was found)."""
     key = group.key
     selector = group.constraint.label_selector
     eligible = run.eligible_nodes(group.view, key.topology_key)
@@ -291,13 +310,17 @@ def _plan_group(run: Run, group: _Group) -> list[_Move]:
     state = run.state
     moves: list[_Move] = []
     evictions = 0
+    limited = False
     try:
         by_domain = run.counted(key.namespace, selector, eligible, without=None)
         counts = {d: len(p) for d, p in by_domain.items()}
         skew = skew_of(counts, key.min_domains)
         while skew > key.max_skew:
             step = _next_step(run, group, state, by_domain, eligible.nodes_in)
-            if step is None or evictions + len(step.placed) > run.args.max_evictions_per_constraint:
+            if step is None:
+                break
+            if evictions + len(step.placed) > run.args.max_evictions_per_constraint:
+                limited = True
                 break
             evictions += len(step.placed)
             proposal = _skew_proposal(run, group, step, counts, skew)
@@ -319,7 +342,7 @@ def _plan_group(run: Run, group: _Group) -> list[_Move]:
             else:
                 run.location[moved_key] = was
         run.moved -= newly_moved
-    return moves
+    return moves, limited
 
 
 def _skew_proposal(run: Run, group: _Group, step: _Step, counts: Mapping[str, int], skew: int) -> Proposal:
@@ -373,8 +396,10 @@ def _domain_rule(topology_key: str, step: _Step) -> DestinationRule:
 
 
 def repair_group(run: Run, group: _Group) -> str | None:
-    """Commit the useful moves of one group; a hint for the operator when skew stays too high."""
-    moves = _plan_group(run, group)
+    """Commit the useful moves of one group and record why each other member stays; a hint for the
+    operator when skew stays too high."""
+    moves, limited = _plan_group(run, group)
+    kept: list[_Move] = []
     if moves:
         # Keep the shortest prefix reaching the lowest skew: later moves would be evictions for nothing.
         best = min(range(len(moves)), key=lambda i: (moves[i].skew_after, i))
@@ -386,21 +411,104 @@ def repair_group(run: Run, group: _Group) -> str | None:
                     run.location[moved_key] = node
                     run.moved.add(moved_key)
             run.state = kept[-1].state
-    return _leftover_hint(run, group)
-
-
-def _leftover_hint(run: Run, group: _Group) -> str | None:
     key = group.key
     eligible = run.eligible_nodes(group.view, key.topology_key)
     by_domain = run.counted(key.namespace, group.constraint.label_selector, eligible, without=None)
     counts = {d: len(p) for d, p in by_domain.items()}
     skew = skew_of(counts, key.min_domains)
+    spread = ", ".join(f"{d}: {n}" for d, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+    _record_members(
+        run, group, _Left(counts, skew, spread, len(kept), limited, moves[0].skew_before if moves else skew)
+    )
     if skew <= key.max_skew:
         return None
-    spread = ", ".join(f"{d}: {n}" for d, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
     return (
         f"pods of {_describe_selector(group.constraint.label_selector)} in namespace {key.namespace} keep "
         f"skew {skew} > maxSkew {key.max_skew} over {key.topology_key} ({spread or 'no eligible domain'}) "
         "after this cycle's proposals: no further move helps (pods too young, no room in the less-loaded "
         "domains, the scheduler's spread filter, or the eviction limit per constraint)"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Left:
+    """A group once its moves are committed: what its members' records say."""
+
+    counts: Mapping[str, int]  # domain -> matching pods predicted there
+    skew: int
+    spread: str  # `us-east-1a: 3, us-east-1b: 1`
+    kept: int  # the moves committed for it
+    limited: bool  # the eviction limit per constraint stopped its plan
+    skew_before: int
+
+
+def _record_members(run: Run, group: _Group, left: _Left) -> None:
+    """A record for every member not moved: why it stays, for this group's constraint."""
+    key = group.key
+    within = left.skew <= key.max_skew
+    constraint = (
+        f"spread constraint of {_describe_selector(group.constraint.label_selector)} over "
+        f"{key.topology_key} (maxSkew {key.max_skew}{', ScheduleAnyway' if key.soft else ''})"
+    )
+    state = f"skew {left.skew} ({left.spread or 'no eligible domain'})"
+    if within and left.kept:
+        shared = (
+            "skew-repaired",
+            f"{constraint}: skew {left.skew_before} falls to {left.skew} <= maxSkew {key.max_skew} with "
+            f"{plural(left.kept, 'other move')} proposed for it; it stays",
+        )
+    elif within:
+        shared = (
+            "within-max-skew",
+            f"{constraint}: skew {left.skew} <= maxSkew {key.max_skew} ({left.spread})",
+        )
+    elif left.limited:
+        shared = (
+            "eviction-limit",
+            f"{constraint}: {state} > maxSkew; max_evictions_per_constraint "
+            f"{run.args.max_evictions_per_constraint} reached",
+        )
+    else:
+        shared = (
+            "no-domain-can-take",
+            f"{constraint}: {state} > maxSkew; no less-loaded domain can take it now (no room, the "
+            "scheduler's spread filter or its other DoNotSchedule constraints), or moving it would not "
+            "lower the skew",
+        )
+    eligible = run.eligible_nodes(group.view, key.topology_key)
+    minimum = global_min(left.counts, key.min_domains)
+    young = f"younger than min_pod_age {format_duration(run.args.min_pod_age)} (or of unknown age)"
+    for pod in group.members:
+        where = run.location.get(pod.key)
+        if where is None or pod.key in run.moved:
+            continue  # not placed (not looked at), or proposed (here, for another constraint, in a gang)
+        domain = eligible.domain_of.get(where)
+        if domain is None:
+            node = run.snapshot.nodes.get(where)
+            why = (
+                f"node {where} has no label {key.topology_key}"
+                if node is None or key.topology_key not in node.labels
+                else f"node {where} is not one its nodeSelector / required affinity allows"
+            )
+            run.left.append(_record(pod, "no-domain", f"{constraint}: {why}: it is in no domain of it"))
+            continue
+        if within:
+            run.left.append(_record(pod, *shared))
+            continue
+        gang = run.gang_of(pod)
+        too_young = [p for p in gang if not old_enough(p, run.snapshot, run.min_age)]
+        if too_young:
+            whose = "it is" if too_young[0].key == pod.key else f"its gang's {too_young[0].ref} is"
+            run.left.append(_record(pod, "too-young", f"{constraint}: {state} > maxSkew; {whose} {young}"))
+        elif left.counts[domain] - minimum <= 1:
+            run.left.append(
+                _record(
+                    pod,
+                    "in-least-loaded-domain",
+                    f"{constraint}: {state} > maxSkew; "
+                    f"{_domain_label(key.topology_key, domain, with_word=True)} has "
+                    f"{plural(left.counts[domain], 'pod')}, too few to give one",
+                )
+            )
+        else:
+            run.left.append(_record(pod, *shared))

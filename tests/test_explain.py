@@ -8,15 +8,17 @@ import json
 from collections.abc import Iterable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from rebalancer.cli import main
 from rebalancer.cycle import run_cycle, strategy_context
 from rebalancer.cycle_report import CycleReport
 from rebalancer.evictor import DryRunEvictor
-from rebalancer.explain import Subject, explain_lines, parse_subject
-from rebalancer.model import Node, NotChosen, Pod, Snapshot
+from rebalancer.explain import ExplainFormat, Subject, explain_lines, parse_subject, render_explanation
+from rebalancer.model import Finding, Node, NotChosen, Pod, SkippedStrategy, Snapshot
 from rebalancer.policy import parse_policy
 from rebalancer.report import render
 from strategies.gpu_consolidation import GpuConsolidationArgs, gpu_consolidation
@@ -312,8 +314,12 @@ def test_explain_on_the_demo_cluster(capsys: pytest.CaptureFixture[str]) -> None
     refused = next(line for line in out if "planner:" in line)
     assert refused.startswith("  planner: refused by pdb guard: not evicted: its drain's refusal")
     assert any(line.startswith("idle-gpu: research/ablation-lr-3e-4-2jlj5: GPU ") for line in out)
-    for name in ("gpu-affinity", "topology-spread"):
-        assert f"{name}: no verdict: nothing about this pod" in out
+    # Its node matches what it requires; it carries no spread constraint topology-spread looks at.
+    assert (
+        "gpu-affinity: research/ablation-lr-3e-4-2jlj5: its node matches its nodeSelector and "
+        in "\n".join(out)
+    )
+    assert "topology-spread: no verdict: nothing about this pod" in out
 
     assert main(["explain", "h100-a-1", *DEMO_ARGS]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -340,3 +346,105 @@ def test_explain_never_evicts_even_when_the_policy_would(
     out = capsys.readouterr().out
     assert "(dry-run cycle at" in out.splitlines()[0]
     assert "(evicted)" not in out
+
+
+# --------------------------------------------------------------------------- explain -o json / yaml
+
+
+def explained_doc(report: CycleReport, subject: Subject, fmt: ExplainFormat = "json") -> dict[str, Any]:
+    text = render_explanation(report, subject, ["gpu-consolidation", "gpu-affinity"], fmt)
+    doc: dict[str, Any] = json.loads(text) if fmt == "json" else yaml.safe_load(text)
+    return doc
+
+
+def by_strategy(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {entry["strategy"]: entry for entry in doc["strategies"]}
+
+
+def test_explain_json_of_a_drained_node_lists_its_rows_with_the_planners_verdict() -> None:
+    report = cycle(drain_cluster())
+    doc = explained_doc(report, Subject("a-1"))
+    assert doc["subject"] == {"kind": "node", "name": "a-1", "namespace": None, "node": "a-1"}
+    assert (doc["mode"], doc["now"]) == ("dry-run", "2026-11-29T12:00:00Z")
+    consolidation = by_strategy(doc)["gpu-consolidation"]
+    assert consolidation["verdict"] == "proposed" and consolidation["not_chosen"] == []
+    rows = sorted(consolidation["proposals"], key=lambda r: r["pod"])
+    assert [(r["pod"], r["target_node"], r["group"], r["outcome"]) for r in rows] == [
+        ("free", "a-2", "drain/a-1", "would-evict"),
+        ("guarded", "a-2", "drain/a-1", "would-evict"),
+    ]
+    assert all(r["planner"] == {"verdict": "approved", "guard": None} for r in rows)
+    # The rows are the report's own, key for key.
+    decisions = json.loads(render(report, "json"))["decisions"]
+    assert sorted(({k: v for k, v in r.items() if k != "planner"} for r in rows), key=str) == sorted(
+        decisions, key=str
+    )
+    # Named though it said nothing (this cycle's policy does not run it), as the lines name it.
+    assert by_strategy(doc)["gpu-affinity"]["verdict"] == "none"
+
+
+def test_explain_json_of_a_node_not_drained_and_of_a_blocked_pod() -> None:
+    doc = explained_doc(cycle(drain_cluster()), Subject("a-3"))
+    [record] = by_strategy(doc)["gpu-consolidation"]["not_chosen"]
+    assert record == {
+        "code": "allocated-above-threshold",
+        "reason": "not a candidate: 100% allocated >= threshold 50%",
+        "node": "a-3",
+        "namespace": None,
+        "pod": None,
+    }
+    doc = explained_doc(cycle(drain_cluster(allowed=0)), Subject("free", namespace="ml", node="a-1"))
+    assert doc["subject"] == {"kind": "pod", "name": "free", "namespace": "ml", "node": "a-1"}
+    [row] = by_strategy(doc)["gpu-consolidation"]["proposals"]
+    assert row["planner"] == {"verdict": "refused", "guard": "pdb"}
+    assert row["reason"].startswith("not evicted: its drain's refusal, not this pod's: ml/guarded")
+
+
+def test_explain_yaml_is_the_json_document_and_names_skipped_and_silent_strategies() -> None:
+    report = dataclasses.replace(
+        cycle(drain_cluster()), skipped_strategies=(SkippedStrategy("gpu-affinity", "needs GPU telemetry"),)
+    )
+    subject = Subject("untouched", namespace="ml", node="a-3")
+    doc = explained_doc(report, subject, "yaml")
+    assert doc == explained_doc(report, subject, "json")
+    assert by_strategy(doc)["gpu-affinity"]["verdict"] == "skipped"
+    assert by_strategy(doc)["gpu-affinity"]["skipped"] == "needs GPU telemetry"
+    # Its node's verdict, as the lines say it: a node-level record.
+    [record] = by_strategy(doc)["gpu-consolidation"]["not_chosen"]
+    assert (record["node"], record["pod"], record["code"]) == ("a-3", None, "allocated-above-threshold")
+    assert doc["findings"] == []
+    bare = dataclasses.replace(report, skipped_strategies=(), not_chosen=())
+    assert by_strategy(explained_doc(bare, subject))["gpu-affinity"] == {
+        "strategy": "gpu-affinity",
+        "verdict": "none",
+        "skipped": None,
+        "proposals": [],
+        "not_chosen": [],
+    }
+
+
+def test_explain_output_json_on_the_demo_cluster_redacts_and_names_the_findings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["explain", "a100-a-3", *DEMO_ARGS, "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["source"] == f"snapshot {DEMO}" and doc["policy"]["name"] == "policy.yaml"
+    assert [entry["strategy"] for entry in doc["strategies"]] == [
+        "gpu-affinity",
+        "idle-gpu",
+        "topology-spread",
+        "gpu-consolidation",
+    ]
+    # alice's notebook there is idle: a finding names the node, and idle-gpu proposes its reclaim.
+    assert {f["kind"] for f in doc["findings"]} >= {"idle-gpu"}
+    assert all(f["node"] == "a100-a-3" for f in doc["findings"])
+    assert by_strategy(doc)["idle-gpu"]["verdict"] == "proposed"
+    assert main(["explain", "a100-a-3", *DEMO_ARGS, "-o", "yaml"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == doc
+    leaky = Finding(
+        kind="telemetry-unavailable", node="a-3", detail="GET https://bob:hunter2@prom/api failed"
+    )
+    report = dataclasses.replace(cycle(drain_cluster()), findings=(leaky,))
+    for fmt in ("text", "json", "yaml"):
+        shown = render_explanation(report, Subject("a-3"), ["gpu-consolidation"], fmt)
+        assert "hunter2" not in shown and "https://***@prom/api" in shown

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rebalancer.cycle_report import CycleReport, Summary
+from rebalancer.cycle_report import CycleReport, GpuCell, NodeGpus, Summary
 from rebalancer.daemon.args import DEFAULT_LISTEN, DEFAULT_REPORT_LISTEN, add_run_arguments
 from rebalancer.daemon.http import REPORT_HTML_PATH, REPORT_PATH, STATUS_PATHS, ServerLimits, StatusServer
 from rebalancer.daemon.loop import DaemonError
@@ -49,7 +49,9 @@ def report_quoting(text: str) -> CycleReport:
         estimated_savings_per_hour=None,
     )
     finding = Finding("telemetry-unavailable", detail=f"Prometheus at {text}: connection refused")
-    return CycleReport(mode="dry-run", now=NOW, summary=summary, findings=(finding,))
+    # The GPU map too is report text: a label value quoting the URL is redacted like a finding.
+    gpus = (NodeGpus("a-1", f"model from {text}", None, (GpuCell("0", "free"),)),)
+    return CycleReport(mode="dry-run", now=NOW, summary=summary, findings=(finding,), gpu_nodes=gpus)
 
 
 def get(url: str, method: str = "GET") -> tuple[int, str, str]:
@@ -158,6 +160,7 @@ def test_report_is_redacted_and_only_get_is_served(servers: list[StatusServer]) 
     code, _, body = get(base + REPORT_PATH)
     assert code == 200 and "hunter2" not in body and "bob" not in body
     assert "http://***@prometheus.example:9090" in json.loads(body)["findings"][0]["detail"]
+    assert json.loads(body)["gpu_nodes"][0]["gpu_model"] == "model from http://***@prometheus.example:9090"
     assert get(base + REPORT_PATH, "POST")[0] == 405
     code, _, page = get(base + REPORT_HTML_PATH)
     assert code == 200 and "hunter2" not in page and "bob" not in page

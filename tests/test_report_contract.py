@@ -60,3 +60,40 @@ def test_a_live_source_is_named_by_its_context_only(flags: list[str], described:
     args = build_parser().parse_args(["once", *flags, "--prometheus-url", "http://user:secret@prom:9090"])
     assert live_source_description(args) == described
     assert "secret" not in live_source_description(args)
+
+
+def test_the_json_report_carries_every_gpu_node_as_a_row_of_its_gpus(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from rebalancer.sources.files import load_snapshot_dir
+
+    data = demo_json(capsys)
+    snapshot = load_snapshot_dir(DEMO, load_policy(DEMO_POLICY))
+    rows = data["gpu_nodes"]
+    assert isinstance(rows, list)
+    # Every node with whole GPUs, by name, each with as many GPUs as it advertises.
+    expected = {name: n.gpu_count for name, n in snapshot.nodes.items() if n.gpu_count > 0}
+    assert [row["node"] for row in rows] == sorted(expected)
+    assert {row["node"]: len(row["gpus"]) for row in rows} == expected
+    assert all(row["gpu_model"] == snapshot.nodes[row["node"]].gpu_model for row in rows)
+    cells = [(row["node"], gpu) for row in rows for gpu in row["gpus"]]
+    assert {key for _, gpu in cells for key in gpu} == {
+        "index",
+        "state",
+        "pods",
+        "uuid",
+        "util_avg_percent",
+        "fb_used_mib",
+    }
+    assert {gpu["state"] for _, gpu in cells} <= {"busy", "idle", "leaked", "free", "unknown"}
+    # A pod on a GPU is a pod of the snapshot on that node; a free GPU holds none.
+    for node_name, gpu in cells:
+        for ref in gpu["pods"]:
+            namespace, name = ref.split("/")
+            assert snapshot.pods_by_key[(namespace, name)].node_name == node_name
+        assert (gpu["state"] == "free") == (not gpu["pods"] and gpu["state"] != "leaked")
+    # The GPUs drawn leaked are the ones the report's leaked-vram findings name.
+    findings = data["findings"]
+    assert isinstance(findings, list)
+    leaked = {f["gpu"] for f in findings if f["kind"] == "leaked-vram"}
+    assert leaked and {gpu["uuid"] for _, gpu in cells if gpu["state"] == "leaked"} == leaked

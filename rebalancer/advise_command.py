@@ -1,7 +1,7 @@
 """`rebalancer advise`: per workload, the cheaper GPU model, MIG slice or fewer GPUs it would fit.
 
-Owns the command's wiring (its flags are `rebalancer.history_command`'s and `--output`, declared by
-`rebalancer.cli` so that `--help` loads none of this), and nothing of the judging
+Owns the command's wiring (its flags are `rebalancer.history_flags`'s, declared light so that `--help`
+loads none of this), and nothing of the judging
 (`strategies.gpu_rightsizing.advice`, the same path the strategy takes in a cycle) or the rendering
 (`rebalancer.advise_report`):
 

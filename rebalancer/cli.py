@@ -25,10 +25,9 @@ from rebalancer.daemon.args import (
     add_service_account_token_argument,
 )
 from rebalancer.errors import InputError, Problems
-from rebalancer.history_command import add_history_arguments
+from rebalancer.history_flags import add_advise_arguments, add_waste_arguments
 from rebalancer.redaction import redact
-from rebalancer.simulate.command import add_arguments as add_simulate_arguments
-from rebalancer.waste_command import add_arguments as add_waste_arguments
+from rebalancer.simulate_command import add_arguments as add_simulate_arguments
 
 if TYPE_CHECKING:
     from rebalancer.model import Snapshot
@@ -375,7 +374,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     """Replay a GPU trace; wall time is measured here, at the edge, around the pure replay."""
     from rebalancer.simulate import render as render_simulation
     from rebalancer.simulate import run_simulation
-    from rebalancer.simulate.command import options_from_args as simulate_options
+    from rebalancer.simulate_command import options_from_args as simulate_options
 
     options = simulate_options(args)
     started = time.perf_counter()
@@ -561,10 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
         "advise",
         help="workloads that would fit a cheaper GPU model, a MIG slice or fewer GPUs, with the saving",
     )
-    add_history_arguments(advise, "resolution: each step counts as its busiest sample")
-    advise.add_argument(
-        "-o", "--output", choices=("text", "json", "markdown"), default="text", help="report format"
-    )
+    add_advise_arguments(advise)
     advise.set_defaults(func=cmd_advise)
     return parser
 

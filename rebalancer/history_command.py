@@ -1,14 +1,12 @@
-"""The flags and inputs of the commands that read a period of DCGM history: `waste` and `advise`.
+"""The inputs of the commands that read a period of DCGM history: `waste` and `advise`.
 
 Owns what both take the same way, so they cannot drift apart:
 
-- the flags of the period (`--since`, `--until`, `--step`), the policy, the history (`--prometheus-url`
-  or `telemetry.prometheus.url`, the service-account token opt-in; else the `.prom` / `.om` files of
-  `--snapshot DIR`) and the cluster view (`--snapshot DIR`, or `--kubeconfig` / `--context` / in-cluster);
-- `history_inputs()`: those flags checked and resolved into the policy, the period (ending at `--until`
-  (RFC 3339), or at the snapshot's `now` when the history is the snapshot's, else at the clock's now,
-  `daemon.clock`, read once here), the Prometheus connection or the snapshot, and where the history is
-  read (for the report, with the URL's credentials redacted);
+- `history_inputs()`: the flags of `rebalancer.history_flags` (period, policy, history, cluster view)
+  checked and resolved into the policy, the period (ending at `--until` (RFC 3339), or at the snapshot's
+  `now` when the history is the snapshot's, else at the clock's now, `daemon.clock`, read once here), the
+  Prometheus connection or the snapshot, and where the history is read (for the report, with the URL's
+  credentials redacted);
 - `policy_price_of()`: the policy's prices of one GPU of a model;
 - `prometheus_source()`, `snapshot_history()` and `live_cluster()`: the edges, each imported only when
   used, so a `--snapshot` run loads neither the Kubernetes nor the Prometheus client.
@@ -29,7 +27,6 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from rebalancer import rfc3339
-from rebalancer.daemon.args import add_service_account_token_argument
 from rebalancer.daemon.clock import utcnow
 from rebalancer.errors import InputError
 from rebalancer.model import Snapshot
@@ -41,7 +38,6 @@ from rebalancer.policy import (
     default_policy,
     format_duration,
     load_policy,
-    parse_duration,
 )
 from rebalancer.redaction import redact_url
 from rebalancer.registry import StrategyContext
@@ -56,60 +52,13 @@ if TYPE_CHECKING:
     from rebalancer.sources.prometheus import PrometheusTelemetrySource
 
 __all__ = [
-    "DEFAULT_SINCE",
-    "DEFAULT_STEP",
     "HistoryInputs",
-    "add_history_arguments",
-    "duration",
     "history_inputs",
     "live_cluster",
     "policy_price_of",
     "prometheus_source",
     "snapshot_history",
 ]
-
-DEFAULT_SINCE = "7d"
-DEFAULT_STEP = "5m"
-
-
-def duration(text: str) -> int:
-    """An argparse type: a positive duration (`90s`, `5m`, `7d`) in seconds."""
-    try:
-        seconds = parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive duration, got {quoted(text)}")
-    return seconds
-
-
-def add_history_arguments(parser: argparse.ArgumentParser, step_help: str) -> None:
-    """The period, policy, history and cluster-view flags."""
-    parser.add_argument(
-        "--since",
-        type=duration,
-        default=duration(DEFAULT_SINCE),
-        metavar="DURATION",
-        help=f"the period, ending at --until (default {DEFAULT_SINCE})",
-    )
-    parser.add_argument(
-        "--until", metavar="RFC3339", help="end of the period (default: now, or the snapshot's now)"
-    )
-    parser.add_argument(
-        "--step",
-        type=duration,
-        default=duration(DEFAULT_STEP),
-        metavar="DURATION",
-        help=f"{step_help} (default {DEFAULT_STEP})",
-    )
-    parser.add_argument("--policy", metavar="FILE", help="policy file (default: built-in)")
-    parser.add_argument(
-        "--snapshot", metavar="DIR", help="cluster view (and, without Prometheus, history) from a snapshot"
-    )
-    parser.add_argument("--prometheus-url", metavar="URL", help="overrides telemetry.prometheus.url")
-    add_service_account_token_argument(parser)
-    parser.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig for the cluster view")
-    parser.add_argument("--context", metavar="NAME", help="kubeconfig context")
 
 
 @dataclass(frozen=True)
@@ -158,7 +107,7 @@ def _until(command: str, text: str | None) -> datetime | None:
 
 
 def history_inputs(args: argparse.Namespace, command: str) -> HistoryInputs:
-    """The flags of `add_history_arguments`, checked and resolved. Raises InputError."""
+    """The flags of `history_flags.add_history_arguments`, checked and resolved. Raises InputError."""
     now = utcnow()
     loaded = load_policy(args.policy) if args.policy else default_policy()
     cfg = loaded.policy.telemetry

@@ -44,9 +44,9 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
 from rebalancer.gpu_devices import mig_share
+from rebalancer.group_by import GroupBy
 from rebalancer.model import Pod, Snapshot
 from rebalancer.period import Period, check_steps, period
 from rebalancer.policy import LabelMapping, TelemetryConfig
@@ -205,33 +205,6 @@ def scrape_targets(steps: Iterable[SeriesSteps], mapping: LabelMapping) -> set[t
 
 
 # --------------------------------------------------------------------------- grouping
-
-
-@dataclass(frozen=True, slots=True)
-class GroupBy:
-    """What the table's rows are: namespaces, workloads, or the values of one pod label."""
-
-    kind: Literal["namespace", "workload", "label"]
-    label: str | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> GroupBy:
-        """`namespace`, `workload` or `label:KEY`; ValueError otherwise."""
-        if text == "namespace":
-            return cls(kind="namespace")
-        if text == "workload":
-            return cls(kind="workload")
-        key = text.removeprefix("label:")
-        if text.startswith("label:") and key.strip() == key and key:
-            return cls(kind="label", label=key)
-        raise ValueError(f"expected namespace, workload or label:KEY, got {text!r}")
-
-    @property
-    def needs_cluster(self) -> bool:
-        return self.kind != "namespace"
-
-    def __str__(self) -> str:
-        return f"label:{self.label}" if self.kind == "label" else self.kind
 
 
 # --------------------------------------------------------------------------- the table

@@ -37,7 +37,6 @@ import yaml
 from rebalancer import yaml_input
 from rebalancer.errors import InputError, Problems
 from rebalancer.history_command import (
-    add_history_arguments,
     history_inputs,
     live_cluster,
     policy_price_of,
@@ -51,7 +50,6 @@ from rebalancer.policy import (
 from rebalancer.redaction import redact
 from rebalancer.registry import StrategyContext, get_strategy
 from rebalancer.waste import (
-    GroupBy,
     PriceOf,
     SeriesSteps,
     gpu_product,
@@ -61,48 +59,11 @@ from rebalancer.waste import (
 from rebalancer.waste_report import render
 from rebalancer.wording import quoted
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["run"]
 
 IDLE_GPU = "idle-gpu"
 DEFAULT_SINCE = "7d"
 DEFAULT_STEP = "5m"
-DEFAULT_TOP = 5
-
-
-def _group_by(text: str) -> GroupBy:
-    try:
-        return GroupBy.parse(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _top(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a number of entries (0 or more), got {quoted(text)}")
-    return int(text)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of `rebalancer waste`."""
-    add_history_arguments(parser, "resolution: a step with a sample counts in full, one without not at all")
-    parser.add_argument(
-        "--by",
-        type=_group_by,
-        default=GroupBy(kind="namespace"),
-        metavar="namespace|workload|label:KEY",
-        help="rows of the table (default namespace); workload and label:KEY need a cluster view",
-    )
-    parser.add_argument(
-        "--top",
-        type=_top,
-        default=DEFAULT_TOP,
-        metavar="N",
-        help=f"top idle workloads shown (default {DEFAULT_TOP})",
-    )
-    parser.add_argument("--prices", metavar="FILE", help="YAML mapping GPU model -> USD per GPU-hour")
-    parser.add_argument(
-        "-o", "--output", choices=("text", "json", "markdown", "csv"), default="text", help="report format"
-    )
 
 
 # --------------------------------------------------------------------------- inputs

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from rebalancer.simulate import SimulationInputError, SimulationOptions, load_prices, run_simulation
-from rebalancer.simulate.command import add_arguments, options_from_args
 from rebalancer.simulate.trace import (
     TraceError,
     TracePod,
@@ -18,6 +17,7 @@ from rebalancer.simulate.trace import (
     parse_gpu_spec,
     replica_offsets,
 )
+from rebalancer.simulate_command import add_arguments, options_from_args
 
 POD_HEADER = (
     "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"

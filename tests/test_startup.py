@@ -68,9 +68,10 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         ["validate", str(DEMO / "policy.yaml")],
         ["once", "--snapshot", str(DEMO), "--policy", str(DEMO / "policy.yaml")],
         ["waste", "--snapshot", str(DEMO), "--since", "1h"],
+        ["advise", "--snapshot", str(DEMO), "--since", "1h"],
         ["strategies"],
     ],
-    ids=["help", "once-help", "validate", "once-snapshot", "waste-snapshot", "strategies"],
+    ids=["help", "once-help", "validate", "once-snapshot", "waste-snapshot", "advise-snapshot", "strategies"],
 )
 def test_offline_commands_do_not_import_live_clients(argv: list[str]) -> None:
     code, modules = _loaded(*argv)
@@ -90,3 +91,17 @@ def test_the_check_sees_a_live_client_when_one_is_loaded() -> None:
     before it finds no cluster to talk to."""
     _code, modules = _loaded("restore", "--all-reclaimed", "--kubeconfig", str(ROOT / "no-such-kubeconfig"))
     assert "kubernetes" in _live(modules)
+
+
+# What the command line needs before a command runs: none of the policy models, the cluster model or
+# the simulator. Each command imports those itself.
+MODELS = ("pydantic", "rebalancer.policy", "rebalancer.model", "rebalancer.simulate", "rebalancer.waste")
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["advise", "--help"], ["waste", "--help"], ["simulate", "--help"]]
+)
+def test_the_help_loads_no_models(argv: list[str]) -> None:
+    code, modules = _loaded(*argv)
+    assert code == 0
+    assert sorted(m for m in modules if m in MODELS or m.startswith(tuple(f"{p}." for p in MODELS))) == []

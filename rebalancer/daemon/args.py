@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from rebalancer.daemon.names import DEFAULT_LEASE_NAME, STATE_CONFIGMAP
-from rebalancer.policy import parse_duration
+from rebalancer.durations import parse_duration
 
 __all__ = [
     "DEFAULT_LISTEN",

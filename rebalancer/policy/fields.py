@@ -1,6 +1,6 @@
 """The policy's field types: durations, percentages, the strict model base, and what a URL may carry.
 
-Owns how a duration is written and read (`30s`, `5m`, `1h30m`, a bare number of seconds), the base
+Owns the duration field (written and read as `rebalancer.durations` says, re-exported here), the base
 model every policy section derives from (unknown fields refused, frozen), and the rule every section
 holding a URL shares: credentials or signed payloads never go over plain `http://` to a host that is
 not loopback. It must not know any section.
@@ -9,15 +9,13 @@ not loopback. It must not know any section.
 from __future__ import annotations
 
 import ipaddress
-import math
-import re
 from typing import Annotated
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from rebalancer.durations import MAX_DURATION_SECONDS, format_duration, parse_duration
 from rebalancer.redaction import redact_url
-from rebalancer.wording import quoted
 
 __all__ = [
     "MAX_DURATION_SECONDS",
@@ -29,55 +27,6 @@ __all__ = [
     "plain_http_to_remote_host",
     "refuse_secrets_over_plain_http",
 ]
-
-# --------------------------------------------------------------------------- durations
-
-# Past this no setting means anything, and datetime arithmetic overflows a little further on.
-MAX_DURATION_SECONDS = 3650 * 86400
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_duration(value: object) -> int:
-    """Seconds from `90`, `"90s"`, `"5m"`, `"1h30m"`, `"1d"` (Prometheus / Go style). Rejects the rest."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a duration such as 30s, 5m or 1h, got {quoted(value)}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str):
-        text = value.strip()
-        if not text:
-            raise ValueError("empty duration")
-        if text.startswith("-"):
-            raise ValueError(f"duration must be non-negative, got {quoted(value)}")
-        pos = 0
-        seconds = 0.0
-        for match in _DURATION_PART.finditer(text):
-            if match.start() != pos:
-                break
-            seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-            pos = match.end()
-        if pos != len(text):
-            raise ValueError(
-                f"invalid duration {quoted(value)}: use a number with a unit, e.g. 30s, 5m, 1h30m"
-            )
-    else:
-        raise ValueError(f"expected a duration such as 30s, 5m or 1h, got {type(value).__name__}")
-    if seconds > MAX_DURATION_SECONDS:  # infinity included
-        raise ValueError(
-            f"duration {quoted(value)} is longer than {format_duration(MAX_DURATION_SECONDS)} (ten years)"
-        )
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"duration must be a finite, non-negative time, got {quoted(value)}")
-    return round(seconds)
-
-
-def format_duration(seconds: int) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
 
 Duration = Annotated[int, BeforeValidator(parse_duration)]
 """A duration in whole seconds, written as `30s`, `5m`, `1h30m` or a bare number of seconds."""

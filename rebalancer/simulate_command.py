@@ -3,16 +3,21 @@
 Owns the command-line surface of the replay (names, defaults, help) so that `rebalancer.cli` only has
 to mount it: `add_arguments(parser)` declares the flags, `options_from_args(namespace)` validates them
 into `SimulationOptions` (SimulationInputError with one line per problem otherwise). It must not run
-the replay, print or read the clock: the CLI times `run_simulation` and renders the result.
+the replay, print or read the clock: the CLI times `run_simulation` and renders the result. It sits
+outside the `rebalancer.simulate` package and imports it only when the options are built, so that
+declaring the flags (`rebalancer --help`) loads none of the simulator.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rebalancer.policy import parse_duration
-from rebalancer.simulate import SimulationInputError, SimulationOptions
+from rebalancer.durations import parse_duration
+
+if TYPE_CHECKING:
+    from rebalancer.simulate import SimulationOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def options_from_args(args: argparse.Namespace) -> SimulationOptions:
     """The options the parsed flags ask for; SimulationInputError for a bad `--interval`."""
+    from rebalancer.simulate import SimulationInputError, SimulationOptions
+
     try:
         interval = parse_duration(args.interval)
     except ValueError as exc:

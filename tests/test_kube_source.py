@@ -18,6 +18,7 @@ from rebalancer.model import NO_TELEMETRY, Finding, GpuRequest, OwnerRef, Pod, T
 from rebalancer.policy import LoadedPolicy, parse_policy
 from rebalancer.sources.kube import ACTIVE_PODS, UNREAD_CONTROLLERS, KubeSource, KubeSourceError
 from rebalancer.workloads import resolve
+from rebalancer.sources.kube_lists import ClusterObjects
 from tests.builders import NOW, gpu_sample, telemetry
 from tests.fake_apiserver import FakeApiServer, controller_json, node_json, pdb_json, pod_json
 
@@ -554,13 +555,13 @@ def test_list_controllers_gives_the_objects_for_a_snapshot_directory(
 
 
 class _CollectorWatch(KubeSource):
-    """Records whether the cyclic collector runs while the nodes are listed."""
+    """Records whether the cyclic collector runs while the cluster is listed."""
 
     collector_ran: list[bool]
 
-    def list_nodes(self) -> list[Mapping[str, Any]]:
+    def list_cluster(self, loaded: LoadedPolicy) -> ClusterObjects:
         self.collector_ran.append(gc.isenabled())
-        return super().list_nodes()
+        return super().list_cluster(loaded)
 
 
 def test_the_collector_is_paused_across_the_whole_snapshot(

@@ -2,8 +2,11 @@
 
 Owns reading what a cycle needs (the client comes from `rebalancer.kubeapi`), each kind listed with
 pagination (`limit` + `continue`, restarting the list when a continue token expires) and raw JSON
-responses (`_preload_content=False`), which go straight through `kube_objects` into the model: no
-client model objects are built for thousands of pods.
+responses (`_preload_content=False`), each page going straight through `kube_objects` into the model as
+it arrives (`sources.kube_lists`, shared with the watch cache): no client model objects are built for
+thousands of pods and no raw page is held. The nodes, pods and PDBs come from a `ClusterReader`: listed
+now (the default, `list_cluster`), or the daemon's watch cache (`sources.kube_cache`); the controllers
+are always listed per snapshot.
 
 - nodes: every node;
 - pods: every namespace (default) or the given ones, skipping finished pods on the server
@@ -35,36 +38,48 @@ transient failures (5xx, 429 throttling, timeouts, dropped connections), raises 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
-import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from rebalancer.errors import Problems
 from rebalancer.fence import RequestTimeout
 from rebalancer.gcpause import collector_paused
 from rebalancer.history import Workload
-from rebalancer.kubeapi import Backoff, describe_error, exponential_backoff, load_api_client, with_retries
-from rebalancer.model import NO_TELEMETRY, Controller, Finding, Node, Pdb, Pod, Snapshot, Telemetry
+from rebalancer.kubeapi import Backoff, describe_error, load_api_client
+from rebalancer.model import NO_TELEMETRY, Controller, Finding, Pod, Snapshot, Telemetry
 from rebalancer.policy import LoadedPolicy
-from rebalancer.sources.kube_objects import (
-    controller_from_json,
-    node_from_json,
-    pdb_from_json,
-    pod_from_json,
-    split_unbound,
+from rebalancer.sources.kube_lists import (
+    ACTIVE_PODS,
+    DEFAULT_PAGE_SIZE,
+    DEFAULT_TIMEOUT,
+    ClusterObjects,
+    KindStore,
+    KubeSourceError,
+    ListCall,
+    Lister,
+    Refused,
+    assemble,
+    cluster_calls,
+    decoding_of,
 )
+from rebalancer.sources.kube_objects import controller_from_json, pod_from_json, split_unbound
 from rebalancer.sources.object_fields import ObjectError
 from rebalancer.telemetry.windows import unknown_node_findings
 from rebalancer.wording import plural
 from rebalancer.workloads import KINDS, Kind, walks_to
 
-__all__ = ["ACTIVE_PODS", "UNREAD_CONTROLLERS", "KubeSource", "KubeSourceError", "TelemetryProvider"]
+__all__ = [
+    "ACTIVE_PODS",
+    "UNREAD_CONTROLLERS",
+    "ClusterReader",
+    "KubeSource",
+    "KubeSourceError",
+    "TelemetryProvider",
+]
 
 # The finding when a kind of controller the GPU pods need cannot be listed (not installed, no permission).
 UNREAD_CONTROLLERS = "unread-controllers"
@@ -73,17 +88,11 @@ _UNREADABLE = (403, 404)
 # How many of the objects that needed an unread kind a finding names.
 _NAMED = 3
 
-# Finished pods hold no resources; the API server filters them out for us.
-ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
-DEFAULT_PAGE_SIZE = 500
-# (connect, read) seconds for one list page.
-DEFAULT_TIMEOUT: tuple[float, float] = (5.0, 60.0)
-
 JsonObj = Mapping[str, Any]
 
-
-class KubeSourceError(Problems):
-    """The cluster could not be read into a snapshot; `problems` holds one line per problem."""
+ClusterReader = Callable[[LoadedPolicy], ClusterObjects]
+"""The nodes, pods and PDBs of a snapshot under a policy (the policy says how pods translate): listed
+now by default, or the watch cache's (`sources.kube_cache`)."""
 
 
 class TelemetryProvider(Protocol):
@@ -114,22 +123,23 @@ class KubeSource:
         sleep: Callable[[float], None] = time.sleep,
         list_restarts: int = 2,
         described: str = "live cluster",
+        cluster: ClusterReader | None = None,
     ) -> None:
-        if page_size < 1:
-            raise ValueError("page_size must be at least 1")
-        self._core = client.CoreV1Api(api_client)
-        self._policy_api = client.PolicyV1Api(api_client)
         self._objects = client.CustomObjectsApi(api_client)
         self._loaded = loaded
         self._namespaces = tuple(dict.fromkeys(namespaces)) if namespaces is not None else None
+        self._calls = cluster_calls(api_client, self._namespaces)
         self._telemetry = telemetry
         self._described = described  # what the snapshot says it was read from: never a credential
-        self._page_size = page_size
-        self._timeout = request_timeout
-        self._retries = retries
-        self._backoff = backoff or exponential_backoff(0.5, 5.0)
-        self._sleep = sleep
-        self._list_restarts = list_restarts
+        self._lister = Lister(
+            page_size=page_size,
+            request_timeout=request_timeout,
+            retries=retries,
+            backoff=backoff,
+            sleep=sleep,
+            list_restarts=list_restarts,
+        )
+        self._cluster = cluster or self.list_cluster
 
     @classmethod
     def from_kubeconfig(
@@ -156,30 +166,10 @@ class KubeSource:
             return self._snapshot(now, telemetry)
 
     def _snapshot(self, now: datetime, telemetry: Telemetry | TelemetryProvider | None) -> Snapshot:
-        raw_nodes = self.list_nodes()
-        raw_pods = self.list_pods()
-        raw_pdbs = self.list_pdbs()
-
+        cluster = self._cluster(self._loaded)
+        nodes = cluster.nodes
         problems: list[str] = []
-        nodes: dict[str, Node] = {}
-        for obj in raw_nodes:
-            try:
-                node = node_from_json(obj)
-            except ObjectError as exc:
-                problems.append(str(exc))
-                continue
-            nodes[node.name] = node
-        pods = self._pods(raw_pods, problems)
-        pdbs: list[Pdb] = []
-        for obj in raw_pdbs:
-            try:
-                pdbs.append(pdb_from_json(obj))
-            except ObjectError as exc:
-                problems.append(str(exc))
-        if problems:
-            raise KubeSourceError(problems)
-
-        findings: list[Finding] = []
+        findings: list[Finding] = list(cluster.findings)
         if self._namespaces is not None:
             findings.append(
                 Finding(
@@ -190,7 +180,7 @@ class KubeSource:
                     ),
                 )
             )
-        kept, unbound = split_unbound(pods.values(), nodes, missing_from="the nodes the API listed")
+        kept, unbound = split_unbound(cluster.pods, nodes, missing_from="the nodes the API listed")
         findings.extend(unbound)
         raw_controllers, unread = self._walk_controllers(kept)
         findings.extend(unread)
@@ -215,12 +205,32 @@ class KubeSource:
             now=now,
             nodes=nodes,
             pods=tuple(kept),
-            pdbs=tuple(pdbs),
+            pdbs=cluster.pdbs,
             telemetry=resolved,
             findings=tuple(findings),
             controllers=controllers,
             source=self._described,
         )
+
+    def list_cluster(self, loaded: LoadedPolicy) -> ClusterObjects:
+        """Nodes, pods and PDBs listed now, each page decoded into the model as it arrives (no raw page
+        is kept); KubeSourceError naming every object that cannot be translated."""
+        decoding = decoding_of(loaded)
+        stores: list[KindStore] = []
+        for call in self._calls:
+            store = KindStore(call.kind, decoding)
+            self._lister.each(call.what, call.call, call.args, call.params, begin=store.clear, item=store.put)
+            stores.append(store)
+        return assemble(stores)
+
+    @property
+    def calls(self) -> tuple[ListCall, ...]:
+        """The lists of nodes, pods and PDBs this source makes (what a watch cache of it watches)."""
+        return self._calls
+
+    @property
+    def lister(self) -> Lister:
+        return self._lister
 
     def _pods(self, raw_pods: Iterable[JsonObj], problems: list[str]) -> dict[tuple[str, str], Pod]:
         policy = self._loaded.policy
@@ -316,7 +326,7 @@ class KubeSource:
                         kind.resource,
                         refused=_UNREADABLE,
                     )
-        except _Refused as refused:
+        except Refused as refused:
             raise _Unread(_why_unread(kind, where, refused.error)) from None
         out: dict[tuple[str, str], JsonObj] = {}
         for item in items:
@@ -363,94 +373,29 @@ class KubeSource:
     # ---- raw lists
 
     def list_nodes(self) -> list[JsonObj]:
-        return self._list_all("nodes", self._core.list_node)
+        return self._list_raw("Node")
 
     def list_pods(self) -> list[JsonObj]:
-        if self._namespaces is None:
-            return self._list_all("pods", self._core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS)
-        items: list[JsonObj] = []
-        for namespace in self._namespaces:
-            items += self._list_all(
-                f"pods in {namespace}", self._core.list_namespaced_pod, namespace, field_selector=ACTIVE_PODS
-            )
-        return items
+        return self._list_raw("Pod")
 
     def list_pdbs(self) -> list[JsonObj]:
-        api = self._policy_api
-        if self._namespaces is None:
-            return self._list_all("poddisruptionbudgets", api.list_pod_disruption_budget_for_all_namespaces)
+        return self._list_raw("PodDisruptionBudget")
+
+    def _list_raw(self, kind: str) -> list[JsonObj]:
         items: list[JsonObj] = []
-        for namespace in self._namespaces:
-            items += self._list_all(
-                f"poddisruptionbudgets in {namespace}", api.list_namespaced_pod_disruption_budget, namespace
-            )
+        for call in self._calls:
+            if call.kind == kind:
+                listed: list[JsonObj] = []
+                self._lister.each(
+                    call.what, call.call, call.args, call.params, begin=listed.clear, item=listed.append
+                )
+                items += listed
         return items
 
     def _list_all(
         self, what: str, call: Callable[..., Any], *args: str, refused: Sequence[int] = (), **params: str
     ) -> list[JsonObj]:
-        """Every item of a list, page by page; a whole new list when a continue token expires (410). An
-        answer whose status is in `refused` raises `_Refused` (the caller's to report), any other error
-        KubeSourceError."""
-        for restart in range(self._list_restarts + 1):
-            items: list[JsonObj] = []
-            token: str | None = None
-            try:
-                while True:
-                    page = self._page(what, call, args, params, token)
-                    items.extend(page.get("items") or ())
-                    token = (page.get("metadata") or {}).get("continue") or None
-                    if token is None:
-                        return items
-            except ApiException as exc:
-                if exc.status == 410 and restart < self._list_restarts:
-                    continue
-                if exc.status in refused:
-                    raise _Refused(exc) from None
-                raise KubeSourceError([f"cannot list {what}: {describe_error(exc)}"]) from None
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _page(
-        self,
-        what: str,
-        call: Callable[..., Any],
-        args: Iterable[str],
-        params: Mapping[str, str],
-        token: str | None,
-    ) -> JsonObj:
-        kwargs: dict[str, Any] = dict(params, limit=self._page_size, _preload_content=False)
-        kwargs["_request_timeout"] = self._timeout
-        if token is not None:
-            kwargs["_continue"] = token
-
-        def attempt() -> bytes:
-            response = cast("urllib3.BaseHTTPResponse", call(*args, **kwargs))
-            try:
-                return bytes(response.data)
-            finally:
-                response.release_conn()
-
-        try:
-            data = with_retries(attempt, retries=self._retries, backoff=self._backoff, sleep=self._sleep)
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise KubeSourceError(
-                [f"cannot list {what}: {describe_error(exc)} (after {self._retries + 1} attempts)"]
-            ) from None
-        try:
-            page = json.loads(data)
-        except ValueError as exc:
-            raise KubeSourceError([f"cannot list {what}: the API answered invalid JSON: {exc}"]) from None
-        if not isinstance(page, dict):
-            raise KubeSourceError([f"cannot list {what}: the API answered {type(page).__name__}"])
-        return page
-
-
-class _Refused(Exception):
-    """A list answered with a status its caller handles (`_list_all(refused=...)`)."""
-
-    def __init__(self, error: ApiException) -> None:
-        super().__init__(str(error))
-        self.error = error
+        return self._lister.items(what, call, *args, refused=refused, **params)
 
 
 class _Unread(Exception):

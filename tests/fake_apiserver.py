@@ -27,9 +27,14 @@ the code under test runs its real request building, serialisation and error hand
 - watch (`?watch=1&resourceVersion=RV&allowWatchBookmarks=true&timeoutSeconds=N`), as the watch cache
   serves it: chunked JSON lines `{"type", "object"}` for the changes after RV (no RV or "0": ADDED for
   every current object first), DELETED carrying the deletion's own resourceVersion (as etcd3's watcher),
-  BOOKMARK events with the latest resourceVersion, an ERROR event with a 410 Status "too old resource
-  version" when RV predates `compact()`, the stream ending after timeoutSeconds. Differs on purpose: one
-  history shared by all kinds, bookmarks every 0.5 s of quiet instead of about once a minute;
+  label and field selectors judged on the object before and after each change as the cacher's
+  cacheWatcher.convertToWatchEvent does (an object that stops matching, a pod turning Succeeded under
+  `status.phase!=Succeeded`, is DELETED at the change's resourceVersion; one that starts matching is
+  ADDED), BOOKMARK events with the latest resourceVersion, an ERROR event with a 410 Status "too old
+  resource version" when RV predates `compact()`, the stream ending after timeoutSeconds;
+  `drop_watches()` cuts every open stream without its last chunk (an API server restarting, a proxy
+  dropping the connection). Differs on purpose: one history shared by all kinds, bookmarks every 0.5 s
+  of quiet instead of about once a minute;
 - `POST .../pods/{name}/eviction` with the API server's rules: 404 for a missing pod; PDBs of the
   namespace that select the pod: none -> delete; more than one -> 500; `disruptionsAllowed` 0 -> 429 with
   the real message and a `DisruptionBudget` cause; otherwise decrement and delete; a uid precondition
@@ -45,7 +50,7 @@ Every response is JSON with `Content-Type: application/json` (the client turns a
 `ApiException(status=0)`); errors are `Status` objects shaped like the API server's. Every request is
 recorded (method, path, query, parsed body) so a test can assert, for example, that a dry run wrote
 nothing; faults (a status code, a delay, a dropped connection) can be injected per path pattern for the
-next N matching requests.
+next N matching requests (`watch=True` / `False`: only watch requests, or only the others).
 
 This module must stay a test double: no project code imports it, it never grows scheduling or
 controller behaviour (no ReplicaSet re-creating evicted pods, no disruption controller recomputing
@@ -212,6 +217,10 @@ _GROUP_PATH = re.compile(
     r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)"
     r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$"
 )
+
+
+class WatchDropped(Exception):
+    """An open watch stream cut by `FakeApiServer.drop_watches()`."""
 
 
 class ApiError(Exception):
@@ -636,11 +645,14 @@ class Fault:
     times: int | None = 1
     skip: int = 0
     lose_answer: bool = False
+    watch: bool | None = None
 
-    def matches(self, method: str, path: str) -> bool:
+    def matches(self, method: str, path: str, watching: bool = False) -> bool:
         if self.times is not None and self.times <= 0:
             return False
         if self.method is not None and self.method != method:
+            return False
+        if self.watch is not None and self.watch != watching:
             return False
         return fnmatch.fnmatchcase(path, self.pattern)
 
@@ -701,10 +713,13 @@ class FakeApiServer:
         # (group, resource, namespace) whose updates an admission policy denies: (policy, message, reason).
         self._denials: dict[tuple[str, str, str], tuple[str, str, str]] = {}
         self._snapshots: dict[int, _ListSnapshot] = {}
-        # Watch history, as the watch cache keeps it: (rv, group, resource, type, object), oldest first.
-        # A watch from an RV older than `_compacted_rv` answers 410 Gone, as after an etcd compaction.
-        self._history: list[tuple[int, str, str, str, JsonObj]] = []
+        # Watch history, as the watch cache keeps it: (rv, group, resource, type, object, the object
+        # before the change or None), oldest first. A watch from an RV older than `_compacted_rv` answers
+        # 410 Gone, as after an etcd compaction.
+        self._history: list[tuple[int, str, str, str, JsonObj, JsonObj | None]] = []
         self._compacted_rv = 999
+        # Raised by drop_watches(): open watch streams of an older epoch end without their last chunk.
+        self._watch_epoch = 0
         self._changed = threading.Condition(self._lock)
         self._snapshot_ids = itertools.count(1)
         self._clock = clock or (lambda: datetime.now(UTC))
@@ -771,9 +786,9 @@ class FakeApiServer:
         with self._lock:
             self._fill_new(kind, stored)
             key = self._key(kind, meta.get("namespace"), meta["name"])
-            existed = key in self._store(kind)
+            before = self._store(kind).get(key)
             self._store(kind)[key] = stored
-            self._emit(kind, "MODIFIED" if existed else "ADDED", stored)
+            self._emit(kind, "MODIFIED" if before is not None else "ADDED", stored, before)
             return copy.deepcopy(stored)
 
     def remove(self, kind: str, name: str, namespace: str | None = None, api_version: str = "v1") -> None:
@@ -847,6 +862,7 @@ class FakeApiServer:
         method: str | None = None,
         message: str = "injected fault",
         lose_answer: bool = False,
+        watch: bool | None = None,
     ) -> Fault:
         """Fault the next `times` requests (None: every one) whose path matches the fnmatch `pattern`,
         after letting `skip` of them through.
@@ -854,9 +870,10 @@ class FakeApiServer:
         `status`: answer with this code and a Status body; `delay`: wait this long first (then fault or
         serve normally); `drop`: close the connection without an answer; `lose_answer`: carry the
         request out, then close the connection without its answer (a committed change whose answer the
-        network lost), or with `status` answer that failure instead (a gateway timing out on it).
+        network lost), or with `status` answer that failure instead (a gateway timing out on it);
+        `watch`: True faults only watch requests, False only the others, None both.
         """
-        fault = Fault(pattern, method, status, message, delay, drop, times, skip, lose_answer)
+        fault = Fault(pattern, method, status, message, delay, drop, times, skip, lose_answer, watch)
         with self._lock:
             self._faults.append(fault)
         return fault
@@ -921,16 +938,25 @@ class FakeApiServer:
         self._last_rv = next(self._rv)
         return str(self._last_rv)
 
-    def _emit(self, kind: _Kind, event: str, obj: JsonObj) -> None:
-        """Record a change for watchers. A DELETED event carries the object at the deletion's own
-        resourceVersion, as etcd3's watcher reports it."""
+    def _emit(self, kind: _Kind, event: str, obj: JsonObj, before: JsonObj | None = None) -> None:
+        """Record a change for watchers, with the object `before` a MODIFIED change (selectors are judged
+        on both). A DELETED event carries the object at the deletion's own resourceVersion, as etcd3's
+        watcher reports it."""
         shown = copy.deepcopy(obj)
         if event == "DELETED":
             shown["metadata"]["resourceVersion"] = self._next_rv()
+        prev = copy.deepcopy(before) if before is not None else None
         self._history.append(
-            (int(shown["metadata"]["resourceVersion"]), kind.group, kind.resource, event, shown)
+            (int(shown["metadata"]["resourceVersion"]), kind.group, kind.resource, event, shown, prev)
         )
         self._changed.notify_all()
+
+    def drop_watches(self) -> None:
+        """End every open watch stream without its last chunk, as a restarting API server or a proxy
+        dropping the connection does; new watches are served as before."""
+        with self._lock:
+            self._watch_epoch += 1
+            self._changed.notify_all()
 
     def compact(self) -> None:
         """Forget the watch history up to now (as an etcd compaction): watches from an older
@@ -990,6 +1016,7 @@ class FakeApiServer:
 
         deadline = time.monotonic() + timeout
         with self._lock:
+            epoch = self._watch_epoch
             if since in ("", "0"):
                 position = self._last_rv
                 initial = [copy.deepcopy(o) for o in self._store(kind).values() if wanted(o)]
@@ -1011,9 +1038,11 @@ class FakeApiServer:
         last_bookmark = time.monotonic()
         while not self._stop.is_set():
             with self._lock:
+                if self._watch_epoch != epoch:
+                    raise WatchDropped
                 events = [
-                    (rv, t, o)
-                    for rv, g, r, t, o in self._history
+                    (rv, t, o, prev)
+                    for rv, g, r, t, o, prev in self._history
                     if rv > position and g == kind.group and r == kind.resource
                 ]
                 if not events:
@@ -1024,10 +1053,19 @@ class FakeApiServer:
                     latest = self._last_rv
                 else:
                     latest = position
-            for rv, t, o in events:
+            for rv, t, o, prev in events:
                 position = rv
-                if wanted(o):
-                    yield {"type": t, "object": copy.deepcopy(o)}
+                # cacheWatcher.convertToWatchEvent: the selectors judge the object after the change (none
+                # after a deletion) and before it; the watcher hears of the change as its view sees it.
+                now_matches = t != "DELETED" and wanted(o)
+                before = o if t == "DELETED" else prev
+                matched = before is not None and wanted(before)
+                if now_matches:
+                    yield {"type": "MODIFIED" if matched else "ADDED", "object": copy.deepcopy(o)}
+                elif matched and before is not None:
+                    gone = copy.deepcopy(before)
+                    gone["metadata"]["resourceVersion"] = str(rv)
+                    yield {"type": "DELETED", "object": gone}
             if bookmarks and not events and latest > position and time.monotonic() - last_bookmark >= 0.5:
                 position = latest
                 last_bookmark = time.monotonic()
@@ -1049,8 +1087,9 @@ class FakeApiServer:
         _default(kind, obj)
 
     def _record(self, request: RecordedRequest) -> Fault | None:
+        watching = request.method == "GET" and request.param("watch") in ("true", "1")
         with self._lock:
-            fault = next((f for f in self._faults if f.matches(request.method, request.path)), None)
+            fault = next((f for f in self._faults if f.matches(request.method, request.path, watching)), None)
             if fault is not None and not fault.consume():
                 fault = None
             recorded = request
@@ -1331,7 +1370,7 @@ class FakeApiServer:
         if not dry_run:
             meta["resourceVersion"] = self._next_rv()
             self._store(kind)[self._key(kind, ns, name)] = obj
-            self._emit(kind, "MODIFIED", obj)
+            self._emit(kind, "MODIFIED", obj, current)
         return 200, self._with_type(kind, obj)
 
     # ---- the scale subresource
@@ -1428,7 +1467,7 @@ class FakeApiServer:
         if not dry_run:
             updated["metadata"]["resourceVersion"] = self._next_rv()
             self._store(kind)[self._key(kind, ns, name)] = updated
-            self._emit(kind, "MODIFIED", updated)
+            self._emit(kind, "MODIFIED", updated, current)
         return 200, self._scale_of(kind, updated)
 
     def _delete(
@@ -1499,11 +1538,12 @@ class FakeApiServer:
         if dry_run:
             return 201, success
         if budget is not None:
+            before = copy.deepcopy(budget)
             status = budget.setdefault("status", {})
             status["disruptionsAllowed"] = int(status.get("disruptionsAllowed") or 0) - 1
             status.setdefault("disruptedPods", {})[name] = self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
             budget["metadata"]["resourceVersion"] = self._next_rv()
-            self._emit(_BY_KIND[(budget["apiVersion"], budget["kind"])], "MODIFIED", budget)
+            self._emit(_BY_KIND[(budget["apiVersion"], budget["kind"])], "MODIFIED", budget, before)
         gone = self._store(pods).pop(self._key(pods, ns, name))
         self._emit(pods, "DELETED", gone)
         return 201, success
@@ -1626,9 +1666,7 @@ class _Handler(BaseHTTPRequestHandler):
                 body = raw.decode("utf-8", "replace")
         request = RecordedRequest(self.command, split.path, query, body, ctype)
         fault = self.fake._record(request)
-        if fault is None and self.command == "GET" and _last(query, "watch") in ("true", "1"):
-            self._stream_watch(split.path, query)
-            return
+        watching = self.command == "GET" and _last(query, "watch") in ("true", "1")
         if fault is not None:
             if fault.delay and self.fake._stop.wait(fault.delay):
                 self._drop()
@@ -1640,6 +1678,9 @@ class _Handler(BaseHTTPRequestHandler):
                 error = ApiError(fault.status, fault.message)
                 self._send(fault.status, error.status())
                 return
+        if watching:  # after a delay, the watch is served as usual
+            self._stream_watch(split.path, query)
+            return
         try:
             if bad_json:
                 raise ApiError(400, "the body of the request was in an unknown format")
@@ -1674,6 +1715,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
+        except WatchDropped:
+            self._drop()
         except OSError:
             pass
         self.close_connection = True

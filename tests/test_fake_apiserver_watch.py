@@ -8,6 +8,7 @@ import json
 import time
 from typing import Any
 
+import pytest
 import requests
 
 from tests.fake_apiserver import FakeApiServer
@@ -68,3 +69,69 @@ def test_bookmarks_advance_rv_and_timeout_ends_stream() -> None:
     assert [e["type"] for e in events] == ["BOOKMARK"]
     assert int(events[0]["object"]["metadata"]["resourceVersion"]) > int(rv)
     assert elapsed < 6
+
+
+def _pod(name: str, phase: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml"},
+        "status": {"phase": phase},
+    }
+
+
+def test_field_selector_is_judged_before_and_after_each_change() -> None:
+    """As the cacher's convertToWatchEvent: a pod leaving `status.phase!=Succeeded` is DELETED (its
+    last matching state, at the change's resourceVersion), one entering it ADDED."""
+    with FakeApiServer() as fake:
+        fake.add(_pod("a", "Running"))
+        fake.add(_pod("b", "Succeeded"))
+        rv = requests.get(f"{fake.url}/api/v1/pods", timeout=5).json()["metadata"]["resourceVersion"]
+        finished = fake.add(_pod("a", "Succeeded"))
+        fake.add(_pod("b", "Running"))  # restarted under the same name: it matches again
+        fake.add(_pod("c", "Succeeded"))  # never matched: never heard of
+        with requests.get(
+            f"{fake.url}/api/v1/pods?watch=1&resourceVersion={rv}&timeoutSeconds=1"
+            "&fieldSelector=status.phase%21%3DSucceeded",
+            stream=True,
+            timeout=10,
+        ) as r:
+            events = [json.loads(line) for line in r.iter_lines() if line]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+        ("DELETED", "a"),
+        ("ADDED", "b"),
+    ]
+    gone = events[0]["object"]
+    assert gone["status"]["phase"] == "Running"  # the state the watcher last saw
+    assert gone["metadata"]["resourceVersion"] == finished["metadata"]["resourceVersion"]
+
+
+def test_drop_watches_cuts_open_streams_without_their_last_chunk() -> None:
+    with FakeApiServer() as fake:
+        fake.add(_node("a"))
+        rv = requests.get(f"{fake.url}/api/v1/nodes", timeout=5).json()["metadata"]["resourceVersion"]
+        with requests.get(
+            f"{fake.url}/api/v1/nodes?watch=1&resourceVersion={rv}&timeoutSeconds=30", stream=True, timeout=10
+        ) as r:
+            fake.add(_node("b"))
+            lines = r.iter_lines()
+            first = json.loads(next(line for line in lines if line))
+            started = time.monotonic()
+            fake.drop_watches()
+            with pytest.raises(requests.exceptions.ChunkedEncodingError):
+                for _ in lines:
+                    pass
+        assert time.monotonic() - started < 5
+        assert first["type"] == "ADDED"
+        events = _watch(fake, f"resourceVersion={rv}&timeoutSeconds=1")  # a new watch is served
+    assert [e["object"]["metadata"]["name"] for e in events] == ["b"]
+
+
+def test_a_fault_can_hit_only_watches() -> None:
+    with FakeApiServer() as fake:
+        fake.add(_node("a"))
+        fake.inject("/api/v1/nodes", status=503, times=None, watch=True)
+        assert requests.get(f"{fake.url}/api/v1/nodes", timeout=5).status_code == 200
+        watched = requests.get(f"{fake.url}/api/v1/nodes?watch=1&timeoutSeconds=1", timeout=5)
+        assert watched.status_code == 503
+        assert watched.json()["code"] == 503

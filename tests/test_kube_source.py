@@ -17,8 +17,8 @@ from rebalancer.kubeapi import KubeConfigError, load_api_client
 from rebalancer.model import NO_TELEMETRY, Finding, GpuRequest, OwnerRef, Pod, Telemetry
 from rebalancer.policy import LoadedPolicy, parse_policy
 from rebalancer.sources.kube import ACTIVE_PODS, UNREAD_CONTROLLERS, KubeSource, KubeSourceError
-from rebalancer.workloads import resolve
 from rebalancer.sources.kube_lists import ClusterObjects
+from rebalancer.workloads import resolve
 from tests.builders import NOW, gpu_sample, telemetry
 from tests.fake_apiserver import FakeApiServer, controller_json, node_json, pdb_json, pod_json
 

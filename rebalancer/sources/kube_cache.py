@@ -1,0 +1,405 @@
+"""The daemon's live cache of nodes, pods and PDBs: list once, then watch, as real controllers do.
+
+Owns keeping the objects a snapshot needs current between cycles, and saying when they may not be:
+
+- one `Reflector` per list call of `kube_lists.cluster_calls` (nodes; active pods, with the same field
+  selector and namespace scoping as the per-cycle lists; PDBs), each on its own thread: a list (pages
+  decoded into the model as they arrive, `kube_lists.KindStore`: no raw page is kept), then a watch from
+  the list's resourceVersion with `allowWatchBookmarks=true`, ADDED / MODIFIED / DELETED applied as they
+  arrive (decoded the same way), the resourceVersion of every event and bookmark kept for the next watch;
+- `KubeCache.read(loaded)`: the `kube.ClusterReader` the daemon's KubeSource builds each snapshot from.
+  The first read lists every kind in the caller's thread (the initial sync) and starts the watches.
+
+Never a decision on stale data: a kind is stale when its watch is broken (the last watch request
+failed, until one succeeds), or nothing has been heard from the API server for it (an answer, an event,
+a bookmark, a stream ending on time) within `stale_after` (default 180 s). A stale kind is listed again
+synchronously, in the reading cycle, before the snapshot is built, and the snapshot carries a
+`stale-cluster-cache` finding naming the kind, why and for how long; if that list fails too, the read
+raises `KubeSourceError` and the cycle fails, as a failed list does without the cache: nothing is decided.
+Why 180 s: the API server's watch cache bookmarks each watcher about once a minute (the cacher's
+bookmark frequency), and every watch here asks the server to end it within 2/3 of the bound (below),
+so a healthy stream is heard from well within it even from a server that sends no bookmarks, and a
+connection that went silent past its own deadline (plus 1/6 of the bound) is dropped and made again.
+A policy reload that changes how pods translate (gangs, GPU sharing) lists pods again the same way.
+
+Modelled on client-go's tools/cache/reflector.go; where it differs, on purpose:
+- every list is a consistent read (no resourceVersion, paged), never `resourceVersion=0` from the
+  watch cache (which may be older than what a previous cycle saw);
+- a watch timeout random in [1/3, 2/3) of `stale_after` (60-120 s by default) where client-go takes
+  [5, 10) minutes: a watch from a recent resourceVersion costs the server little, and the bound on
+  silence is what lets a cycle trust the cache;
+- after a failed watch request (connection refused, 429, 5xx, 403...) the reflector backs off
+  (`kubeapi.exponential_backoff(0.8, 30)`, client-go's 800 ms to 30 s) and watches again from its
+  resourceVersion; only 410 Gone ("too old resource version", as an HTTP answer or an ERROR event)
+  lists again. A stream that drops mid-way is watched again from the last resourceVersion at once;
+- no resync period, no informer handlers or indexers: the store is the snapshot's objects only.
+
+It must not read the wall clock (only `time.monotonic`, for ages), write to the cluster or decide
+anything. Controllers are not cached: the KubeSource lists the kinds the GPU pods' walk needs each cycle.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, cast
+
+import structlog
+import urllib3
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from rebalancer.kubeapi import Backoff, describe_error, exponential_backoff
+from rebalancer.model import Finding
+from rebalancer.policy import LoadedPolicy
+from rebalancer.sources.kube_lists import (
+    ClusterObjects,
+    Decoding,
+    KindStore,
+    KubeSourceError,
+    ListCall,
+    Lister,
+    assemble,
+    cluster_calls,
+    decoding_of,
+)
+
+__all__ = ["DEFAULT_STALE_AFTER", "STALE_CLUSTER_CACHE", "KubeCache", "Reflector"]
+
+# The finding of a snapshot whose cache of a kind was stale and listed again before it was built.
+STALE_CLUSTER_CACHE = "stale-cluster-cache"
+# Seconds without word from the API server after which a kind's cache is not trusted (see above).
+DEFAULT_STALE_AFTER = 180.0
+# client-go's reflector backoff: 800 ms doubling up to 30 s.
+DEFAULT_BACKOFF: Backoff = exponential_backoff(0.8, 30.0)
+# A stream that ends this soon without an event is not a healthy watch: back off before the next one.
+_SHORT_WATCH = 1.0
+
+log = structlog.get_logger("rebalancer.kube_cache")
+
+JsonObj = Mapping[str, Any]
+_Ended = Literal["ended", "dropped", "expired", "superseded", "stopped"]
+
+
+class _WatchFailed(Exception):
+    """A watch request the API server did not serve, or a stream that ended with an error event."""
+
+
+class Reflector:
+    """One list call's objects, listed then watched (see the module docstring). Thread-safe: `run` on
+    its own thread, `relist` / `staleness` / `store` from the reading cycle."""
+
+    def __init__(
+        self,
+        call: ListCall,
+        lister: Lister,
+        decoding: Decoding,
+        *,
+        stale_after: float = DEFAULT_STALE_AFTER,
+        connect_timeout: float = 5.0,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        monotonic: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.call = call
+        self._lister = lister
+        self._stale_after = stale_after
+        self._connect_timeout = connect_timeout
+        self._backoff = backoff
+        self._monotonic = monotonic
+        self._rng = rng or random.Random()
+        self._lock = threading.Lock()
+        self._list_lock = threading.Lock()
+        self._store = KindStore(call.kind, decoding)
+        self._rv = ""
+        self._generation = 0  # moved on by every list: a watch of an older one stops applying events
+        self._synced = False
+        self._heard = 0.0  # monotonic time of the last word from the API server
+        self._broken: str | None = None  # why the last watch request failed, until one succeeds
+        self._broken_since = 0.0
+        self._response: urllib3.BaseHTTPResponse | None = None
+
+    # ---- what the reading cycle asks
+
+    @property
+    def decoding(self) -> Decoding:
+        with self._lock:
+            return self._store.decoding
+
+    @property
+    def resource_version(self) -> str:
+        """The resourceVersion the next watch starts from (the last list's, event's or bookmark's)."""
+        with self._lock:
+            return self._rv
+
+    def staleness(self) -> str | None:
+        """Why this kind's objects must not be trusted now, or None."""
+        now = self._monotonic()
+        with self._lock:
+            if not self._synced:
+                return "never listed"
+            if self._broken is not None:
+                return f"watch broken for {now - self._broken_since:.0f}s ({self._broken})"
+            age = now - self._heard
+            if age > self._stale_after:
+                return (
+                    f"nothing heard from the API server for {age:.0f}s (more than {self._stale_after:.0f}s)"
+                )
+            return None
+
+    def store(self) -> KindStore:
+        """A copy of the decoded objects as they are now."""
+        with self._lock:
+            copy = KindStore(self._store.kind, self._store.decoding)
+            copy.objects = dict(self._store.objects)
+            copy.problems = dict(self._store.problems)
+            return copy
+
+    def relist(self, decoding: Decoding | None = None, *, unless_listed_since: int | None = None) -> None:
+        """List now, in the caller's thread, and watch on from the new list (a watch of the old one stops
+        applying events). `unless_listed_since`: skip when another list completed since that
+        generation. Raises KubeSourceError when the list fails; the objects held stay as they were."""
+        with self._list_lock:
+            with self._lock:
+                if unless_listed_since is not None and self._generation != unless_listed_since:
+                    return
+                fresh = KindStore(self.call.kind, decoding or self._store.decoding)
+            call = self.call
+            rv = self._lister.each(
+                call.what, call.call, call.args, call.params, begin=fresh.clear, item=fresh.put
+            )
+            with self._lock:
+                self._store = fresh
+                self._rv = rv
+                self._generation += 1
+                self._synced = True
+                self._heard = self._monotonic()
+
+    # ---- the watch thread
+
+    def run(self, stop: threading.Event) -> None:
+        """Watch until `stop` is set: again after each stream ends, a list after 410 Gone, a backoff
+        after a failure."""
+        failures = 0
+        while not stop.is_set():
+            with self._lock:
+                rv, generation = self._rv, self._generation
+            started = self._monotonic()
+            try:
+                ended, events = self._watch(rv, generation, stop)
+            except _WatchFailed as failed:
+                self._mark_broken(str(failed))
+                stop.wait(self._backoff(failures))
+                failures += 1
+                continue
+            if ended == "expired":
+                log.info("watch expired: listing again", what=self.call.what, resource_version=rv)
+                try:
+                    self.relist(unless_listed_since=generation)
+                except KubeSourceError as exc:
+                    self._mark_broken("; ".join(exc.problems))
+                    stop.wait(self._backoff(failures))
+                    failures += 1
+                    continue
+            elif ended == "ended" and not events and self._monotonic() - started < _SHORT_WATCH:
+                stop.wait(self._backoff(failures))
+                failures += 1
+                continue
+            failures = 0
+
+    def close(self) -> None:
+        """Cut the open watch stream, if any (its thread then sees the stop)."""
+        with self._lock:
+            response = self._response
+        if response is not None:
+            response.shutdown()
+
+    def _mark_broken(self, why: str) -> None:
+        with self._lock:
+            if self._broken is None:
+                self._broken_since = self._monotonic()
+                log.warning("watch broken", what=self.call.what, error=why)
+            self._broken = why
+
+    def _watch_timeout(self) -> int:
+        low = self._stale_after / 3
+        return max(1, int(low + self._rng.random() * low))
+
+    def _watch(self, rv: str, generation: int, stop: threading.Event) -> tuple[_Ended, int]:
+        """One watch request and its stream: how it ended and how many events it carried."""
+        seconds = self._watch_timeout()
+        call = self.call
+        kwargs: dict[str, Any] = dict(
+            call.params,
+            watch=True,
+            resource_version=rv,
+            allow_watch_bookmarks=True,
+            timeout_seconds=seconds,
+            _preload_content=False,
+            _request_timeout=(self._connect_timeout, seconds + max(1.0, self._stale_after / 6)),
+        )
+        try:
+            response = cast("urllib3.BaseHTTPResponse", call.call(*call.args, **kwargs))
+        except ApiException as exc:
+            if exc.status == 410:
+                return "expired", 0
+            raise _WatchFailed(describe_error(exc)) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise _WatchFailed(describe_error(exc)) from None
+        with self._lock:
+            self._response = response
+            self._heard = self._monotonic()
+            self._broken = None
+        events = 0
+        try:
+            for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
+                if stop.is_set():
+                    return "stopped", events
+                if not line:
+                    continue
+                ended = self._apply(line, generation)
+                if ended is not None:
+                    return ended, events
+                events += 1
+        except (urllib3.exceptions.HTTPError, OSError):
+            return ("stopped" if stop.is_set() else "dropped"), events
+        finally:
+            with self._lock:
+                self._response = None
+            response.release_conn()
+        with self._lock:
+            self._heard = self._monotonic()
+        return "ended", events
+
+    def _apply(self, line: str, generation: int) -> _Ended | None:
+        """Apply one event line to the store; how the stream ends when it must."""
+        try:
+            event = json.loads(line)
+        except ValueError as exc:
+            raise _WatchFailed(f"the API sent an invalid watch event: {exc}") from None
+        kind = event.get("type") if isinstance(event, dict) else None
+        obj = event.get("object") if isinstance(event, dict) else None
+        if not isinstance(obj, dict):
+            raise _WatchFailed(f"the API sent a watch event without an object ({kind!r})")
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                return "expired"
+            raise _WatchFailed(f"HTTP {obj.get('code')}: {obj.get('message') or obj.get('reason')}")
+        meta = obj.get("metadata")
+        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        with self._lock:
+            if self._generation != generation:
+                return "superseded"
+            self._heard = self._monotonic()
+            if kind in ("ADDED", "MODIFIED"):
+                self._store.put(obj)
+            elif kind == "DELETED":
+                self._store.delete(obj)
+            elif kind != "BOOKMARK":
+                raise _WatchFailed(f"the API sent a watch event of unknown type {kind!r}")
+            if isinstance(rv, str) and rv:
+                self._rv = rv
+        return None
+
+
+class KubeCache:
+    """Nodes, pods and PDBs kept current by one Reflector (and thread) per list call, for the daemon's
+    life; `read` is a `kube.ClusterReader`. `stop()` ends the watches."""
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        namespaces: list[str] | tuple[str, ...] | None = None,
+        stale_after: float = DEFAULT_STALE_AFTER,
+        lister: Lister | None = None,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if stale_after <= 0:
+            raise ValueError("stale_after must be positive")
+        self._calls = cluster_calls(api_client, tuple(dict.fromkeys(namespaces)) if namespaces else None)
+        self._lister = lister or Lister()
+        self._stale_after = stale_after
+        self._backoff = backoff
+        self._monotonic = monotonic
+        self._reflectors: list[Reflector] | None = None
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+    @property
+    def reflectors(self) -> tuple[Reflector, ...]:
+        return tuple(self._reflectors or ())
+
+    def read(self, loaded: LoadedPolicy) -> ClusterObjects:
+        """The cached objects, every stale kind listed again first (with a finding); the first read
+        lists every kind and starts the watches. Raises KubeSourceError when a needed list fails."""
+        decoding = decoding_of(loaded)
+        with self._lock:
+            if self._stop.is_set():
+                raise KubeSourceError(["the cluster cache is stopped"])
+            if self._reflectors is None:
+                self._reflectors = self._start(decoding)
+            findings: list[Finding] = []
+            for reflector in self._reflectors:
+                if reflector.call.kind == "Pod" and reflector.decoding != decoding:
+                    reflector.relist(decoding)  # pods translated under the new policy
+                    continue
+                why = reflector.staleness()
+                if why is None:
+                    continue
+                what = reflector.call.what
+                try:
+                    reflector.relist()
+                except KubeSourceError as exc:
+                    raise KubeSourceError(
+                        [f"{what}: the watch cache is stale ({why}) and listing again failed", *exc.problems]
+                    ) from None
+                log.warning("stale cluster cache listed again", what=what, why=why)
+                findings.append(
+                    Finding(
+                        kind=STALE_CLUSTER_CACHE,
+                        namespace=reflector.call.args[0] if reflector.call.args else None,
+                        detail=(
+                            f"{what}: the watch cache was stale ({why}); listed again before this snapshot, "
+                            "which is built from that list"
+                        ),
+                    )
+                )
+            return assemble([reflector.store() for reflector in self._reflectors], findings)
+
+    def _start(self, decoding: Decoding) -> list[Reflector]:
+        reflectors = [
+            Reflector(
+                call,
+                self._lister,
+                decoding,
+                stale_after=self._stale_after,
+                backoff=self._backoff,
+                monotonic=self._monotonic,
+            )
+            for call in self._calls
+        ]
+        for reflector in reflectors:
+            reflector.relist()
+        for reflector in reflectors:
+            thread = threading.Thread(
+                target=reflector.run, args=(self._stop,), name=f"watch {reflector.call.what}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+        return reflectors
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End every watch and wait (up to `timeout` seconds in all) for their threads."""
+        self._stop.set()
+        for reflector in self.reflectors:
+            reflector.close()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,289 @@
+"""The watch cache against the fake API server over real HTTP: initial sync, events applied as they
+arrive, bookmarks, 410 Gone and a list again, broken or silent watches turned into a finding and a
+fresh list (never a snapshot of stale objects), and the daemon keeping one watch per kind."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from kubernetes import client
+
+from rebalancer.policy import LoadedPolicy, parse_policy
+from rebalancer.sources.kube import KubeSource
+from rebalancer.sources.kube_cache import STALE_CLUSTER_CACHE, KubeCache, Reflector
+from rebalancer.sources.kube_lists import ACTIVE_PODS, KubeSourceError
+from tests.builders import NOW
+from tests.fake_apiserver import FakeApiServer, RecordedRequest, node_json, pdb_json, pod_json
+
+LOADED: LoadedPolicy = parse_policy({})
+
+
+def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait for a watch thread to have done something; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def cache(api_client: client.ApiClient) -> Iterator[KubeCache]:
+    kube_cache = KubeCache(api_client, backoff=lambda attempt: 0.1)
+    yield kube_cache
+    kube_cache.stop()
+
+
+def _cluster(api: FakeApiServer) -> str:
+    """Two nodes, a running pod and a finished one, a PDB; the resourceVersion the API server is at."""
+    api.add(node_json("gpu-1"))
+    api.add(node_json("gpu-2"))
+    api.add(pod_json("train-0", "gpu-1", gpus=2))
+    api.add(pod_json("done", "gpu-1", phase="Succeeded"))
+    return str(api.add(pdb_json("train-pdb", {"app": "train"}, 1))["metadata"]["resourceVersion"])
+
+
+def _reflector(cache: KubeCache, what: str) -> Reflector:
+    return next(r for r in cache.reflectors if r.call.what == what)
+
+
+def _pod_names(cache: KubeCache, what: str = "pods") -> list[str]:
+    return sorted(key[1] for key in _reflector(cache, what).store().objects)
+
+
+def _watches(api: FakeApiServer, path: str) -> list[RecordedRequest]:
+    return [r for r in api.requests_to(path, "GET") if r.param("watch") in ("true", "1")]
+
+
+def _lists(api: FakeApiServer, path: str) -> list[RecordedRequest]:
+    return [r for r in api.requests_to(path, "GET") if r.param("watch") is None]
+
+
+def test_first_read_lists_every_kind_then_watches_from_the_lists_versions(
+    api: FakeApiServer, cache: KubeCache
+) -> None:
+    listed_at = _cluster(api)
+    objects = cache.read(LOADED)
+    assert sorted(objects.nodes) == ["gpu-1", "gpu-2"]
+    assert [p.ref for p in objects.pods] == ["ml/train-0"]  # finished pods filtered by the server
+    assert [p.key for p in objects.pdbs] == [("ml", "train-pdb")]
+    assert objects.findings == ()
+    for path in ("/api/v1/nodes", "/api/v1/pods", "/apis/policy/v1/poddisruptionbudgets"):
+        eventually(lambda path=path: len(_watches(api, path)) == 1)  # type: ignore[misc]
+        [listed] = _lists(api, path)
+        [watch] = _watches(api, path)
+        assert listed.param("resourceVersion") is None  # a consistent list, not the watch cache's
+        assert watch.param("allowWatchBookmarks") == "true"
+        assert watch.param("resourceVersion") == listed_at  # from the list's resourceVersion
+        assert 60 <= int(watch.param("timeoutSeconds") or 0) < 120
+    pods_watch = _watches(api, "/api/v1/pods")[0]
+    assert pods_watch.param("fieldSelector") == ACTIVE_PODS
+    assert _lists(api, "/api/v1/pods")[0].param("fieldSelector") == ACTIVE_PODS
+
+
+def test_added_modified_and_deleted_pods_show_in_the_next_read(api: FakeApiServer, cache: KubeCache) -> None:
+    _cluster(api)
+    cache.read(LOADED)
+    eventually(lambda: len(_watches(api, "/api/v1/pods")) == 1)
+    api.add(pod_json("train-1", "gpu-2"))
+    api.add(pod_json("train-0", "gpu-1", gpus=4))  # modified: now four GPUs
+    eventually(lambda: _pod_names(cache) == ["train-0", "train-1"])
+    eventually(lambda: _reflector(cache, "pods").store().objects[("ml", "train-0")].gpu.count == 4)  # type: ignore[union-attr]
+    api.remove("Pod", "train-1", "ml")
+    api.add(pod_json("train-0", "gpu-1", gpus=4, phase="Succeeded"))  # finished: leaves the selector
+    eventually(lambda: _pod_names(cache) == [])
+    objects = cache.read(LOADED)
+    assert objects.pods == () and objects.findings == ()
+    assert len(_lists(api, "/api/v1/pods")) == 1  # all of it from the watch, no list again
+
+
+def test_bookmarks_advance_the_resource_version_the_next_watch_starts_from(
+    api: FakeApiServer, cache: KubeCache
+) -> None:
+    _cluster(api)
+    cache.read(LOADED)
+    eventually(lambda: len(_watches(api, "/api/v1/nodes")) == 1)
+    nodes = _reflector(cache, "nodes")
+    elsewhere = api.add(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "a"}}
+    )
+    later = elsewhere["metadata"]["resourceVersion"]
+    eventually(lambda: nodes.resource_version == later)  # a bookmark: no node changed
+    assert sorted(cache.read(LOADED).nodes) == ["gpu-1", "gpu-2"]
+    api.drop_watches()
+    eventually(lambda: len(_watches(api, "/api/v1/nodes")) == 2)
+    assert _watches(api, "/api/v1/nodes")[1].param("resourceVersion") == later
+    assert len(_lists(api, "/api/v1/nodes")) == 1
+
+
+def test_a_dropped_stream_is_watched_again_from_where_it_was(api: FakeApiServer, cache: KubeCache) -> None:
+    _cluster(api)
+    cache.read(LOADED)
+    eventually(lambda: len(_watches(api, "/api/v1/pods")) == 1)
+    api.add(pod_json("train-1", "gpu-2"))
+    eventually(lambda: "train-1" in _pod_names(cache))
+    seen_rv = _reflector(cache, "pods").resource_version
+    api.drop_watches()
+    eventually(lambda: len(_watches(api, "/api/v1/pods")) == 2)
+    assert _watches(api, "/api/v1/pods")[1].param("resourceVersion") == seen_rv
+    api.add(pod_json("train-2", "gpu-2"))
+    eventually(lambda: "train-2" in _pod_names(cache))
+    assert cache.read(LOADED).findings == ()
+    assert len(_lists(api, "/api/v1/pods")) == 1
+
+
+def test_410_gone_lists_again(api: FakeApiServer, cache: KubeCache) -> None:
+    """A watch from a compacted resourceVersion gets 410 "too old resource version": the reflector lists
+    again (seeing what changed while it could not watch) and watches from the new list."""
+    _cluster(api)
+    cache.read(LOADED)
+    eventually(lambda: len(_watches(api, "/api/v1/pods")) == 1)
+    pods = _reflector(cache, "pods")
+    api.inject("/api/v1/pods", status=503, times=None, watch=True)
+    api.drop_watches()
+    eventually(lambda: pods.staleness() is not None)
+    api.add(pod_json("train-1", "gpu-2"))
+    api.remove("Pod", "train-0", "ml")
+    api.compact()
+    api.clear_faults()
+    eventually(lambda: len(_lists(api, "/api/v1/pods")) == 2)
+    eventually(lambda: pods.staleness() is None and _pod_names(cache) == ["train-1"])
+    assert any(w.fault is None for w in _watches(api, "/api/v1/pods")[2:])
+    objects = cache.read(LOADED)
+    assert [p.name for p in objects.pods] == ["train-1"] and objects.findings == ()
+    assert len(_lists(api, "/api/v1/pods")) == 2  # the reflector's list, none by the read
+
+
+def test_a_broken_watch_is_a_finding_and_a_fresh_list_before_the_snapshot(
+    api: FakeApiServer, cache: KubeCache
+) -> None:
+    _cluster(api)
+    cache.read(LOADED)
+    eventually(lambda: len(_watches(api, "/api/v1/pods")) == 1)
+    api.inject("/api/v1/pods", status=503, times=None, watch=True, message="etcd leader changed")
+    api.drop_watches()
+    pods = _reflector(cache, "pods")
+    eventually(lambda: pods.staleness() is not None)
+    api.add(pod_json("train-1", "gpu-2"))  # the cache cannot hear of it
+    time.sleep(0.3)
+    assert "train-1" not in _pod_names(cache)
+    objects = cache.read(LOADED)
+    assert sorted(p.name for p in objects.pods) == ["train-0", "train-1"]  # from the fresh list
+    [finding] = objects.findings
+    assert finding.kind == STALE_CLUSTER_CACHE
+    assert finding.detail.startswith("pods: the watch cache was stale (watch broken for ")
+    assert "HTTP 503" in finding.detail and "etcd leader changed" in finding.detail
+    assert "listed again before this snapshot" in finding.detail
+    assert len(_lists(api, "/api/v1/pods")) == 2
+
+
+def test_a_broken_watch_whose_list_fails_too_fails_the_read(api: FakeApiServer, cache: KubeCache) -> None:
+    _cluster(api)
+    cache.read(LOADED)
+    eventually(lambda: len(_watches(api, "/api/v1/pods")) == 1)
+    api.inject("/api/v1/pods", status=503, times=None)
+    api.drop_watches()
+    eventually(lambda: _reflector(cache, "pods").staleness() is not None)
+    with pytest.raises(KubeSourceError) as failed:
+        cache.read(LOADED)
+    first, *rest = failed.value.problems
+    assert first.startswith("pods: the watch cache is stale (watch broken for ")
+    assert first.endswith("and listing again failed")
+    assert rest and rest[0].startswith("cannot list pods: HTTP 503")
+
+
+def test_a_silent_watch_is_stale_after_the_bound(api: FakeApiServer, api_client: client.ApiClient) -> None:
+    """A watch request the server holds without an answer (no headers, no event, no bookmark) leaves
+    the kind unheard of: past `stale_after` a read lists it again, with a finding."""
+    _cluster(api)
+    cache = KubeCache(api_client, stale_after=3.0, backoff=lambda attempt: 0.1)
+    try:
+        cache.read(LOADED)
+        eventually(lambda: len(_watches(api, "/apis/policy/v1/poddisruptionbudgets")) >= 1)
+        api.inject("/apis/policy/v1/poddisruptionbudgets", delay=30, times=None, watch=True)
+        api.drop_watches()
+        pdbs = _reflector(cache, "poddisruptionbudgets")
+        eventually(lambda: pdbs.staleness() is not None, timeout=15)
+        assert (pdbs.staleness() or "").startswith("nothing heard from the API server for ")
+        objects = cache.read(LOADED)
+        [finding] = [f for f in objects.findings if f.kind == STALE_CLUSTER_CACHE]
+        assert finding.detail.startswith("poddisruptionbudgets: the watch cache was stale (nothing heard")
+        assert "(more than 3s)" in finding.detail
+        assert [p.key for p in objects.pdbs] == [("ml", "train-pdb")]
+    finally:
+        api.clear_faults()
+        cache.stop()
+
+
+def test_an_untranslatable_pod_fails_the_read_until_it_is_fixed(api: FakeApiServer, cache: KubeCache) -> None:
+    _cluster(api)
+    cache.read(LOADED)
+    eventually(lambda: len(_watches(api, "/api/v1/pods")) == 1)
+    bad = pod_json("bad", "gpu-2", cpu="lots")
+    api.add(bad)
+    eventually(lambda: bool(_reflector(cache, "pods").store().problems))
+    with pytest.raises(KubeSourceError) as failed:
+        cache.read(LOADED)
+    assert list(failed.value.problems) == [
+        'Pod ml/bad: spec.containers[0].resources.requests.cpu: invalid quantity "lots"'
+    ]
+    api.add(pod_json("bad", "gpu-2", cpu="2"))
+    eventually(lambda: not _reflector(cache, "pods").store().problems)
+    assert sorted(p.name for p in cache.read(LOADED).pods) == ["bad", "train-0"]
+
+
+def test_a_policy_that_translates_pods_differently_lists_them_again(
+    api: FakeApiServer, cache: KubeCache
+) -> None:
+    _cluster(api)
+    api.add(pod_json("w-0", "gpu-2", labels={"team-job": "big"}))
+    assert [p.gang for p in cache.read(LOADED).pods] == [None, None]
+    gangs = parse_policy({"gangs": {"keys": ["team-job"]}})
+    assert {p.name: p.gang for p in cache.read(gangs).pods} == {"train-0": None, "w-0": "ml/big"}
+    assert len(_lists(api, "/api/v1/pods")) == 2
+    assert len(_lists(api, "/api/v1/nodes")) == 1
+
+
+def test_namespaced_caches_watch_each_namespace(api: FakeApiServer, api_client: client.ApiClient) -> None:
+    _cluster(api)
+    api.add(pod_json("web", "gpu-2", namespace="web", gpus=0))
+    api.add(pod_json("other", "gpu-2", namespace="other", gpus=0))
+    cache = KubeCache(api_client, namespaces=["ml", "web"], backoff=lambda attempt: 0.1)
+    try:
+        assert sorted(p.ref for p in cache.read(LOADED).pods) == ["ml/train-0", "web/web"]
+        eventually(lambda: len(_watches(api, "/api/v1/namespaces/web/pods")) == 1)
+        api.add(pod_json("web-2", "gpu-2", namespace="web", gpus=0))
+        api.add(pod_json("other-2", "gpu-2", namespace="other", gpus=0))
+        eventually(lambda: "web-2" in _pod_names(cache, "pods in web"))
+        assert sorted(p.ref for p in cache.read(LOADED).pods) == ["ml/train-0", "web/web", "web/web-2"]
+        assert not _watches(api, "/api/v1/pods")
+    finally:
+        cache.stop()
+
+
+def test_a_kube_source_builds_snapshots_from_the_cache(
+    api: FakeApiServer, api_client: client.ApiClient, cache: KubeCache
+) -> None:
+    _cluster(api)
+    source = KubeSource(api_client, LOADED, cluster=cache.read)
+    first = source.snapshot(NOW)
+    api.add(pod_json("train-1", "gpu-2"))
+    eventually(lambda: "train-1" in _pod_names(cache))
+    second = source.snapshot(NOW)
+    assert [p.name for p in first.pods] == ["train-0"]
+    assert [p.name for p in second.pods] == ["train-0", "train-1"]
+    assert len(_lists(api, "/api/v1/pods")) == 1 and len(_lists(api, "/api/v1/nodes")) == 1
+
+
+def test_stop_ends_the_watches(api: FakeApiServer, api_client: client.ApiClient) -> None:
+    _cluster(api)
+    cache = KubeCache(api_client)
+    cache.read(LOADED)
+    eventually(lambda: len(_watches(api, "/api/v1/pods")) == 1)
+    started = time.monotonic()
+    cache.stop()
+    assert time.monotonic() - started < 5
+    with pytest.raises(KubeSourceError, match="stopped"):
+        cache.read(LOADED)

@@ -10,12 +10,22 @@ from collections.abc import Callable, Iterator
 import pytest
 from kubernetes import client
 
+from rebalancer.daemon.loop import Clock, Daemon, LiveEdge
+from rebalancer.daemon.wiring import kube_snapshot_source
+from rebalancer.kube_evictor import KubeEvictor
 from rebalancer.policy import LoadedPolicy, parse_policy
 from rebalancer.sources.kube import KubeSource
 from rebalancer.sources.kube_cache import STALE_CLUSTER_CACHE, KubeCache, Reflector
 from rebalancer.sources.kube_lists import ACTIVE_PODS, KubeSourceError
 from tests.builders import NOW
-from tests.fake_apiserver import FakeApiServer, RecordedRequest, node_json, pdb_json, pod_json
+from tests.fake_apiserver import (
+    FakeApiServer,
+    RecordedRequest,
+    add_consolidation_cluster,
+    node_json,
+    pdb_json,
+    pod_json,
+)
 
 LOADED: LoadedPolicy = parse_policy({})
 
@@ -287,3 +297,79 @@ def test_stop_ends_the_watches(api: FakeApiServer, api_client: client.ApiClient)
     assert time.monotonic() - started < 5
     with pytest.raises(KubeSourceError, match="stopped"):
         cache.read(LOADED)
+
+
+# --------------------------------------------------------------------------- the daemon
+
+CONSOLIDATE = parse_policy(
+    {
+        "strategies": [
+            {
+                "name": "gpu-consolidation",
+                "args": {"max_utilization_percent": None, "max_allocated_percent": 60},
+            }
+        ],
+        "telemetry": None,
+    }
+)
+
+
+def test_the_daemon_keeps_one_watch_per_kind_across_cycles(
+    api: FakeApiServer, api_client: client.ApiClient, cache: KubeCache
+) -> None:
+    add_consolidation_cluster(api)
+    daemon = Daemon(
+        CONSOLIDATE,
+        kube_snapshot_source(api_client, cluster=cache.read),
+        dry_run=True,
+        clock=Clock(wall=lambda: NOW),
+    )
+    reports = []
+    try:
+        reports.append(daemon.run_cycle(raise_errors=True))
+        eventually(lambda: all(len(_watches(api, path)) == 1 for path in _KIND_PATHS))
+        api.add(pod_json("x4", "a-1"))
+        eventually(lambda: "x4" in _pod_names(cache))
+        reports.append(daemon.run_cycle(raise_errors=True))
+        api.remove("Pod", "x4", "ml")
+        eventually(lambda: "x4" not in _pod_names(cache))
+        reports.append(daemon.run_cycle(raise_errors=True))
+    finally:
+        daemon.shutdown()
+    assert [r.summary.pods if r is not None else None for r in reports] == [6, 7, 6]
+    assert [r.freed_nodes if r is not None else None for r in reports] == [("a-1",), (), ("a-1",)]
+    for path in _KIND_PATHS:
+        assert len(_lists(api, path)) == 1, path
+        assert len(_watches(api, path)) == 1, path
+    assert not api.writes()
+
+
+_KIND_PATHS = ("/api/v1/nodes", "/api/v1/pods", "/apis/policy/v1/poddisruptionbudgets")
+
+
+def test_a_live_daemon_does_not_act_when_the_cache_is_stale_and_cannot_be_listed(
+    api: FakeApiServer, api_client: client.ApiClient, cache: KubeCache
+) -> None:
+    """The cluster would be consolidated (a-1 drained), but the pods' watch is broken and the pods
+    cannot be listed: the cycle fails and nothing is evicted."""
+    add_consolidation_cluster(api)
+    source = kube_snapshot_source(api_client, cluster=cache.read)
+    assert KubeSource(api_client, CONSOLIDATE).snapshot(NOW).pods  # the cluster is readable
+    cache.read(CONSOLIDATE)
+    eventually(lambda: len(_watches(api, "/api/v1/pods")) == 1)
+    api.inject("/api/v1/pods", status=503, times=None)
+    api.drop_watches()
+    eventually(lambda: _reflector(cache, "pods").staleness() is not None)
+    daemon = Daemon(
+        CONSOLIDATE,
+        source,
+        dry_run=False,
+        live=LiveEdge(KubeEvictor(api_client)),
+        clock=Clock(wall=lambda: NOW),
+    )
+    try:
+        assert daemon.run_cycle() is None
+    finally:
+        daemon.shutdown()
+    assert daemon.counts["error"] == 1
+    assert not api.writes()

@@ -6,7 +6,8 @@ Every component that talks to the API server runs against the recording fake API
 tests/fake_apiserver.py the way the daemon runs it: leader election on the Lease, a live daemon cycle
 (cluster snapshot with the workloads behind its GPU pods, whose controllers of every kind the source
 reads are listed: ReplicaSets, Deployments, StatefulSets, Jobs, JobSets, LeaderWorkerSets, Notebooks,
-InferenceServices; gpu-consolidation draining a node: drain mark, evictions, Events), the start-up
+InferenceServices; its nodes, pods and PDBs from the watch cache `rebalancer run` keeps, listed then
+watched; gpu-consolidation draining a node: drain mark, evictions, Events), the start-up
 cleanup of stale drain marks, checkpoint-before-evict (a pod annotation, in a namespace that applied the
 template, and refused with 403 in one that did not), a PodDisruptionBudget read after its 429, the
 actuator's memory in the state ConfigMap the Deployment names (read, created, patched), the idle-GPU
@@ -32,6 +33,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -53,6 +55,7 @@ from rebalancer.policy import EvictionConfig, parse_policy
 from rebalancer.reclaim import WorkloadWriter
 from rebalancer.sinks.events import KubeEventsSink
 from rebalancer.sources.kube import KubeSource
+from rebalancer.sources.kube_cache import KubeCache
 from rebalancer.workloads import KINDS, RECLAIM_RBAC_TEMPLATE, result_of
 from tests.builders import NOW
 from tests.fake_apiserver import (
@@ -296,9 +299,10 @@ def exercise(api: FakeApiServer, api_client: client.ApiClient) -> list[RecordedR
     actuator = ClusterActuator.from_config(api_client, EvictionConfig(), sleep=_NoSleep(), state_store=store)
     assert [change.node for change in actuator.cleanup_orphans()] == ["old"]
     events = KubeEventsSink(api_client)
+    cache = KubeCache(api_client)  # as `rebalancer run` builds its source
     daemon = Daemon(
         CONSOLIDATE,
-        kube_snapshot_source(api_client),
+        kube_snapshot_source(api_client, cluster=cache.read),
         dry_run=False,
         live=LiveEdge(actuator, memory=actuator.memory),
         leadership=Leadership(elector),
@@ -326,7 +330,19 @@ def exercise(api: FakeApiServer, api_client: client.ApiClient) -> list[RecordedR
     assert EVICTION_REQUESTED_AT not in (api.pod(UNGRANTED, "eval") or {})["metadata"]["annotations"]
     _reclaim_every_kind(api_client)
     daemon.shutdown()  # gives the Lease up
+    _until_watched(api, ("/api/v1/nodes", "/api/v1/pods", "/apis/policy/v1/poddisruptionbudgets"))
+    cache.stop()
     return api.requests
+
+
+def _until_watched(api: FakeApiServer, paths: Iterable[str], timeout: float = 10.0) -> None:
+    """Wait for the cache's watch threads to have made their first watch of each path."""
+    deadline = time.monotonic() + timeout
+    waiting = set(paths)
+    while waiting and time.monotonic() < deadline:
+        waiting -= {r.path for r in api.requests if r.param("watch") in ("true", "1")}
+        time.sleep(0.05)
+    assert not waiting, f"never watched: {sorted(waiting)}"
 
 
 # Each kind a reclaim changes, and how: the workloads of `_cluster` (the writer acts on the object it is
@@ -409,6 +425,9 @@ def test_the_exercise_covers_what_the_daemon_does(seen: list[Access]) -> None:
         ("list", "nodes", ""),
         ("list", "pods", ""),
         ("list", "poddisruptionbudgets", ""),
+        ("watch", "nodes", ""),
+        ("watch", "pods", ""),
+        ("watch", "poddisruptionbudgets", ""),
         ("create", "pods", "eviction"),
         ("patch", "nodes", ""),
         ("patch", "pods", ""),

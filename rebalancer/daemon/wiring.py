@@ -5,7 +5,9 @@ and nothing else:
 
 - the snapshot source: a KubeSource with Prometheus telemetry when the running policy asks for it
   (`--prometheus-url` replaces `telemetry.prometheus.url`; `--allow-service-account-token` lets its
-  bearer token be the pod's service-account token);
+  bearer token be the pod's service-account token). `rebalancer run` builds it on a KubeCache (one
+  watch per kind of nodes, pods and PDBs for the daemon's life, started by the first cycle, stopped at
+  exit); a live `once` and `explain` list once;
 - the live edge: `rebalancer run` with the policy's `eviction:` section gets the ClusterActuator (drain
   marks, checkpoint requests, and the memory kept by the state store: the ConfigMap `--state-configmap`
   of the Lease's namespace, or `--state-file`; none when forced dry with `--dry-run`) and the Events
@@ -64,7 +66,8 @@ from rebalancer.sinks.metrics import DaemonMetrics
 from rebalancer.sinks.notify import HttpPoster, Notifier
 from rebalancer.sinks.slack import SlackSink
 from rebalancer.sinks.webhook import WebhookSink
-from rebalancer.sources.kube import KubeSource
+from rebalancer.sources.kube import ClusterReader, KubeSource
+from rebalancer.sources.kube_cache import KubeCache
 from rebalancer.sources.prometheus import PrometheusTelemetrySource
 from rebalancer.sources.usage_history import PrometheusUsage
 from rebalancer.state import ConfigMapStateStore, FileStateStore, StateStore
@@ -108,6 +111,7 @@ def kube_snapshot_source(
     namespaces: Sequence[str] | None = None,
     allow_service_account_token: bool = False,
     described: str = "live cluster",
+    cluster: ClusterReader | None = None,
 ) -> SnapshotSource:
     """Snapshots of the live cluster, with Prometheus telemetry when the running policy asks for it.
 
@@ -116,7 +120,9 @@ def kube_snapshot_source(
     is handed to the Prometheus source. Telemetry needs `telemetry` in the policy and a strategy with a
     telemetry window. `described` is what the reports say the snapshots' source is (no credential).
     A strategy reading long-window usage (gpu-rightsizing) gets it from the same Prometheus, read once an
-    hour (`sources.usage_history.PrometheusUsage`, kept across this source's cycles).
+    hour (`sources.usage_history.PrometheusUsage`, kept across this source's cycles). `cluster` is
+    where the nodes, pods and PDBs come from: a `KubeCache.read`, or (None) lists made for each
+    snapshot.
     """
 
     usage: dict[str, PrometheusUsage] = {}  # by Prometheus URL, kept across the daemon's cycles
@@ -130,7 +136,14 @@ def kube_snapshot_source(
             telemetry = PrometheusTelemetrySource(
                 cfg, windows, prometheus=conn, allow_service_account_token=allow_service_account_token
             )
-        kube = KubeSource(api_client, loaded, namespaces=namespaces, telemetry=telemetry, described=described)
+        kube = KubeSource(
+            api_client,
+            loaded,
+            namespaces=namespaces,
+            telemetry=telemetry,
+            described=described,
+            cluster=cluster,
+        )
         snapshot = kube.snapshot(now)
         if conn is None or loaded.usage_period() is None:
             return snapshot
@@ -414,6 +427,7 @@ def run_command(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise InputError([str(exc)]) from None
         leadership = Leadership(elector, args.leader_margin)
+    cache = KubeCache(api_client, namespaces=args.namespaces)
     live, extra_sinks = live_edge(
         api_client,
         loaded,
@@ -429,6 +443,7 @@ def run_command(args: argparse.Namespace) -> int:
             namespaces=args.namespaces,
             allow_service_account_token=args.allow_service_account_token,
             described=live_source_description(args),
+            cluster=cache.read,
         ),
         live=live,
         dry_run=args.dry_run,
@@ -461,6 +476,7 @@ def run_command(args: argparse.Namespace) -> int:
     while not daemon.stopping.wait(0.5):
         pass
     daemon.shutdown()
+    cache.stop()
     for server in servers:
         server.stop()
     log.info("daemon stopped")

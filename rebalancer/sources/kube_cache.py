@@ -143,7 +143,7 @@ class Reflector:
             if not self._synced:
                 return "never listed"
             if self._broken is not None:
-                return f"watch broken for {now - self._broken_since:.0f}s ({self._broken})"
+                return f"watch broken for {now - self._broken_since:.0f}s: {self._broken}"
             age = now - self._heard
             if age > self._stale_after:
                 return (
@@ -322,7 +322,8 @@ class KubeCache:
     ) -> None:
         if stale_after <= 0:
             raise ValueError("stale_after must be positive")
-        self._calls = cluster_calls(api_client, tuple(dict.fromkeys(namespaces)) if namespaces else None)
+        scoped = tuple(dict.fromkeys(namespaces)) if namespaces is not None else None
+        self._calls = cluster_calls(api_client, scoped)
         self._lister = lister or Lister()
         self._stale_after = stale_after
         self._backoff = backoff

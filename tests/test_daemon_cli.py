@@ -170,6 +170,13 @@ def test_run_serves_then_exits_0_on_sigterm_releasing_the_lease(api: FakeApiServ
         assert "gpu_rebalancer_leader 1.0" in get(f"{served.url}/metrics")[1]
         lease = api.get("Lease", "gpu-rebalancer", "gpu-rebalancer", "coordination.k8s.io/v1")
         assert lease is not None and lease["spec"]["holderIdentity"] == "replica-a"
+        # Its snapshots come from the watch cache: each kind listed once, then watched.
+        deadline = time.monotonic() + 10
+        while {path for path, watch in _reads(api) if watch} != set(CACHED):
+            assert time.monotonic() < deadline, f"not watched: {_reads(api)}"
+            time.sleep(0.05)
+    reads = _reads(api)
+    assert sorted(reads) == sorted((path, watch) for path in CACHED for watch in (False, True))
     events = [json.loads(line) for line in served.stderr.splitlines() if line.startswith("{")]
     names = [e["event"] for e in events]
     assert "daemon started" in names and "stop requested" in names and names[-1] == "daemon stopped"
@@ -178,6 +185,15 @@ def test_run_serves_then_exits_0_on_sigterm_releasing_the_lease(api: FakeApiServ
     lease = api.get("Lease", "gpu-rebalancer", "gpu-rebalancer", "coordination.k8s.io/v1")
     assert lease is not None and not lease["spec"].get("holderIdentity")  # released for the standby
     assert not api.requests_to("/api/v1/namespaces/*/pods/*/eviction")  # dry-run
+
+
+# What `rebalancer run` keeps in its watch cache.
+CACHED = ("/api/v1/nodes", "/api/v1/pods", "/apis/policy/v1/poddisruptionbudgets")
+
+
+def _reads(api: FakeApiServer) -> list[tuple[str, bool]]:
+    """(path, is a watch) of each read of a cached kind, in order."""
+    return [(r.path, r.param("watch") in ("true", "1")) for r in api.requests if r.path in CACHED]
 
 
 @pytest.fixture
@@ -205,6 +221,7 @@ def test_once_without_snapshot_runs_one_dry_run_cycle_on_the_cluster(
     assert report["mode"] == "dry-run"
     assert [(d["pod"], d["outcome"]) for d in report["decisions"]] == [("lonely", "would-evict")]
     assert api.writes() == []
+    assert sorted(_reads(api)) == sorted((path, False) for path in CACHED)  # listed once, never watched
 
 
 @pytest.mark.usefixtures("quiet_logging")

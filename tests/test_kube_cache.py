@@ -146,17 +146,20 @@ def test_a_dropped_stream_is_watched_again_from_where_it_was(api: FakeApiServer,
 
 def test_410_gone_lists_again(api: FakeApiServer, cache: KubeCache) -> None:
     """A watch from a compacted resourceVersion gets 410 "too old resource version": the reflector lists
-    again (seeing what changed while it could not watch) and watches from the new list."""
+    again (seeing what changed while it could not watch) and watches from the new list. While it is
+    throttled (429) it only watches again, from where it was, as client-go does."""
     _cluster(api)
     cache.read(LOADED)
     eventually(lambda: len(_watches(api, "/api/v1/pods")) == 1)
     pods = _reflector(cache, "pods")
-    api.inject("/api/v1/pods", status=503, times=None, watch=True)
+    api.inject("/api/v1/pods", status=429, times=None, watch=True)
     api.drop_watches()
     eventually(lambda: pods.staleness() is not None)
     api.add(pod_json("train-1", "gpu-2"))
     api.remove("Pod", "train-0", "ml")
     api.compact()
+    eventually(lambda: len(_watches(api, "/api/v1/pods")) >= 4)  # throttled: watched again, not listed
+    assert len(_lists(api, "/api/v1/pods")) == 1
     api.clear_faults()
     eventually(lambda: len(_lists(api, "/api/v1/pods")) == 2)
     eventually(lambda: pods.staleness() is None and _pod_names(cache) == ["train-1"])
@@ -169,6 +172,8 @@ def test_410_gone_lists_again(api: FakeApiServer, cache: KubeCache) -> None:
 def test_a_broken_watch_is_a_finding_and_a_fresh_list_before_the_snapshot(
     api: FakeApiServer, cache: KubeCache
 ) -> None:
+    """Every watch answered 503: the reflector lists again between its tries (client-go's rule), but a
+    list is not a watch: the kind stays stale, and each read lists it again itself, with a finding."""
     _cluster(api)
     cache.read(LOADED)
     eventually(lambda: len(_watches(api, "/api/v1/pods")) == 1)
@@ -176,17 +181,19 @@ def test_a_broken_watch_is_a_finding_and_a_fresh_list_before_the_snapshot(
     api.drop_watches()
     pods = _reflector(cache, "pods")
     eventually(lambda: pods.staleness() is not None)
-    api.add(pod_json("train-1", "gpu-2"))  # the cache cannot hear of it
-    time.sleep(0.3)
-    assert "train-1" not in _pod_names(cache)
+    eventually(lambda: len(_lists(api, "/api/v1/pods")) >= 2)  # the reflector's own list after a 503
+    api.add(pod_json("train-1", "gpu-2"))
+    listed = len(_lists(api, "/api/v1/pods"))
     objects = cache.read(LOADED)
-    assert sorted(p.name for p in objects.pods) == ["train-0", "train-1"]  # from the fresh list
+    assert sorted(p.name for p in objects.pods) == ["train-0", "train-1"]
     [finding] = objects.findings
     assert finding.kind == STALE_CLUSTER_CACHE
     assert finding.detail.startswith("pods: the watch cache was stale (watch broken for ")
     assert "HTTP 503" in finding.detail and "etcd leader changed" in finding.detail
     assert "listed again before this snapshot" in finding.detail
-    assert len(_lists(api, "/api/v1/pods")) == 2
+    assert len(_lists(api, "/api/v1/pods")) > listed  # the read's own list
+    assert pods.staleness() is not None  # still no watch: the next read lists again
+    assert [f.kind for f in cache.read(LOADED).findings] == [STALE_CLUSTER_CACHE]
 
 
 def test_a_broken_watch_whose_list_fails_too_fails_the_read(api: FakeApiServer, cache: KubeCache) -> None:

@@ -28,10 +28,13 @@ Modelled on client-go's tools/cache/reflector.go; where it differs, on purpose:
 - a watch timeout random in [1/3, 2/3) of `stale_after` (60-120 s by default) where client-go takes
   [5, 10) minutes: a watch from a recent resourceVersion costs the server little, and the bound on
   silence is what lets a cycle trust the cache;
-- after a failed watch request (connection refused, 429, 5xx, 403...) the reflector backs off
-  (`kubeapi.exponential_backoff(0.8, 30)`, client-go's 800 ms to 30 s) and watches again from its
-  resourceVersion; only 410 Gone ("too old resource version", as an HTTP answer or an ERROR event)
-  lists again. A stream that drops mid-way is watched again from the last resourceVersion at once;
+- as client-go: after a failed watch (a refused connection or 429: watch again; any other error
+  answer, ERROR event or unreadable event: list again) the reflector backs off first
+  (`kubeapi.exponential_backoff(0.8, 30)`, client-go's 800 ms to 30 s); 410 Gone ("too old resource
+  version", as an HTTP answer or an ERROR event) lists again at once, from a consistent read; a stream
+  that drops mid-way is watched again from the last resourceVersion at once. Differs: the kind stays
+  stale (broken) until a watch is served again, even when a list in between succeeded, since a list
+  alone is not kept current;
 - no resync period, no informer handlers or indexers: the store is the snapshot's objects only.
 
 It must not read the wall clock (only `time.monotonic`, for ages), write to the cluster or decide
@@ -86,7 +89,24 @@ _Ended = Literal["ended", "dropped", "expired", "superseded", "stopped"]
 
 
 class _WatchFailed(Exception):
-    """A watch request the API server did not serve, or a stream that ended with an error event."""
+    """A watch request the API server did not serve, or a stream that ended with an error event.
+    `relist`: whether the reflector lists again before its next watch (client-go's rule: not after a
+    refused connection or a 429, which say the server is busy or away, not that the watch is wrong)."""
+
+    def __init__(self, why: str, *, relist: bool = True) -> None:
+        super().__init__(why)
+        self.relist = relist
+
+
+def _retriable(exc: BaseException) -> bool:
+    """client-go's isWatchErrorRetriable: a refused connection or 429 Too Many Requests."""
+    if isinstance(exc, ApiException):
+        return bool(exc.status == 429)
+    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+        exc = exc.reason
+    if isinstance(exc, urllib3.exceptions.NewConnectionError):
+        return isinstance(exc.__context__, ConnectionRefusedError) or "Connection refused" in str(exc)
+    return isinstance(exc, ConnectionRefusedError)
 
 
 class Reflector:
@@ -182,22 +202,14 @@ class Reflector:
     # ---- the watch thread
 
     def run(self, stop: threading.Event) -> None:
-        """Watch until `stop` is set: again after each stream ends, a list after 410 Gone, a backoff
-        after a failure."""
+        """Watch until `stop` is set: again after each stream ends; a list after 410 Gone and, after a
+        backoff, after a failed watch (only a backoff when the connection was refused or throttled)."""
         failures = 0
+        relist = False
         while not stop.is_set():
             with self._lock:
                 rv, generation = self._rv, self._generation
-            started = self._monotonic()
-            try:
-                ended, events = self._watch(rv, generation, stop)
-            except _WatchFailed as failed:
-                self._mark_broken(str(failed))
-                stop.wait(self._backoff(failures))
-                failures += 1
-                continue
-            if ended == "expired":
-                log.info("watch expired: listing again", what=self.call.what, resource_version=rv)
+            if relist:
                 try:
                     self.relist(unless_listed_since=generation)
                 except KubeSourceError as exc:
@@ -205,7 +217,22 @@ class Reflector:
                     stop.wait(self._backoff(failures))
                     failures += 1
                     continue
-            elif ended == "ended" and not events and self._monotonic() - started < _SHORT_WATCH:
+                relist = False
+                continue
+            started = self._monotonic()
+            try:
+                ended, events = self._watch(rv, generation, stop)
+            except _WatchFailed as failed:
+                self._mark_broken(str(failed))
+                relist = failed.relist
+                stop.wait(self._backoff(failures))
+                failures += 1
+                continue
+            if ended == "expired":
+                log.info("watch expired: listing again", what=self.call.what, resource_version=rv)
+                relist = True
+                continue
+            if ended in ("ended", "dropped") and not events and self._monotonic() - started < _SHORT_WATCH:
                 stop.wait(self._backoff(failures))
                 failures += 1
                 continue
@@ -247,9 +274,9 @@ class Reflector:
         except ApiException as exc:
             if exc.status == 410:
                 return "expired", 0
-            raise _WatchFailed(describe_error(exc)) from None
+            raise _WatchFailed(describe_error(exc), relist=not _retriable(exc)) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise _WatchFailed(describe_error(exc)) from None
+            raise _WatchFailed(describe_error(exc), relist=not _retriable(exc)) from None
         with self._lock:
             self._response = response
             self._heard = self._monotonic()

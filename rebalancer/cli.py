@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -25,6 +26,7 @@ from rebalancer.daemon.args import (
     add_service_account_token_argument,
 )
 from rebalancer.errors import InputError, Problems
+from rebalancer.gcpause import collector_paused
 from rebalancer.history_flags import add_advise_arguments, add_waste_arguments
 from rebalancer.redaction import redact
 from rebalancer.simulate_command import add_arguments as add_simulate_arguments
@@ -565,11 +567,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _run_command(args: argparse.Namespace, *, whole_process: bool) -> int:
+    """The command, with the cyclic collector paused unless it is the daemon.
+
+    A one-shot command allocates a snapshot's millions of long-lived objects, evaluates and exits: a
+    collection would visit them all and free next to nothing (reference counting frees the rest). Run
+    as the process (`whole_process`: the console script, `python -m rebalancer`), the collector stays
+    off until exit, as a collection on the way out would be wasted too; called in-process (tests), it is
+    paused for the call only. `rebalancer run` collects normally: it lives for days.
+    """
+    func: Callable[[argparse.Namespace], int] = args.func
+    if func is cmd_run:
+        return func(args)
+    if whole_process:
+        gc.disable()
+        return func(args)
+    with collector_paused():
+        return func(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        code: int = args.func(args)
+        code = _run_command(args, whole_process=argv is None)
     except Problems as exc:
         for problem in exc.problems:  # a problem may quote a URL the operator gave, credentials and all
             print(f"rebalancer: error: {redact(problem)}", file=sys.stderr)

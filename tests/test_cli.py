@@ -232,3 +232,21 @@ def test_flags_that_do_nothing_with_a_snapshot_are_refused(
 def test_dry_run_is_what_a_snapshot_always_is_so_it_is_accepted(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "once", "--snapshot", str(DEMO), "--policy", str(DEMO_POLICY), "--dry-run")
     assert code == EXIT_OK, err
+
+
+def test_one_shot_commands_pause_the_collector_and_give_it_back_in_process() -> None:
+    import gc
+
+    from rebalancer.cli import _run_command, build_parser
+
+    seen: list[bool] = []
+    args = build_parser().parse_args(["version"])
+    args.func = lambda _args: seen.append(gc.isenabled()) or 0
+    assert gc.isenabled()
+    assert _run_command(args, whole_process=False) == 0
+    assert seen == [False] and gc.isenabled()  # paused for the call, given back after it
+    try:
+        assert _run_command(args, whole_process=True) == 0
+        assert not gc.isenabled()  # as the process: off until it exits
+    finally:
+        gc.enable()

@@ -97,3 +97,22 @@ def test_the_json_report_carries_every_gpu_node_as_a_row_of_its_gpus(
     assert isinstance(findings, list)
     leaked = {f["gpu"] for f in findings if f["kind"] == "leaked-vram"}
     assert leaked and {gpu["uuid"] for _, gpu in cells if gpu["state"] == "leaked"} == leaked
+
+
+def test_the_json_text_is_what_the_standard_library_writes(tmp_path: Path) -> None:
+    """`to_json` formats as `json.dumps(indent=2)` does: the demo byte for byte, and a report carrying
+    non-ASCII and hostile text decodes to the same document (UTF-8 rather than `\\u` escapes)."""
+    import dataclasses
+
+    from rebalancer.cycle import run_cycle
+    from rebalancer.evictor import DryRunEvictor
+    from rebalancer.model import Finding
+    from rebalancer.report import to_dict, to_json
+    from rebalancer.sources.files import load_snapshot_dir
+
+    loaded = load_policy(DEMO_POLICY)
+    report = run_cycle(load_snapshot_dir(DEMO_POLICY.parent, loaded), loaded, DryRunEvictor())
+    assert to_json(report) == json.dumps(to_dict(report), indent=2)
+    odd = Finding(kind="bad-telemetry", detail='Zürich "GPU" \\ </script>\u2028 \U0001f525 \x00', gpus=1e-05)
+    hostile = dataclasses.replace(report, findings=(*report.findings, odd))
+    assert json.loads(to_json(hostile)) == json.loads(json.dumps(to_dict(hostile), indent=2))

@@ -693,3 +693,17 @@ def test_a_malformed_controller_names_the_field(mutate: Any, message: str) -> No
 def test_a_job_with_a_bad_suspend_is_refused() -> None:
     with pytest.raises(ObjectError, match=r"Job ml/serve-5f: spec.suspend: expected true or false"):
         controller_from_json(_controller("Job", "batch/v1", suspend="true"))
+
+
+def test_a_quantity_seen_valid_for_one_resource_is_still_checked_for_another() -> None:
+    """Quantities that passed are remembered by resource and spelling; another resource, or the same
+    number spelt as a string, goes through every check again."""
+    cpu = _pod(containers=[{"name": "main", "resources": {"requests": {"cpu": "1.5"}}}])
+    assert pod_from_json(cpu, gangs=GangConfig(), sharing=GpuSharingConfig()).requests["cpu"] == 1500
+    gpu = _pod(containers=[{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1.5"}}}])
+    for _ in range(2):  # refused every time, never remembered
+        with pytest.raises(ObjectError, match="must be an integer"):
+            pod_from_json(gpu, gangs=GangConfig(), sharing=GpuSharingConfig())
+    spelt = _pod(containers=[{"name": "main", "resources": {"requests": {"cpu": 2, "memory": "2"}}}])
+    requests = pod_from_json(spelt, gangs=GangConfig(), sharing=GpuSharingConfig()).requests
+    assert (requests["cpu"], requests["memory"]) == (2000, 2)

@@ -127,7 +127,7 @@ _HEADERS = ["WORKLOAD", "GPUS", "ADVICE", "SAVING/MONTH", "CONFIDENCE"]
 def render_text(advice: Advice, history: UsageHistory) -> str:
     out = [_heading(history), ""]
     if not advice:
-        out.append("No workload holding whole GPUs has telemetry in this period.")
+        out.append("No workload of the cluster view holds whole GPUs.")
     else:
         table = text_table(_HEADERS, _rows(advice))
         out.append(table[0])

@@ -45,6 +45,7 @@ from rebalancer.rightsizing import PriceOf
 from rebalancer.sources.files import load_snapshot_dir
 from rebalancer.sources.snapshot_history import snapshot_series
 from rebalancer.telemetry.exposition import Series
+from rebalancer.telemetry.identity import resolve_preset
 from rebalancer.waste import gpu_product
 from rebalancer.wording import quoted
 
@@ -63,7 +64,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class HistoryInputs:
-    """The checked inputs of one run: the history is Prometheus' (`prometheus` set) or the snapshot's."""
+    """The checked inputs of one run: the history is Prometheus' (`prometheus` set) or the snapshot's;
+    `telemetry` with its preset resolved (the metric names the history holds)."""
 
     command: str
     loaded: LoadedPolicy
@@ -94,7 +96,7 @@ def _prometheus(command: str, cfg: TelemetryConfig, url: str | None) -> Promethe
         detail = str(error["msg"]).removeprefix("Value error, ")
         if error["type"] == "string_pattern_mismatch":
             detail = "expected an http(s):// URL"
-        raise InputError([f"{command}: --prometheus-url: {detail} (got {quoted(url)})"]) from None
+        raise InputError([f"{command}: --prometheus-url: {detail} (got {quoted(redact_url(url))})"]) from None
 
 
 def _until(command: str, text: str | None) -> datetime | None:
@@ -144,7 +146,7 @@ def history_inputs(args: argparse.Namespace, command: str) -> HistoryInputs:
     return HistoryInputs(
         command=command,
         loaded=loaded,
-        telemetry=cfg,
+        telemetry=resolve_preset(cfg),
         window=period(until, args.since, args.step),
         prometheus=conn,
         snapshot=snapshot,

@@ -56,7 +56,10 @@ def redact_tree(value: Any) -> Any:
 
 
 def redact_url(url: str) -> str:
-    """A URL safe to show: no `user:password@`, secret query parameters masked, the rest as given."""
+    """A URL safe to show: no `user:password@`, secret query parameters masked, the rest as given. A
+    `user:password@host` typed without a scheme loses its credentials too."""
+    if "://" not in url and "@" in url:
+        return redact(f"{MASK}@{url.rpartition('@')[2]}")
     try:
         parts = urlsplit(url)
     except ValueError:

@@ -23,7 +23,8 @@ for `low-confidence`. Each reason for less than `high` is a note on the recommen
 Prices are the policy's (`prices.per_gpu_hour`), never the catalogue's: a model without one is never
 offered, and a workload on one is `low-confidence` (its saving cannot be known); a MIG instance costs
 its compute slices' share of its GPU's price. The saving is per month (730 hours) over all replicas;
-the change is a YAML patch of the workload's pod template built with the yaml library. It must stay
+the change is a YAML patch of the workload's pod template built with the yaml library (GPU requests set
+as the limits; none, with a note, when the telemetry names no container). It must stay
 pure: no I/O, no clock, no query; callers bring the evidence (`rebalancer.usage`) and render the result.
 """
 
@@ -112,8 +113,14 @@ def _container_patch(spec: dict[str, object]) -> str:
     return yaml.safe_dump({"spec": {"template": {"spec": spec}}}, sort_keys=False)
 
 
-def _resources(evidence: Evidence, limits: dict[str, object]) -> dict[str, object]:
-    return {"containers": [{"name": evidence.container, "resources": {"limits": limits}}]}
+def _resources(evidence: Evidence, amounts: dict[str, object]) -> str:
+    """The patch setting the container's GPU resources, requests as limits (a GPU's request may not
+    differ from its limit), or no patch when the series named no container: a patch naming none would
+    add a container rather than change one."""
+    if not evidence.container:
+        return ""
+    resources = {"limits": amounts, "requests": dict(amounts)}
+    return _container_patch({"containers": [{"name": evidence.container, "resources": resources}]})
 
 
 def advise(
@@ -141,6 +148,8 @@ def advise(
     if found.kind == "low-confidence":
         return replace(found, confidence="low")
     notes: list[str] = []
+    if found.kind in ("fewer-gpus", "mig-profile") and not found.patch:
+        notes.append("the telemetry names no container: change the GPU container's resources by hand")
     if not evidence.profiled:
         notes.append(
             "no profiling metrics (DCGM_FI_PROF_GR_ENGINE_ACTIVE): compute judged by DCGM_FI_DEV_GPU_UTIL, "
@@ -195,7 +204,7 @@ def _advise(
             f"{idle} of {evidence.gpus_per_replica} GPUs a replica idle all window",
             idle * current_price * gpu_hours,
             f"{keep} GPUs",
-            _container_patch(_resources(evidence, {"nvidia.com/gpu": keep})),
+            _resources(evidence, {"nvidia.com/gpu": keep}),
         )
     need_gib = evidence.peak_memory_gib * (1 + headroom)
     need_share = evidence.p95_utilization_percent / 100
@@ -238,7 +247,7 @@ def _advise(
                         f"{profile.slices}/{current.compute_slices} of the GPU",
                         current_price * (1 - share) * gpu_hours,
                         profile.name,
-                        _container_patch(_resources(evidence, {"nvidia.com/gpu": None, profile.resource: 1})),
+                        _resources(evidence, {"nvidia.com/gpu": None, profile.resource: 1}),
                     )
                 )
                 break  # profiles are smallest first: the first that fits is the cheapest

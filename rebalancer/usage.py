@@ -13,16 +13,21 @@ Owns what the advisor reads of a period of DCGM history and how it is summed up 
   `quantile_over_time(0.95)`: linear interpolation between the closest ranks) of the good steps.
   Series that differ only in labels the policy's label mapping does not read are one series (the larger
   step), as in `rebalancer.waste`. `usage_from_samples` computes this from raw samples (a snapshot
-  directory's history) with the same rules as `sources.prometheus_usage`'s queries;
+  directory's history) with the same rules as `sources.prometheus_usage`'s queries (on Prometheus 2.x,
+  whose ranges include both ends; on 3.x a sample exactly 1 ms after a step's start is missed, as in
+  `sources.prometheus_steps`);
 - per workload (`workload_evidence`): the series of the cluster view's pods that hold whole GPUs, grouped
   by `workloads.resolve`. Its peak memory is the largest peak of any of its GPUs, its p95 figures the
   largest p95 of any GPU (the busiest replica must fit), its samples the fewest steps any of its GPUs
-  has (every replica must be seen). Compute is the graphics engine activity where every GPU of the
-  workload has it, else `DCGM_FI_DEV_GPU_UTIL` (which counts a GPU busy while any kernel runs, so it
-  overstates the need: the advice is then `medium` confidence). A GPU of a replica is idle all period
-  when its utilisation never reached the idle-gpu threshold; the workload can drop as many GPUs a
-  replica as its replica with the fewest idle GPUs. Telemetry for fewer GPUs than a replica holds, or
-  any bad step, is a problem the advice reports as low confidence, never as "fits".
+  has of memory, utilisation and the compute figure judged (every replica must be seen). Compute is the
+  graphics engine activity where every GPU of the workload has it, else `DCGM_FI_DEV_GPU_UTIL` (which
+  counts a GPU busy while any kernel runs, so it overstates the need: the advice is then `medium`
+  confidence). A GPU of a replica is idle all period
+  when its utilisation never reached the idle-gpu threshold and its framebuffer stayed under 1 GiB; the
+  workload can drop as many GPUs a replica as its replica with the fewest idle GPUs. NVLink traffic
+  counts as measured only where every GPU has both directions. Telemetry for fewer GPUs than a replica
+  holds, any bad step, or replicas on different GPU models is a problem the advice reports as low
+  confidence, never as "fits".
 
 Pods that share GPUs or use MIG instances are not judged (they are sized already), nor series of pods
 the cluster view no longer holds (their workload is unknown). It must stay pure: no I/O, no clock, no
@@ -88,6 +93,9 @@ PROFILING: Mapping[str, MetricConfig] = {
 }
 
 P95 = 0.95
+# Framebuffer (MiB) under which a GPU at idle utilisation holds nothing: the CUDA context of an idle
+# process is a few hundred MiB; the idle-gpu strategy calls more than 1 GiB on an unused GPU leaked.
+IDLE_FB_MIB = 1024.0
 
 # A series' labels, sorted as the usage keeps them.
 LabelKey = tuple[tuple[str, str], ...]
@@ -174,7 +182,8 @@ def usage_from_samples(series: Iterable[Series], cfg: TelemetryConfig, window: P
             step = window.step_of(ms)
             if step is not None:
                 per_step[step].append(value)
-        key = tuple((name, found[name]) for name in names if name in found)
+        # As Prometheus keeps them: sorted, and a label with an empty value is no label at all.
+        key = tuple(sorted((name, found[name]) for name in names if found.get(name)))
         steps = grouped[key].setdefault(role_of[metric], {})
         for step, values in per_step.items():
             steps[step] = _larger(steps.get(step), _step_max(values))
@@ -282,6 +291,27 @@ def workload_evidence(
     ]
 
 
+def _idle_gpus(series: Iterable[SeriesUsage], idle_threshold_percent: float) -> int:
+    """GPUs of one pod idle all window: utilisation never reached the threshold, and next to nothing in
+    their framebuffer (a GPU holding memory is not one the replica can give back)."""
+    count = 0
+    for one in series:
+        util = one.metrics.get(UTILIZATION, MetricUsage(0)).peak
+        memory = one.metrics.get(MEMORY, MetricUsage(0)).peak
+        if util is not None and util < idle_threshold_percent and memory is not None and memory < IDLE_FB_MIB:
+            count += 1
+    return count
+
+
+def _product(pod: Pod, series: Iterable[SeriesUsage], cluster: Snapshot) -> str:
+    """The `nvidia.com/gpu.product` of the pod's node, else its series' DCGM model name in that form."""
+    node = cluster.nodes.get(pod.node_name or "")
+    product = node.labels.get(GPU_PRODUCT_LABEL) if node is not None else None
+    return product or next(
+        (gpu_product(one.identity.model_name) for one in series if one.identity.model_name), ""
+    )
+
+
 def _evidence(ref: str, workload: _Workload, cluster: Snapshot, idle_threshold_percent: float) -> Evidence:
     problems: list[str] = []
     series = [one for gpus in workload.gpus.values() for one in gpus]
@@ -293,34 +323,26 @@ def _evidence(ref: str, workload: _Workload, cluster: Snapshot, idle_threshold_p
     bad = sum(usage.bad_steps for one in series for usage in one.metrics.values())
     if bad:
         problems.append(f"{bad} steps of bad telemetry (NaN, negative or DCGM blank values)")
+    profiled = _everywhere(series, ENGINE)
+    compute_role = ENGINE if profiled else UTILIZATION
+    # The compute figure judged must be as well observed as memory: a profiling metric switched on
+    # late in the window counts with its own (few) steps.
     steps = [
         one.metrics[role].steps if role in one.metrics else 0
         for one in series
-        for role in (MEMORY, UTILIZATION)
+        for role in dict.fromkeys((MEMORY, UTILIZATION, compute_role))
     ]
-    profiled = _everywhere(series, ENGINE)
-    compute_role = ENGINE if profiled else UTILIZATION
-    idle_counts = [
-        sum(
-            1
-            for one in workload.gpus.get(key, ())
-            if (peak := one.metrics.get(UTILIZATION, MetricUsage(0)).peak) is not None
-            and peak < idle_threshold_percent
-        )
-        for key in workload.pods
-    ]
-    idle = min(idle_counts) if idle_counts else 0
-    first = min(workload.pods.values(), key=lambda pod: pod.key)
-    node = cluster.nodes.get(first.node_name or "")
-    product = node.labels.get(GPU_PRODUCT_LABEL) if node is not None else None
-    if not product:
-        product = next(
-            (gpu_product(one.identity.model_name) for one in series if one.identity.model_name), ""
-        )
-    nvlink = _largest(
-        (one.metrics[NVLINK_TX].p95 or 0) + (one.metrics[NVLINK_RX].p95 or 0)
-        for one in series
-        if NVLINK_TX in one.metrics and NVLINK_RX in one.metrics
+    idle = min(
+        (_idle_gpus(workload.gpus.get(key, ()), idle_threshold_percent) for key in workload.pods), default=0
+    )
+    products = {_product(pod, workload.gpus.get(key, ()), cluster) for key, pod in workload.pods.items()}
+    if len(products) > 1:
+        problems.append(f"replicas on different GPU models ({', '.join(sorted(products))})")
+    product = min(products) if products else ""
+    nvlink = (
+        _largest((one.metrics[NVLINK_TX].p95 or 0) + (one.metrics[NVLINK_RX].p95 or 0) for one in series)
+        if _everywhere(series, NVLINK_TX) and _everywhere(series, NVLINK_RX)
+        else None
     )
     peak_mib = _largest(one.metrics[MEMORY].peak for one in series if MEMORY in one.metrics)
     p95_mib = _p95(series, MEMORY)

@@ -9,10 +9,10 @@ models present in the cluster (`nvidia.com/gpu.product` of its nodes) plus `avai
 the policy's `prices`.
 
 Each recommendation with a saving is a `gpu-rightsizing` finding (the workload, the change, the monthly
-saving and the patch's first lines; `saving_per_hour` for the metric); `keep`, `not-advised` and
-`low-confidence` are not-chosen records with that code and the reason. Without a usage history on the
-snapshot (no Prometheus, or a snapshot directory without DCGM history) it is skipped, saying so: it never
-guesses. It must stay pure: no I/O, no clock, no query.
+saving and why; `saving_per_hour` for the metric; `rebalancer advise` prints the patches); `keep`,
+`not-advised` and `low-confidence` are not-chosen records with that code and the reason. Without a
+usage history on the snapshot (no Prometheus, or a snapshot directory without DCGM history) it is
+skipped, saying so: it never guesses. It must stay pure: no I/O, no clock, no query.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ class CatalogueMig(StrictModel):
 
 
 class CatalogueModel(StrictModel):
-    """A GPU model for the advisor to compare against; one named as a built-in entry replaces it."""
+    """A GPU model for the advisor to compare against; one named as a built-in entry replaces it whole
+    (its MIG profiles too: list them again to keep them)."""
 
     product: str = Field(min_length=1)
     memory_gib: float = Field(gt=0, allow_inf_nan=False)
@@ -59,8 +60,26 @@ class CatalogueModel(StrictModel):
     compute_slices: int = Field(default=0, ge=0)
     mig_profiles: tuple[CatalogueMig, ...] = ()
 
+    @model_validator(mode="after")
+    def _profiles_fit_the_gpu(self) -> Self:
+        if self.mig_profiles and self.compute_slices < 1:
+            raise ValueError(
+                "mig_profiles need compute_slices: the GPU's number of compute slices (7 on an A100)"
+            )
+        for profile in self.mig_profiles:
+            if profile.slices > self.compute_slices or profile.memory_gib > self.memory_gib:
+                raise ValueError(
+                    f"MIG profile {profile.name} ({profile.slices} slices, {profile.memory_gib:g} GiB) is "
+                    f"more than the GPU has ({self.compute_slices} slices, {self.memory_gib:g} GiB)"
+                )
+        return self
+
     def model(self) -> GpuModel:
-        profiles = tuple(MigProfile(p.name, p.memory_gib, p.slices) for p in self.mig_profiles)
+        """The catalogue entry; its MIG profiles smallest first, as the advisor takes them."""
+        profiles = tuple(
+            MigProfile(p.name, p.memory_gib, p.slices)
+            for p in sorted(self.mig_profiles, key=lambda p: (p.slices, p.memory_gib))
+        )
         return GpuModel(
             self.product, self.memory_gib, self.relative_throughput, self.compute_slices, profiles
         )

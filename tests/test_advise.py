@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from rebalancer.cli import EXIT_BAD_INPUT, EXIT_OK, main
+from tests.builders import write_snapshot_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "demo-cluster"
@@ -106,3 +108,54 @@ def test_a_policy_s_rightsizing_arguments_are_used(
     assert code == EXIT_OK, err
     workloads = json.loads(out)["workloads"]
     assert all(w["recommendation"] == "low-confidence" for w in workloads)  # 120 steps < 121
+
+
+def test_a_preset_s_metric_names_are_the_ones_looked_for(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """With `preset: nv-gpu` the history holds `nv_gpu_*` series, not DCGM's: they are found and read."""
+    now = datetime(2026, 11, 29, 12, tzinfo=UTC)
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": "n1", "labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}},
+        "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"}},
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p-0", "namespace": "ml", "uid": "u"},
+        "spec": {
+            "nodeName": "n1",
+            "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+    labels = 'kubernetes_node="n1",gpu_uuid="GPU-1",gpu="0",pod="p-0",namespace="ml",container="main"'
+    end = now.timestamp()
+    lines = ["# TYPE nv_gpu_utilization gauge"]
+    lines += [f"nv_gpu_utilization{{{labels}}} 0.1 {end - 60 * (120 - i) + 53:.0f}" for i in range(120)]
+    lines += ["# TYPE nv_gpu_memory_used_bytes gauge"]
+    stamps = [end - 60 * (120 - i) + 53 for i in range(120)]
+    lines += [f"nv_gpu_memory_used_bytes{{{labels}}} {8 * 2**30} {stamp:.0f}" for stamp in stamps]
+    directory = write_snapshot_dir(tmp_path / "snap", [node, pod], now, "\n".join([*lines, "# EOF"]) + "\n")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("telemetry:\n  preset: nv-gpu\n")
+    argv = [
+        "--snapshot",
+        str(directory),
+        "--since",
+        "2h",
+        "--step",
+        "1m",
+        "--policy",
+        str(policy),
+        "-o",
+        "json",
+    ]
+    code, out, err = run(capsys, *argv)
+    assert code == EXIT_OK, err
+    (workload,) = json.loads(out)["workloads"]
+    assert workload["evidence"]["samples"] == 120
+    assert workload["evidence"]["peak_memory_gib"] == 8.0
+    assert workload["evidence"]["p95_compute_percent"] == 10.0

@@ -102,8 +102,9 @@ HISTORY = (
     Gpu("a100-3", 0, A100, "train", "big-z2", ("Job", "big"), 1.0, 60 * GIB, 70 * GIB),
     # 4. Thin data: four hours of history are 48 steps, fewer than the 100 needed.
     Gpu("a100-3", 1, A100, "thin", "new-k4", ("Job", "new"), 0.05, 2 * GIB, 3 * GIB, hours=4),
-    # 5. Four GPUs a replica, GPUs 2 and 3 at 0 % all window: two fewer GPUs, 2 x 6.90 x 730 = 10074.00.
-    #    No NVLink series: medium confidence, saying so.
+    # 5. Four GPUs a replica, GPUs 2 and 3 at 0 % all window holding only a CUDA context (300 MiB,
+    #    400 MiB once a day): two fewer GPUs, 2 x 6.90 x 730 = 10074.00. No NVLink series: medium
+    #    confidence, saying so.
     *(
         Gpu(
             "h100-1",
@@ -113,8 +114,8 @@ HISTORY = (
             "four-0",
             ("Job", "four"),
             0.9 if i < 2 else 0.0,
-            20 * GIB,
-            30 * GIB,
+            20 * GIB if i < 2 else 300,
+            30 * GIB if i < 2 else 400,
             gpus=4,
         )
         for i in range(4)
@@ -317,8 +318,9 @@ def test_each_workload_gets_the_advice_worked_out_by_hand(
     assert (mig["recommendation"], mig["target"]) == ("mig-profile", "1g.10gb")
     assert mig["monthly_saving"] == pytest.approx(PRICE[A100] * 6 / 7 * MONTH, abs=0.01)
     assert mig["confidence"] == "medium"  # no profiling metrics for it
-    limits = yaml.safe_load(mig["patch"])["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert limits == {"nvidia.com/gpu": None, "nvidia.com/mig-1g.10gb": 1}
+    resources = yaml.safe_load(mig["patch"])["spec"]["template"]["spec"]["containers"][0]["resources"]
+    mig_resources = {"nvidia.com/gpu": None, "nvidia.com/mig-1g.10gb": 1}
+    assert resources == {"limits": mig_resources, "requests": mig_resources}
     assert rows["train/Job/big"]["recommendation"] == "keep"
     assert rows["train/Job/big"]["monthly_saving"] == 0
     thin = rows["thin/Job/new"]

@@ -20,6 +20,7 @@ from tests.test_daemon_cli import kubeconfig
         ("https://prom.example/x?api_key=k3y", "https://prom.example/x?api_key=***"),
         ("https://prom.example:9090", "https://prom.example:9090"),
         ("https://a:b@c@prom.example", "https://***@prom.example"),
+        ("bob:hunter2@prom.example:9090", "***@prom.example:9090"),  # typed without a scheme
     ],
 )
 def test_redact_url_masks_userinfo_and_secret_parameters(url: str, shown: str) -> None:
@@ -77,3 +78,15 @@ def test_the_command_line_never_prints_a_credential_it_was_given(
     assert code == 2
     err = capsys.readouterr().err
     assert "--prometheus-url" in err and "hunter2" not in err
+
+
+@pytest.mark.parametrize("command", ["advise", "waste"])
+def test_a_bad_prometheus_url_is_refused_without_echoing_its_password(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    demo = str(Path(__file__).resolve().parents[1] / "examples" / "demo-cluster")
+    code = main([command, "--snapshot", demo, "--prometheus-url", "bob:hunter2@prom.example:9090"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "expected an http(s):// URL" in err and "***@prom.example:9090" in err
+    assert "hunter2" not in err

@@ -68,8 +68,19 @@ def test_fits_a_mig_slice_of_its_model() -> None:
     container = yaml.safe_load(found.patch)["spec"]["template"]["spec"]["containers"][0]
     assert container == {
         "name": "server",
-        "resources": {"limits": {"nvidia.com/gpu": None, "nvidia.com/mig-1g.10gb": 1}},
+        "resources": {
+            "limits": {"nvidia.com/gpu": None, "nvidia.com/mig-1g.10gb": 1},
+            "requests": {"nvidia.com/gpu": None, "nvidia.com/mig-1g.10gb": 1},
+        },
     }
+
+
+def test_without_a_container_name_there_is_no_patch_but_a_note() -> None:
+    found = advise(
+        evidence(peak_memory_gib=8, p95_utilization_percent=12, container=""), frozenset({A100_80}), price_of
+    )
+    assert (found.kind, found.patch) == ("mig-profile", "")
+    assert any("names no container" in note for note in found.notes)
 
 
 def test_nine_gib_peak_needs_more_than_a_ten_gib_slice_with_headroom() -> None:
@@ -115,8 +126,8 @@ def test_multi_gpu_with_idle_gpus_fits_fewer() -> None:
     )
     assert found.kind == "fewer-gpus"
     assert found.monthly_saving == pytest.approx(3 * 6.90 * 730 * 2)
-    limits = yaml.safe_load(found.patch)["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert limits == {"nvidia.com/gpu": 1}
+    resources = yaml.safe_load(found.patch)["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources == {"limits": {"nvidia.com/gpu": 1}, "requests": {"nvidia.com/gpu": 1}}
 
 
 @pytest.mark.parametrize(

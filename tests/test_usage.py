@@ -6,6 +6,7 @@ Expected figures are worked out by hand in each test from the samples it writes.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import statistics
 from datetime import timedelta
@@ -14,7 +15,7 @@ import pytest
 
 from rebalancer.model import OwnerRef
 from rebalancer.period import period
-from rebalancer.policy import EXAMPLE_GPU_PRICES, TelemetryConfig, loads_policy
+from rebalancer.policy import EXAMPLE_GPU_PRICES, PolicyError, TelemetryConfig, loads_policy
 from rebalancer.registry import StrategyContext
 from rebalancer.telemetry.exposition import Sample, Series
 from rebalancer.telemetry.identity import DCGM_BLANKS
@@ -26,7 +27,7 @@ from rebalancer.usage import (
     usage_from_samples,
     workload_evidence,
 )
-from strategies.gpu_rightsizing import GpuRightsizingArgs, gpu_rightsizing
+from strategies.gpu_rightsizing import CatalogueMig, CatalogueModel, GpuRightsizingArgs, gpu_rightsizing
 from tests.builders import A100, L4, NOW, node, pod, snapshot
 
 CFG = TelemetryConfig()
@@ -145,13 +146,61 @@ def test_idle_gpus_are_those_every_replica_leaves_idle() -> None:
         [node("n1")], [pod("p", "n1", gpus=2, owner=OWNER), pod("q", "n1", gpus=2, owner=OWNER)]
     )
     rows = (
-        usage("GPU-1", "p", util_peak=4.9),
-        usage("GPU-2", "p", util_peak=0),
+        usage("GPU-1", "p", util_peak=4.9, fb=300),
+        usage("GPU-2", "p", util_peak=0, fb=0),
         usage("GPU-3", "q", util_peak=80),
-        usage("GPU-4", "q", util_peak=3),
+        usage("GPU-4", "q", util_peak=3, fb=1023),
     )
     (evidence,) = workload_evidence(history(*rows), cluster, 5.0)
     assert evidence.idle_all_window == (False, True)
+
+
+def test_a_gpu_holding_memory_is_not_idle_whatever_its_utilisation() -> None:
+    # Four GPUs at 70 GiB each, three of them at 0 %: their memory is the replica's, not a GPU to drop.
+    cluster = snapshot([node("n1")], [pod("p", "n1", gpus=4, owner=OWNER)])
+    rows = [usage("GPU-0", "p", util_peak=90, fb=70 * 1024)] + [
+        usage(f"GPU-{i}", "p", util_peak=0, fb=70 * 1024) for i in (1, 2, 3)
+    ]
+    (evidence,) = workload_evidence(history(*rows), cluster, 5.0)
+    assert evidence.idle_all_window == (False, False, False, False)
+
+
+def test_thin_profiling_data_is_thin_evidence() -> None:
+    # 2,000 steps of memory and utilisation, but the engine activity judged was seen in one step.
+    cluster = snapshot([node("n1")], [pod("p", "n1", owner=OWNER)])
+    row = usage("GPU-1", "p", steps=2000)
+    profiled = dataclasses.replace(row, metrics={**row.metrics, "engine": MetricUsage(1, 0, 5.0, 5.0)})
+    (evidence,) = workload_evidence(history(profiled), cluster, 5.0)
+    assert (evidence.profiled, evidence.samples) == (True, 1)
+
+
+def test_replicas_on_different_gpu_models_are_a_problem() -> None:
+    cluster = snapshot(
+        [node("a", model=A100), node("l", model=L4)], [pod("p", "a", owner=OWNER), pod("q", "l", owner=OWNER)]
+    )
+    (evidence,) = workload_evidence(history(usage("GPU-1", "p"), usage("GPU-2", "q")), cluster, 5.0)
+    assert evidence.problems == (f"replicas on different GPU models ({A100}, {L4})",)
+
+
+def test_nvlink_is_measured_only_where_every_gpu_has_it() -> None:
+    cluster = snapshot([node("n1")], [pod("p", "n1", gpus=2, owner=OWNER)])
+    one, two = usage("GPU-1", "p"), usage("GPU-2", "p")
+    link = {"nvlink_tx": MetricUsage(200, 0, 3e8, 2e8), "nvlink_rx": MetricUsage(200, 0, 2e8, 1e8)}
+    measured = dataclasses.replace(one, metrics={**one.metrics, **link})
+    (partial,) = workload_evidence(history(measured, two), cluster, 5.0)
+    assert partial.nvlink_bytes_per_second is None
+    both = dataclasses.replace(two, metrics={**two.metrics, **link})
+    (full,) = workload_evidence(history(measured, both), cluster, 5.0)
+    assert full.nvlink_bytes_per_second == pytest.approx(3e8)
+
+
+def test_empty_labels_are_no_labels_as_in_prometheus() -> None:
+    # The same GPU scraped twice, once with an empty `container` label: one series, as Prometheus holds it.
+    one = series("DCGM_FI_DEV_FB_USED", [(END - 10, 100.0)], container="")
+    two = series("DCGM_FI_DEV_FB_USED", [(END - 10, 300.0)], container="", instance="b:9400")
+    (found,) = usage_from_samples([one, two], CFG, HOUR)
+    assert found.container is None
+    assert found.metrics["memory"].peak == 300.0
 
 
 def test_shared_and_mig_pods_and_pods_gone_are_not_judged() -> None:
@@ -231,3 +280,39 @@ def test_a_window_that_is_not_whole_steps_is_refused() -> None:
     with pytest.raises(ValueError, match="window / step"):
         GpuRightsizingArgs(window=3600, step=7 * 60)
     assert timedelta(seconds=GpuRightsizingArgs().window) == timedelta(days=7)
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (
+            {"mig_profiles": [{"name": "1g.10gb", "memory_gib": 10, "slices": 1}]},
+            "mig_profiles need compute_slices",
+        ),
+        (
+            {"compute_slices": 4, "mig_profiles": [{"name": "7g.80gb", "memory_gib": 80, "slices": 7}]},
+            "MIG profile 7g.80gb (7 slices, 80 GiB) is more than the GPU has (4 slices, 40 GiB)",
+        ),
+    ],
+)
+def test_a_catalogue_entry_that_cannot_be_is_a_policy_error(entry: dict[str, object], message: str) -> None:
+    text = "strategies:\n  - name: gpu-rightsizing\n    args:\n      catalogue:\n        - " + json.dumps(
+        {"product": "NVIDIA-X", "memory_gib": 40, "relative_throughput": 1, **entry}
+    )
+    with pytest.raises(PolicyError) as info:
+        loads_policy(text, "p.yaml")
+    assert any(message in problem and problem.startswith("p.yaml:") for problem in info.value.problems)
+
+
+def test_catalogue_mig_profiles_are_taken_smallest_first() -> None:
+    entry = CatalogueModel(
+        product="NVIDIA-X",
+        memory_gib=40,
+        relative_throughput=1,
+        compute_slices=4,
+        mig_profiles=(
+            CatalogueMig(name="2g.24gb", memory_gib=24, slices=2),
+            CatalogueMig(name="1g.12gb", memory_gib=12, slices=1),
+        ),
+    )
+    assert [p.name for p in entry.model().mig_profiles] == ["1g.12gb", "2g.24gb"]

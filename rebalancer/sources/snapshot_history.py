@@ -28,6 +28,7 @@ from rebalancer.policy import LoadedPolicy
 from rebalancer.sources.files import METRIC_SUFFIXES, SnapshotError
 from rebalancer.sources.snapshot_layout import SnapshotFile, read_problem, walk
 from rebalancer.telemetry.exposition import ExpositionError, Series, parse_exposition_lines
+from rebalancer.telemetry.identity import resolve_preset
 from rebalancer.usage import UsageHistory, usage_from_samples, usage_metrics
 
 __all__ = ["snapshot_series", "with_directory_usage"]
@@ -83,7 +84,7 @@ def with_directory_usage(snapshot: Snapshot, root: Path, loaded: LoadedPolicy) -
     window = period(snapshot.now, *wanted)
     metrics = usage_metrics(cfg)
     series, _ = snapshot_series(root, tuple(metric.name for metric in metrics.values()))
-    if not any(one.metric == cfg.fb_used.name for one in series):
+    if not any(one.metric == resolve_preset(cfg).fb_used.name for one in series):
         return snapshot
     usage = usage_from_samples(series, cfg, window)
     return dataclasses.replace(

@@ -3,10 +3,11 @@
 Owns `PrometheusUsage`, which the live source keeps across a daemon's cycles: when a strategy of the
 policy reads usage (`LoadedPolicy.usage_period`, today `gpu-rightsizing`), one query per metric
 (`PrometheusTelemetrySource.usage`), kept for `refresh` (default 1h) and read again after it, or when the
-policy's window or step changes. A window of days moves little in an hour, and these are the heaviest
-queries the rebalancer sends, so a daemon cycling every five minutes does not repeat them each cycle. A
-failed read gives no usage and a `usage-history-unavailable` finding naming the error (redacted): never
-the previous copy, never a guess. A snapshot directory's usage is `snapshot_history.with_directory_usage`.
+policy's window, step or telemetry settings (metric names, labels, preset) change. A window of days
+moves little in an hour, and these are the heaviest queries the rebalancer sends, so a daemon cycling
+every five minutes does not repeat them each cycle. A failed read gives no usage and a
+`usage-history-unavailable` finding naming the error (redacted): never the previous copy, never a guess.
+A snapshot directory's usage is `snapshot_history.with_directory_usage`.
 
 It must not judge the usage (strategies do) or read the clock (`now` is the snapshot's).
 """
@@ -19,7 +20,7 @@ from datetime import datetime, timedelta
 
 from rebalancer.model import Finding, Snapshot
 from rebalancer.period import Period, period
-from rebalancer.policy import LoadedPolicy, PrometheusConfig
+from rebalancer.policy import LoadedPolicy, PrometheusConfig, TelemetryConfig
 from rebalancer.redaction import redact, redact_url
 from rebalancer.sources.prometheus import PrometheusError, PrometheusTelemetrySource
 from rebalancer.usage import UsageHistory
@@ -34,6 +35,7 @@ UNAVAILABLE = "usage-history-unavailable"
 class _Read:
     at: datetime
     window: Period
+    telemetry: TelemetryConfig
     history: UsageHistory
 
 
@@ -66,6 +68,7 @@ class PrometheusUsage:
         if (
             last is not None
             and (last.window.seconds, last.window.step) == wanted
+            and last.telemetry == cfg
             and timedelta(0) <= snapshot.now - last.at < self._refresh
         ):
             return dataclasses.replace(snapshot, usage=last.history)
@@ -84,5 +87,5 @@ class PrometheusUsage:
             finding = Finding(kind=UNAVAILABLE, detail=f"{where}: {redact(str(exc))}")
             return dataclasses.replace(snapshot, findings=(*snapshot.findings, finding))
         history = UsageHistory(period=window, series=tuple(series), source=where)
-        self._last = _Read(at=snapshot.now, window=window, history=history)
+        self._last = _Read(at=snapshot.now, window=window, telemetry=cfg, history=history)
         return dataclasses.replace(snapshot, usage=history)

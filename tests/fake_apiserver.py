@@ -720,6 +720,7 @@ class FakeApiServer:
         self._compacted_rv = 999
         # Raised by drop_watches(): open watch streams of an older epoch end without their last chunk.
         self._watch_epoch = 0
+        self._watch_epoch_seen: dict[int, int] = {}  # handler thread -> the epoch its watch arrived in
         self._changed = threading.Condition(self._lock)
         self._snapshot_ids = itertools.count(1)
         self._clock = clock or (lambda: datetime.now(UTC))
@@ -971,6 +972,8 @@ class FakeApiServer:
         ERROR event when that version is compacted, BOOKMARK events (with allowWatchBookmarks) carrying
         the latest resourceVersion, and the end of the stream after `timeoutSeconds`. Raises ApiError
         (before any byte is sent) for an unknown resource or a refused watch."""
+        with self._lock:
+            arrived = self._watch_epoch_seen.pop(threading.get_ident(), None)
         match = _CORE_PATH.match(path) or _GROUP_PATH.match(path)
         if match is None:
             raise ApiError(404, _NOT_FOUND_RESOURCE)
@@ -993,6 +996,7 @@ class FakeApiServer:
             fields=fields,
             bookmarks=bookmarks,
             timeout=timeout,
+            arrived=arrived,
         )
 
     def _watch_events(
@@ -1005,6 +1009,7 @@ class FakeApiServer:
         fields: list[tuple[tuple[str, ...], bool, str]],
         bookmarks: bool,
         timeout: float,
+        arrived: int | None = None,
     ) -> Iterator[JsonObj]:
         def wanted(obj: JsonObj) -> bool:
             meta = obj["metadata"]
@@ -1016,7 +1021,7 @@ class FakeApiServer:
 
         deadline = time.monotonic() + timeout
         with self._lock:
-            epoch = self._watch_epoch
+            epoch = self._watch_epoch if arrived is None else arrived
             if since in ("", "0"):
                 position = self._last_rv
                 initial = [copy.deepcopy(o) for o in self._store(kind).values() if wanted(o)]
@@ -1103,6 +1108,10 @@ class FakeApiServer:
                     fault.describe(),
                 )
             self._requests.append(recorded)
+            if watching and fault is None:
+                # A watch is open from the moment it is seen: `drop_watches()` ends it even if it comes
+                # before the stream is set up (the handler thread picks this epoch up in `watch`).
+                self._watch_epoch_seen[threading.get_ident()] = self._watch_epoch
             return fault
 
     # ---- dispatch

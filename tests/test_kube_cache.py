@@ -299,9 +299,8 @@ def test_stop_ends_the_watches(api: FakeApiServer, api_client: client.ApiClient)
     cache = KubeCache(api_client)
     cache.read(LOADED)
     eventually(lambda: len(_watches(api, "/api/v1/pods")) == 1)
-    started = time.monotonic()
-    cache.stop()
-    assert time.monotonic() - started < 5
+    cache.stop(timeout=60)  # generous: a loaded machine is slow, not wrong; what matters is that they end
+    assert not any(t.is_alive() for t in cache._threads)
     with pytest.raises(KubeSourceError, match="stopped"):
         cache.read(LOADED)
 

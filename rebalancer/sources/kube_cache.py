@@ -282,6 +282,13 @@ class Reflector:
             self._heard = self._monotonic()
             self._broken = None
         events = 0
+        if stop.is_set():
+            # `close()` ran while this request was being made, before the stream was published: it had
+            # nothing to cut, so stop here rather than block reading a stream nobody will end.
+            with self._lock:
+                self._response = None
+            response.release_conn()
+            return "stopped", events
         try:
             for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
                 if stop.is_set():

@@ -280,7 +280,7 @@ def _capture_cluster(args: argparse.Namespace, loaded: LoadedPolicy, out: Path) 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from rebalancer.policy import PrometheusConfig, parse_duration
+    from rebalancer.policy import parse_duration, prometheus_with_url
     from rebalancer.redaction import redact_url
     from rebalancer.sources.files import SNAPSHOT_FILE
     from rebalancer.sources.prometheus import PrometheusError, PrometheusTelemetrySource
@@ -293,10 +293,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         raise InputError(["snapshot: telemetry is disabled in the policy (telemetry: null)"])
     try:
         window = parse_duration(args.window)
-        conn = cfg.prometheus
-        if args.prometheus_url is not None:
-            base = conn.model_dump() if conn is not None else {}
-            conn = PrometheusConfig.model_validate({**base, "url": args.prometheus_url})
+        conn = prometheus_with_url(cfg.prometheus, args.prometheus_url)
     except ValueError as exc:  # pydantic's ValidationError is a ValueError too
         detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
         raise InputError([f"snapshot: {detail}"]) from None

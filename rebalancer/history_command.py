@@ -38,6 +38,7 @@ from rebalancer.policy import (
     default_policy,
     format_duration,
     load_policy,
+    prometheus_with_url,
 )
 from rebalancer.redaction import redact_url
 from rebalancer.registry import StrategyContext
@@ -84,13 +85,10 @@ class HistoryInputs:
         return f"snapshot {self.snapshot_dir}"
 
 
-def _prometheus(command: str, cfg: TelemetryConfig, url: str | None) -> PrometheusConfig | None:
-    conn = cfg.prometheus
-    if url is None:
-        return conn
-    base = conn.model_dump() if conn is not None else {}
+def _prometheus(command: str, cfg: TelemetryConfig, url: str) -> PrometheusConfig | None:
+    """The policy's connection with `--prometheus-url`; InputError naming the flag for a bad URL."""
     try:
-        return PrometheusConfig.model_validate({**base, "url": url})
+        return prometheus_with_url(cfg.prometheus, url)
     except ValidationError as exc:
         error = exc.errors()[0]
         detail = str(error["msg"]).removeprefix("Value error, ")
@@ -127,7 +125,7 @@ def history_inputs(args: argparse.Namespace, command: str) -> HistoryInputs:
             ]
         )
     until = _until(command, args.until)
-    conn = _prometheus(command, cfg, args.prometheus_url)
+    conn = cfg.prometheus if args.prometheus_url is None else _prometheus(command, cfg, args.prometheus_url)
     if conn is None and args.snapshot is None:
         raise InputError(
             [

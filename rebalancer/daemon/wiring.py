@@ -59,7 +59,14 @@ from rebalancer.fence import WriteFence
 from rebalancer.kube_evictor import REQUESTER, KubeEvictor
 from rebalancer.kubeapi import load_api_client
 from rebalancer.model import Snapshot
-from rebalancer.policy import LoadedPolicy, NotifyConfig, PrometheusConfig, default_policy, format_duration
+from rebalancer.policy import (
+    LoadedPolicy,
+    NotifyConfig,
+    PrometheusConfig,
+    default_policy,
+    format_duration,
+    prometheus_with_url,
+)
 from rebalancer.sinks.events import KubeEventsSink
 from rebalancer.sinks.log import configure_logging
 from rebalancer.sinks.metrics import DaemonMetrics
@@ -97,11 +104,7 @@ log = structlog.get_logger("rebalancer.daemon")
 def _prometheus(loaded: LoadedPolicy, url: str | None) -> PrometheusConfig | None:
     """The policy's Prometheus connection, with its URL replaced by `url` when given."""
     cfg = loaded.policy.telemetry
-    conn = cfg.prometheus if cfg is not None else None
-    if url is None:
-        return conn
-    base = conn.model_dump() if conn is not None else {}
-    return PrometheusConfig.model_validate({**base, "url": url})
+    return prometheus_with_url(cfg.prometheus if cfg is not None else None, url)
 
 
 def kube_snapshot_source(

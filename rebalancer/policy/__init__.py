@@ -52,6 +52,7 @@ from rebalancer.policy.telemetry import (
     PrometheusConfig,
     TelemetryConfig,
     TelemetryPreset,
+    prometheus_with_url,
 )
 from rebalancer.redaction import redact
 from rebalancer.registry import StrategyArgs, all_strategies, get_strategy
@@ -100,6 +101,7 @@ __all__ = [
     "parse_duration",
     "parse_policy",
     "plain_http_to_remote_host",
+    "prometheus_with_url",
 ]
 
 # --------------------------------------------------------------------------- sections

@@ -14,7 +14,14 @@ from pydantic import Field, model_validator
 
 from rebalancer.policy.fields import Duration, StrictModel, refuse_secrets_over_plain_http
 
-__all__ = ["LabelMapping", "MetricConfig", "PrometheusConfig", "TelemetryConfig", "TelemetryPreset"]
+__all__ = [
+    "LabelMapping",
+    "MetricConfig",
+    "PrometheusConfig",
+    "TelemetryConfig",
+    "TelemetryPreset",
+    "prometheus_with_url",
+]
 
 
 class MetricConfig(StrictModel):
@@ -62,6 +69,16 @@ class PrometheusConfig(StrictModel):
             "credentials are configured",
         )
         return self
+
+
+def prometheus_with_url(conn: PrometheusConfig | None, url: str | None) -> PrometheusConfig | None:
+    """`conn` with its URL replaced by `url` (a command line's `--prometheus-url`), keeping the rest of
+    the connection settings; `conn` itself when no URL is given. Raises pydantic's ValidationError for
+    a URL the connection refuses."""
+    if url is None:
+        return conn
+    base = conn.model_dump() if conn is not None else {}
+    return PrometheusConfig.model_validate({**base, "url": url})
 
 
 class TelemetryConfig(StrictModel):

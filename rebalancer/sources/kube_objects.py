@@ -462,11 +462,13 @@ _NO_GPU = GpuRequest()
 def _gang(
     namespace: str, labels: Mapping[str, str], annotations: Mapping[str, str], gangs: GangConfig
 ) -> str | None:
+    keys = gangs.keys
     for source in (labels, annotations):
-        for key in gangs.keys:
-            value = source.get(key)
-            if value:
-                return f"{namespace}/{value}"
+        if source:
+            for key in keys:
+                value = source.get(key)
+                if value:
+                    return f"{namespace}/{value}"
     return None
 
 

@@ -730,3 +730,16 @@ def test_a_duplicate_or_malformed_controller_is_a_problem(tmp_path: Path) -> Non
         f"{b} items[0]: duplicate Deployment ml/serve (first in {a} items[0])",
         f"{b} items[1]: Job ml/j: spec.suspend: expected true or false, got the string 'yes'",
     )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_items_without_a_list_kind_are_read_as_a_document(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """A file with `items` but no List kind is not a List: it is read as one document (here, an object
+    without a kind), the mapped file released first."""
+    if stream:
+        monkeypatch.setattr(files, "STREAM_JSON_BYTES", 0)
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    write(tmp_path, "pods.json", {"apiVersion": "v1", "items": [pod("a", None)]})
+    assert problems_of(tmp_path) == (f"{tmp_path / 'pods.json'}: Kubernetes object without a kind",)

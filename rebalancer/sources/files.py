@@ -272,6 +272,7 @@ def _read_json_list(file: SnapshotFile, loaded: LoadedPolicy, out: _Collected) -
             kind, raws = head.kind, head.items
             del head
             if not isinstance(kind, str) or not kind.endswith("List") or raws is None:
+                del raws  # no item's bytes may outlive the mapping
                 return False
             items = _decoded_items(file, kind, raws, strict=small)
             refused = False

@@ -6,7 +6,8 @@ Owns keeping the objects a snapshot needs current between cycles, and saying whe
   selector and namespace scoping as the per-cycle lists; PDBs), each on its own thread: a list (pages
   decoded into the model as they arrive, `kube_lists.KindStore`: no raw page is kept), then a watch from
   the list's resourceVersion with `allowWatchBookmarks=true`, ADDED / MODIFIED / DELETED applied as they
-  arrive (decoded the same way), the resourceVersion of every event and bookmark kept for the next watch;
+  arrive (decoded the same way: each event's object kept as its JSON until the store decodes it into its
+  kind's Struct), the resourceVersion of every event and bookmark kept for the next watch;
 - `KubeCache.read(loaded)`: the `kube.ClusterReader` the daemon's KubeSource builds each snapshot from.
   The first read lists every kind in the caller's thread (the initial sync) and starts the watches.
 

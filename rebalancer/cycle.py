@@ -374,9 +374,8 @@ def _with_vram(finding: Finding, snapshot: Snapshot) -> Finding:
     for window in snapshot.telemetry.windows.values():
         rows = [
             row
-            for row in window.gpus
-            if (row.node, row.uuid, row.pod_namespace, row.pod_name)
-            == (finding.node, finding.gpu, finding.namespace, finding.pod)
+            for row in window.by_node.get(finding.node or "", ())
+            if (row.uuid, row.pod_namespace, row.pod_name) == (finding.gpu, finding.namespace, finding.pod)
         ]
         if rows:
             return replace(finding, fb_used_mib=sum(row.fb_used_mib or 0.0 for row in rows))

@@ -10,7 +10,6 @@ decide anything: it describes.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from itertools import count
 
@@ -24,7 +23,10 @@ LEAKED_FINDING = "leaked-vram"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 
 
-def _index_order(index: str) -> tuple[int, int | str]:
+def _cell_order(index: str, uuid: str) -> tuple[int, int | str]:
+    """GPUs in index order (numbers by value, then other names), those without an index by UUID last."""
+    if not index:
+        return (2, uuid)
     return (0, int(index)) if index.isdigit() else (1, index)
 
 
@@ -35,11 +37,23 @@ def _mean(values: Iterable[float | None]) -> float | None:
 
 def _telemetry_cells(rows: Sequence[GpuTelemetry]) -> list[tuple[str, str, list[GpuTelemetry]]]:
     """(index, uuid, rows) per physical GPU the node's telemetry names, in index order."""
-    by_uuid: dict[str, list[GpuTelemetry]] = defaultdict(list)
+    by_uuid: dict[str, list[GpuTelemetry]] = {}
     for row in rows:
-        by_uuid[row.uuid].append(row)
-    cells = [(next((r.gpu_index for r in rs if r.gpu_index), ""), uuid, rs) for uuid, rs in by_uuid.items()]
-    return sorted(cells, key=lambda cell: _index_order(cell[0]) if cell[0] else (2, cell[1]))
+        same = by_uuid.get(row.uuid)
+        if same is None:
+            by_uuid[row.uuid] = [row]
+        else:
+            same.append(row)
+    cells: list[tuple[str, str, list[GpuTelemetry]]] = []
+    for uuid, gpu_rows in by_uuid.items():
+        index = ""
+        for row in gpu_rows:
+            if row.gpu_index:
+                index = row.gpu_index
+                break
+        cells.append((index, uuid, gpu_rows))
+    cells.sort(key=lambda cell: _cell_order(cell[0], cell[1]))
+    return cells
 
 
 def _state(pods: Sequence[str], uuid: str | None, util: float | None, flagged: _Flags) -> GpuState:
@@ -74,23 +88,25 @@ def _node_gpus(node: Node, pods: Sequence[Pod], rows: Sequence[GpuTelemetry], fl
     cells: list[tuple[str, str | None, list[str], float | None, float | None]] = []
     attributed: set[str] = set()
     for index, uuid, gpu_rows in _telemetry_cells(rows):
-        holders = sorted(
-            {
-                ref
-                for r in gpu_rows
-                if (key := r.pod_key) is not None and (ref := f"{key[0]}/{key[1]}") in active
-            }
-        )
-        attributed.update(holders)
-        cells.append(
-            (
-                index,
-                uuid,
-                holders,
-                _mean(r.util_avg_percent for r in gpu_rows),
-                _mean(r.fb_used_mib for r in gpu_rows),
+        if len(gpu_rows) == 1:  # most GPUs: one series, held by at most one pod
+            (row,) = gpu_rows
+            one = f"{row.pod_namespace}/{row.pod_name}" if row.pod_namespace and row.pod_name else None
+            holders = [one] if one is not None and one in active else []
+            # As `_mean` of one value (whose sum starts at 0, so -0.0 reads 0.0).
+            util = None if row.util_avg_percent is None else round(0.0 + row.util_avg_percent, 1)
+            fb = None if row.fb_used_mib is None else round(0.0 + row.fb_used_mib, 1)
+        else:
+            holders = sorted(
+                {
+                    ref
+                    for r in gpu_rows
+                    if (key := r.pod_key) is not None and (ref := f"{key[0]}/{key[1]}") in active
+                }
             )
-        )
+            util = _mean(r.util_avg_percent for r in gpu_rows)
+            fb = _mean(r.fb_used_mib for r in gpu_rows)
+        attributed.update(holders)
+        cells.append((index, uuid, holders, util, fb))
     # Positions for GPUs the telemetry names without an index, and for those it does not name at all (no
     # exporter on the node, or fewer GPUs reported than the device plugin advertises).
     taken = {index for index, *_ in cells}

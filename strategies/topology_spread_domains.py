@@ -94,7 +94,8 @@ class Run:
     left: list[NotChosen] = field(default_factory=list)
     pods_by_namespace: dict[str, list[Pod]] = field(default_factory=dict)
     # Per namespace, the active pods carrying each label (key, value), in snapshot order: a selector's
-    # matchLabels narrow `counted` down to a few pods instead of the whole namespace.
+    # matchLabels narrow `counted` down to a few pods instead of the whole namespace. Built for a
+    # namespace when a selector first looks into it (most namespaces, the daemons', never are).
     pods_by_label: dict[str, dict[tuple[str, str], list[Pod]]] = field(default_factory=dict)
     # eligible_nodes per (topology key, nodeSelector, required affinity): every pod of a group, and
     # most groups, share one.
@@ -102,18 +103,13 @@ class Run:
 
     def __post_init__(self) -> None:
         grouped: dict[str, list[Pod]] = defaultdict(list)
-        by_label: dict[str, dict[tuple[str, str], list[Pod]]] = defaultdict(lambda: defaultdict(list))
         for pod in self.snapshot.pods:
             # A terminating pod is leaving its domain: neither counted nor moved (as upstream's
             # descheduler and kube-scheduler's PodTopologySpread both skip it).
             if pod.is_active and pod.node_name is not None and not pod.terminating:
                 grouped[pod.namespace].append(pod)
                 self.location[pod.key] = pod.node_name
-                index = by_label[pod.namespace]
-                for label in pod.labels.items():
-                    index[label].append(pod)
         self.pods_by_namespace = dict(grouped)
-        self.pods_by_label = {namespace: dict(index) for namespace, index in by_label.items()}
 
     @property
     def min_age(self) -> timedelta:
@@ -162,7 +158,13 @@ class Run:
         pair (every pod of the namespace when it has no matchLabels), in snapshot order."""
         if not selector.match_labels:
             return self.pods_by_namespace.get(namespace, ())
-        index = self.pods_by_label.get(namespace, {})
+        index = self.pods_by_label.get(namespace)
+        if index is None:
+            by_label: dict[tuple[str, str], list[Pod]] = defaultdict(list)
+            for pod in self.pods_by_namespace.get(namespace, ()):
+                for label in pod.labels.items():
+                    by_label[label].append(pod)
+            index = self.pods_by_label[namespace] = dict(by_label)
         return min((index.get(label, ()) for label in selector.match_labels.items()), key=len)
 
     def hard_filter(self, pod: Pod, skip: TopologySpreadConstraint | None) -> Callable[[str], bool]:

@@ -310,6 +310,37 @@ def test_streamed_json_problems_name_item_file_and_line(tmp_path: Path, stream_e
     assert problems_of(tmp_path) == (f"{tmp_path / 'nodes.json'}:1:50: invalid JSON: invalid character",)
 
 
+def test_an_item_msgspec_cannot_read_is_named_in_a_streamed_list(
+    tmp_path: Path, stream_every_json: None
+) -> None:
+    """Bytes that are not UTF-8 in a field the model reads, a number past what Python converts: each is
+    a problem naming the item, and the file's other items are still read (no traceback, the mapping
+    closed)."""
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    text = json.dumps(kube_list(node("n1"), pod("a", "n1"), pod("b", "n1"), node("n2")))
+    text = text.replace('"app": "a"', '"app": "\udcff"').replace('"110"}', "1" + "0" * 4400 + "}", 1)
+    (tmp_path / "c.json").write_bytes(text.encode("utf-8", "surrogateescape"))
+    problems = problems_of(tmp_path)
+    assert [p.split(": invalid JSON: ")[0] for p in problems] == [
+        f"{tmp_path / 'c.json'} items[0]",
+        f"{tmp_path / 'c.json'} items[1]",
+    ]
+    assert "Integer value out of range" in problems[0] and "UTF-8" in problems[1]
+
+
+def test_a_small_file_msgspec_refuses_is_read_by_the_standard_library(tmp_path: Path) -> None:
+    """Below the streaming size, JSON that only the standard library takes (NaN in a field the model does
+    not read) is read as before, and what neither takes is named as the standard library names it."""
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    lenient = kube_list(node("n1"), pod("a", "n1"))
+    lenient["items"][1]["spec"]["terminationGracePeriodSeconds"] = float("nan")
+    write(tmp_path, "c.json", json.dumps(lenient))
+    assert {p.name for p in load_snapshot_dir(tmp_path, loaded()).pods} == {"a"}
+    (tmp_path / "c.json").write_bytes(json.dumps(kube_list(node("n1"))).encode().replace(b"n1", b"n\xff"))
+    (problem,) = problems_of(tmp_path)
+    assert problem.startswith(f"{tmp_path / 'c.json'}: not UTF-8 text")
+
+
 def test_invalid_yaml_names_file_and_line(tmp_path: Path) -> None:
     write(tmp_path, "pods.yaml", "apiVersion: v1\nkind: Pod\nmetadata:\n  name: [unclosed\n  namespace: ml\n")
     (problem,) = problems_of(tmp_path)
@@ -699,3 +730,16 @@ def test_a_duplicate_or_malformed_controller_is_a_problem(tmp_path: Path) -> Non
         f"{b} items[0]: duplicate Deployment ml/serve (first in {a} items[0])",
         f"{b} items[1]: Job ml/j: spec.suspend: expected true or false, got the string 'yes'",
     )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_items_without_a_list_kind_are_read_as_a_document(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """A file with `items` but no List kind is not a List: it is read as one document (here, an object
+    without a kind), the mapped file released first."""
+    if stream:
+        monkeypatch.setattr(files, "STREAM_JSON_BYTES", 0)
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    write(tmp_path, "pods.json", {"apiVersion": "v1", "items": [pod("a", None)]})
+    assert problems_of(tmp_path) == (f"{tmp_path / 'pods.json'}: Kubernetes object without a kind",)

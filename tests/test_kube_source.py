@@ -240,6 +240,31 @@ def test_malformed_objects_raise(api: FakeApiServer, api_client: client.ApiClien
     )
 
 
+def test_a_field_of_the_wrong_type_names_that_object_alone(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    """A page is decoded typed; one msgspec refuses is read item by item, so the page's other objects
+    are still read and each bad one is named on its own, as the model's checks name it."""
+    api.add(node_json("gpu-1"))
+    for name in ("a", "b", "c", "d"):
+        api.add(pod_json(name, "gpu-1"))
+    wrong = pod_json("e", "gpu-1")
+    wrong["spec"]["priority"] = "high"
+    api.add(wrong)
+    labelled = pod_json("f", "gpu-1")
+    labelled["metadata"]["labels"] = {"app": 7}
+    api.add(labelled)
+    with pytest.raises(KubeSourceError) as caught:
+        _source(api_client, page_size=3).snapshot(NOW)
+    assert caught.value.problems == (
+        "Pod ml/e: spec.priority: expected an integer, got the string 'high'",
+        "Pod ml/f: metadata.labels.app: expected a string, got the number 7",
+    )
+    api.remove("Pod", "e", "ml")
+    api.remove("Pod", "f", "ml")
+    assert [p.name for p in _source(api_client, page_size=3).snapshot(NOW).pods] == ["a", "b", "c", "d"]
+
+
 def _kubeconfig(path: Path, url: str) -> Path:
     doc = {
         "apiVersion": "v1",

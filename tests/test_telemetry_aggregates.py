@@ -7,6 +7,7 @@ used (a finding says why, and the raw history is read instead); a malformed file
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import subprocess
@@ -15,8 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rebalancer.cli import main
+from rebalancer.errors import InputError
 from rebalancer.model import Snapshot
 from rebalancer.policy import LoadedPolicy, load_policy
 from rebalancer.sources.files import (
@@ -25,7 +29,13 @@ from rebalancer.sources.files import (
     aggregate_snapshot_dir,
     load_snapshot_dir,
 )
-from rebalancer.sources.telemetry_aggregates import AGGREGATES_FILE, read_aggregates, write_aggregates
+from rebalancer.sources.telemetry_aggregates import (
+    AGGREGATES_FILE,
+    _read_fast,
+    _read_validated,
+    read_aggregates,
+    write_aggregates,
+)
 from tests.builders import NOW
 from tests.test_files_source import SAMPLES, T0, UUID, kinds, kube_list, loaded, node, pod, write
 
@@ -259,3 +269,117 @@ def test_aggregate_refuses_a_directory_without_history(
     assert main(["aggregate", "--snapshot", str(tmp_path), "--policy", str(DEMO_POLICY)]) == 2
     assert "no telemetry to aggregate" in capsys.readouterr().err
     assert not (tmp_path / AGGREGATES_FILE).exists()
+
+
+# --------------------------------------------------------------------------- the two readers
+
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-3, max_value=3),
+    st.sampled_from([0.0, -0.0, 1.5, -1.5, 100.0, 2**63, 1e308]),
+    st.sampled_from(
+        [
+            "",
+            "x",
+            "2026-11-29T12:00:00Z",
+            "2026-11-29T12:00:00.123456Z",
+            "2026-11-29T12:00:00.1234567Z",
+            "2026-11-29T12:00:00+01:00",
+            "2026-11-29 12:00:00Z",
+            "2026-11-29t12:00:00z",
+            "2026-02-30T12:00:00Z",
+            "2026-11-29T12:00:00",
+            "a" * 64,
+            "0" * 64 + "\n",
+            "gpu-rebalancer/telemetry-windows/v1",
+        ]
+    ),
+    st.just([]),
+    st.just({}),
+)
+
+
+def _paths(doc: object, at: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    """Every place in the document, as the keys and indices that lead to it."""
+    found: list[tuple[object, ...]] = [at] if at else []
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            found += _paths(value, (*at, key))
+    elif isinstance(doc, list):
+        for index, value in enumerate(doc[:2]):
+            found += _paths(value, (*at, index))
+    return found
+
+
+@pytest.fixture(scope="module")
+def aggregates_doc(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("aggregates")
+    _aggregated(root)
+    doc: dict[str, Any] = json.loads((root / AGGREGATES_FILE).read_text(encoding="utf-8"))
+    doc["findings"].append({"kind": "x", "fb_used_mib": 3, "gpus": 1.5})
+    return doc
+
+
+@settings(max_examples=300, derandomize=True, database=None, deadline=None)
+@given(data=st.data())
+def test_the_fast_reader_takes_only_what_the_pydantic_reader_takes_alike(
+    aggregates_doc: dict[str, Any], data: st.DataObject
+) -> None:
+    """msgspec reads the file fast; what it takes, the pydantic definition takes to the same rows (and
+    what it refuses, the pydantic reader reads or names)."""
+    doc = copy.deepcopy(aggregates_doc)
+    for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
+        *parents, last = data.draw(st.sampled_from(_paths(doc)))
+        parent: Any = doc
+        for step in parents:
+            parent = parent[step]
+        if data.draw(st.booleans()) and isinstance(parent, dict):
+            parent.pop(last, None)
+        else:
+            parent[last] = data.draw(_VALUES)
+    raw = json.dumps(doc).encode()
+    fast = _read_fast(raw)
+    try:
+        validated: object = _read_validated("f.json", raw)
+    except InputError as exc:
+        validated = exc
+    if fast is not None:
+        assert not isinstance(validated, InputError), validated.problems
+        assert repr(fast) == repr(validated)
+
+
+def test_the_fast_reader_reads_what_rebalancer_aggregate_writes(aggregates_doc: dict[str, Any]) -> None:
+    raw = json.dumps(aggregates_doc).encode()
+    fast = _read_fast(raw)
+    assert fast is not None
+    assert repr(fast) == repr(_read_validated("f.json", raw))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda doc: doc["gpu_pods"].update(sha256="0" * 64 + "\n"),
+        lambda doc: doc.update(now="2026-11-29 12:00:00Z"),
+        lambda doc: doc.update(now="2026-11-29T12:00:00.1234567Z"),
+        lambda doc: doc.update(now="2026-02-30T12:00:00Z"),
+        lambda doc: doc["windows"][0]["gpus"][0].update(newest_sample="2026-11-29T12:00:00+01:00"),
+        lambda doc: doc["windows"][0]["gpus"][0].update(util_samples=1.0),
+        lambda doc: doc["windows"][0]["gpus"][0].update(util_avg_percent=7),
+        lambda doc: doc["windows"][0]["gpus"][0].update(fb_free_mib=-0.0),
+        lambda doc: doc["windows"][0]["gpus"][0].update(node=""),
+        lambda doc: doc["windows"].append(doc["windows"][0]),
+        lambda doc: doc["findings"].append({"kind": "x", "extra": 1}),
+    ],
+)
+def test_the_readers_agree_on_the_edges(aggregates_doc: dict[str, Any], change: Any) -> None:
+    doc = copy.deepcopy(aggregates_doc)
+    change(doc)
+    raw = json.dumps(doc).encode()
+    fast = _read_fast(raw)
+    try:
+        validated: object = _read_validated("f.json", raw)
+    except InputError:
+        assert fast is None
+        return
+    assert fast is None or repr(fast) == repr(validated)

@@ -23,9 +23,14 @@ is `snapshot_layout`'s):
   computes them from the raw history for `rebalancer aggregate` and `rebalancer snapshot`;
 - any other file is listed in an `unread-files` finding.
 
-Large files are read as streams: a JSON `List` of 64 MiB or more item by item (msgspec, from the
-mapped file), an exposition line by line, so a 5,000-node cluster's dump and hour of DCGM history fit
-in under 1 GiB.
+A JSON `List` is read item by item from the mapped file: msgspec finds the items, then decodes each
+straight into its kind's Struct (`kube_types`: the fields the model never reads are skipped unread, not
+even checked as UTF-8), and drops it once it is in the model; an item of another kind, or with a field
+of the wrong type, is read untyped and named as any document's object is. A file under 64 MiB
+(STREAM_JSON_BYTES) that msgspec refuses anywhere is read whole by the standard library instead, which
+names the problem by line and column as before (and takes what only it takes, such as NaN); a larger one
+is never held whole, and msgspec names its problem. Expositions are read line by line. So a 5,000-node
+cluster's dump and hour of DCGM history fit in under 1 GiB.
 
 Anything that makes the snapshot unusable (unreadable directory or file, invalid JSON / YAML / exposition,
 malformed or duplicate objects, no usable `now`) raises `SnapshotError` listing every problem, each naming
@@ -42,7 +47,7 @@ import mmap
 import re
 import zlib
 from collections import Counter
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,14 +61,17 @@ from rebalancer.errors import InputError
 from rebalancer.gcpause import collector_paused
 from rebalancer.model import Controller, Finding, Node, Pdb, Pod, Snapshot, Telemetry
 from rebalancer.policy import LoadedPolicy, TelemetryConfig
+from rebalancer.sources import kube_types
 from rebalancer.sources.kube_objects import (
+    Model,
     controller_from_json,
+    model_of,
     node_from_json,
     pdb_from_json,
     pod_from_json,
     split_unbound,
 )
-from rebalancer.sources.object_fields import ObjectError, object_ref
+from rebalancer.sources.object_fields import ObjectError
 from rebalancer.sources.snapshot_layout import SnapshotFile, UnreadableFile, read_problem, walk
 from rebalancer.sources.telemetry_aggregates import (
     AGGREGATES_FILE,
@@ -95,8 +103,8 @@ log = logging.getLogger(__name__)
 OBJECT_SUFFIXES = (".json", ".yaml", ".yml")
 METRIC_SUFFIXES = (".prom", ".om")
 USED_KINDS = ("Node", "Pod", "PodDisruptionBudget", *KINDS)
-# JSON files at least this large are streamed item by item when they hold a List: decoding a kubectl
-# dump of 50,000 pods (~400 MB) whole holds its text and every decoded object at once, over 1 GiB.
+# JSON files at least this large are never read whole (a List is read item by item, always): decoding a
+# kubectl dump of 50,000 pods (~400 MB) whole holds its text and every decoded object at once, over 1 GiB.
 STREAM_JSON_BYTES = 64 * 1024 * 1024
 
 _NOW_HINT = (
@@ -209,11 +217,11 @@ def _objects(doc: object, where: str, problems: list[str]) -> Iterator[tuple[Map
 
 
 def _list_items(
-    kind: str, items: Iterable[object], where: str, problems: list[str]
+    kind: str, items: Iterable[object], where: str, problems: list[str], *, start: int = 0
 ) -> Iterator[tuple[Mapping[str, Any], str]]:
     # Items of typed lists (as the API returns them) carry no kind of their own.
     item_kind = kind.removesuffix("List") if kind != "List" else None
-    for index, raw in enumerate(items):
+    for index, raw in enumerate(items, start=start):
         at = f"{where} items[{index}]"
         item = (
             {**raw, "kind": item_kind}
@@ -240,46 +248,98 @@ def _size_hint(file: SnapshotFile) -> int:
         return 0  # the whole-file path reports it
 
 
-def _read_streamed_list(file: SnapshotFile, loaded: LoadedPolicy, out: _Collected) -> bool:
-    """Read a large JSON file holding a List item by item from its mapped bytes (msgspec decodes the
-    list's skeleton first, then each item when its turn comes); False, having read nothing, when the
-    file holds something else (it is read whole then)."""
+def _read_json_list(file: SnapshotFile, loaded: LoadedPolicy, out: _Collected) -> bool:
+    """Read a JSON file holding a List item by item from its mapped bytes: msgspec decodes the list's
+    skeleton first, then each item straight into its kind's Struct (`kube_types`) when its turn comes.
+    False, having read nothing, when the file holds something else, or (below STREAM_JSON_BYTES) JSON
+    that msgspec refuses anywhere: it is read whole then, by the standard library, which names the
+    problem by line and column (or takes what only it takes, such as NaN)."""
+    small = _size_hint(file) < STREAM_JSON_BYTES
     try:
         with file.mapped() as data:
             try:
                 head = msgspec.json.decode(data, type=_ListHead)
+            except msgspec.ValidationError:
+                return False  # not an object, or a kind that is not a string
             except msgspec.DecodeError as exc:
+                if small:
+                    return False
                 out.problems.append(_json_problem(file, data, exc))
                 return True
             except RecursionError:
                 out.problems.append(f"{file.path}: invalid JSON: nested too deeply")
                 return True
-            except msgspec.ValidationError:
-                return False  # not an object, or a kind that is not a string
             kind, raws = head.kind, head.items
             del head
             if not isinstance(kind, str) or not kind.endswith("List") or raws is None:
+                del raws  # no item's bytes may outlive the mapping
                 return False
-            for obj, at in _list_items(
-                kind, _decoded(file, raws, out.problems), str(file.path), out.problems
-            ):
-                _add_object(obj, at, loaded, out)
-            return True
+            items = _decoded_items(file, kind, raws, strict=small)
+            refused = False
+            try:
+                # A small file is decoded whole before anything is read from it, so that it can still
+                # be read by the standard library instead; a large one item by item, each dropped once
+                # read.
+                _add_items(kind, list(items) if small else items, str(file.path), loaded, out)
+            except _NotMsgspecJson:
+                refused = True
+            finally:
+                items.close()  # no item's bytes may outlive the mapping
+                raws.clear()
+            return not refused
     except UnreadableFile as exc:
         out.problems.append(str(exc))
         return True
 
 
-def _decoded(file: SnapshotFile, raws: list[msgspec.Raw], problems: list[str]) -> Iterator[object]:
-    """Each raw item decoded in turn and dropped once handed over."""
+class _NotMsgspecJson(Exception):
+    """An item msgspec refuses as JSON (not UTF-8, a number past what Python converts...)."""
+
+
+@dataclass(frozen=True)
+class _Unreadable:
+    problem: str
+
+
+def _decoded_items(
+    file: SnapshotFile, kind: str, raws: list[msgspec.Raw], *, strict: bool
+) -> Generator[tuple[int, object], None, None]:
+    """Each raw item decoded in turn (and dropped): an item of a kind the model reads into its Struct;
+    anything else (another kind, no kind, a field of the wrong type) untyped, to go the way of a
+    document's objects, which ignores it or names its problem. JSON msgspec refuses raises
+    _NotMsgspecJson when `strict`, else is an _Unreadable problem naming the item."""
+    item_kind = kind.removesuffix("List") if kind != "List" else None
     raws.reverse()
+    index = -1
     while raws:
         raw = raws.pop()
+        index += 1
         try:
-            yield msgspec.json.decode(raw)
+            try:
+                yield index, kube_types.decode_item(raw, item_kind)
+                continue
+            except msgspec.ValidationError:
+                pass
+            yield index, kube_types.decode_any(raw)
         except RecursionError:
-            problems.append(f"{file.path}: invalid JSON: nested too deeply")
-            yield None
+            yield index, _Unreadable(f"{file.path}: invalid JSON: nested too deeply")
+        except msgspec.DecodeError as exc:
+            if strict:
+                raise _NotMsgspecJson from None
+            yield index, _Unreadable(f"{file.path} items[{index}]: invalid JSON: {clip(str(exc), 200)}")
+
+
+def _add_items(
+    kind: str, items: Iterable[tuple[int, object]], where: str, loaded: LoadedPolicy, out: _Collected
+) -> None:
+    for index, item in items:
+        if isinstance(item, _Unreadable):
+            out.problems.append(item.problem)
+        elif isinstance(item, kube_types.KubeObject):
+            _add_typed(item, f"{where} items[{index}]", loaded, out)
+        else:
+            for obj, at in _list_items(kind, (item,), where, out.problems, start=index):
+                _add_object(obj, at, loaded, out)
 
 
 def _json_problem(file: SnapshotFile, data: bytes | mmap.mmap, exc: msgspec.DecodeError) -> str:
@@ -308,37 +368,68 @@ def _same_file(file: Path, other: str) -> bool:
 
 
 def _add_object(obj: Mapping[str, Any], where: str, loaded: LoadedPolicy, out: _Collected) -> None:
+    """An object of a document (decoded untyped: YAML, small or odd JSON) into the collection."""
     kind = str(obj["kind"])
     if kind not in USED_KINDS:
         out.ignored[kind] += 1
         return
-    key = (kind, object_ref(obj) if kind != "Node" else _node_name(obj))
-    if key in out.seen:
-        out.problems.append(f"{where}: duplicate {kind} {clip(key[1], 120)} (first in {out.seen[key]})")
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    namespace = meta.get("namespace") if isinstance(meta, Mapping) and kind != "Node" else None
+    if not _first_sighting(kind, name, namespace, where, out):
         return
-    out.seen[key] = where
     policy = loaded.policy
     try:
         if kind == "Node":
-            node = node_from_json(obj)
-            out.nodes[node.name] = node
+            _collect(node_from_json(obj), out)
         elif kind == "Pod":
-            pod = pod_from_json(obj, gangs=policy.gangs, sharing=policy.gpu_sharing)
-            out.pods[pod.key] = pod
+            _collect(pod_from_json(obj, gangs=policy.gangs, sharing=policy.gpu_sharing), out)
         elif kind == "PodDisruptionBudget":
-            pdb = pdb_from_json(obj)
-            out.pdbs[pdb.key] = pdb
+            _collect(pdb_from_json(obj), out)
         else:
-            controller = controller_from_json(obj)
-            out.controllers[controller.key] = controller
+            _collect(controller_from_json(obj), out)
     except ObjectError as exc:
         out.problems.append(f"{where}: {exc}")
 
 
-def _node_name(obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata")
-    name = meta.get("name") if isinstance(meta, Mapping) else None
-    return name if isinstance(name, str) and name else "<unnamed>"
+def _add_typed(obj: kube_types.KubeObject, where: str, loaded: LoadedPolicy, out: _Collected) -> None:
+    """An object decoded into its Struct into the collection, as `_add_object` adds its mapping."""
+    kind = kube_types.kind_of(obj)
+    meta = obj.metadata
+    name = meta.name if meta is not None else None
+    namespace = meta.namespace if meta is not None and kind != "Node" else None
+    if not _first_sighting(kind, name, namespace, where, out):
+        return
+    policy = loaded.policy
+    try:
+        _collect(model_of(obj, gangs=policy.gangs, sharing=policy.gpu_sharing), out)
+    except ObjectError as exc:
+        out.problems.append(f"{where}: {exc}")
+
+
+def _first_sighting(kind: str, name: object, namespace: object, where: str, out: _Collected) -> bool:
+    """Whether this object is new to the snapshot (a duplicate is a problem naming the first)."""
+    ref = name if isinstance(name, str) and name else "<unnamed>"
+    if isinstance(namespace, str) and namespace:
+        ref = f"{namespace}/{ref}"
+    key = (kind, ref)
+    first = out.seen.get(key)
+    if first is not None:
+        out.problems.append(f"{where}: duplicate {kind} {clip(ref, 120)} (first in {first})")
+        return False
+    out.seen[key] = where
+    return True
+
+
+def _collect(model: Model, out: _Collected) -> None:
+    if isinstance(model, Pod):
+        out.pods[model.key] = model
+    elif isinstance(model, Node):
+        out.nodes[model.name] = model
+    elif isinstance(model, Pdb):
+        out.pdbs[model.key] = model
+    else:
+        out.controllers[model.key] = model
 
 
 # --------------------------------------------------------------------------- now
@@ -382,11 +473,7 @@ def _key_line(root: yaml.Node | None, key: str) -> int:
 
 
 def _read_objects(file: SnapshotFile, loaded: LoadedPolicy, out: _Collected) -> None:
-    if (
-        file.suffix == ".json"
-        and _size_hint(file) >= STREAM_JSON_BYTES
-        and _read_streamed_list(file, loaded, out)
-    ):
+    if file.suffix == ".json" and _read_json_list(file, loaded, out):
         return
     text = _read_text(file, out.problems)
     if text is None:

@@ -219,7 +219,7 @@ class KubeSource:
         stores: list[KindStore] = []
         for call in self._calls:
             store = KindStore(call.kind, decoding)
-            self._lister.each(call.what, call.call, call.args, call.params, begin=store.clear, item=store.put)
+            self._lister.fill(call, store)
             stores.append(store)
         return assemble(stores)
 

@@ -6,7 +6,8 @@ Owns keeping the objects a snapshot needs current between cycles, and saying whe
   selector and namespace scoping as the per-cycle lists; PDBs), each on its own thread: a list (pages
   decoded into the model as they arrive, `kube_lists.KindStore`: no raw page is kept), then a watch from
   the list's resourceVersion with `allowWatchBookmarks=true`, ADDED / MODIFIED / DELETED applied as they
-  arrive (decoded the same way), the resourceVersion of every event and bookmark kept for the next watch;
+  arrive (decoded the same way: each event's object kept as its JSON until the store decodes it into its
+  kind's Struct), the resourceVersion of every event and bookmark kept for the next watch;
 - `KubeCache.read(loaded)`: the `kube.ClusterReader` the daemon's KubeSource builds each snapshot from.
   The first read lists every kind in the caller's thread (the initial sync) and starts the watches.
 
@@ -43,13 +44,13 @@ anything. Controllers are not cached: the KubeSource lists the kinds the GPU pod
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, cast
 
+import msgspec
 import structlog
 import urllib3
 from kubernetes import client
@@ -59,6 +60,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from rebalancer.kubeapi import Backoff, describe_error, exponential_backoff
 from rebalancer.model import Finding
 from rebalancer.policy import LoadedPolicy
+from rebalancer.sources import kube_types
 from rebalancer.sources.kube_lists import (
     ClusterObjects,
     Decoding,
@@ -69,6 +71,7 @@ from rebalancer.sources.kube_lists import (
     assemble,
     cluster_calls,
     decoding_of,
+    head_of,
 )
 
 __all__ = ["DEFAULT_STALE_AFTER", "STALE_CLUSTER_CACHE", "KubeCache", "Reflector"]
@@ -188,10 +191,7 @@ class Reflector:
                 if unless_listed_since is not None and self._generation != unless_listed_since:
                     return
                 fresh = KindStore(self.call.kind, decoding or self._store.decoding)
-            call = self.call
-            rv = self._lister.each(
-                call.what, call.call, call.args, call.params, begin=fresh.clear, item=fresh.put
-            )
+            rv = self._lister.fill(self.call, fresh)
             with self._lock:
                 self._store = fresh
                 self._rv = rv
@@ -310,21 +310,22 @@ class Reflector:
         return "ended", events
 
     def _apply(self, line: str, generation: int) -> _Ended | None:
-        """Apply one event line to the store; how the stream ends when it must."""
+        """Apply one event line to the store; how the stream ends when it must. The event's object is
+        kept as its JSON: its key and resourceVersion are read alone, and the store decodes it into its
+        kind's Struct."""
         try:
-            event = json.loads(line)
-        except ValueError as exc:
+            event = _EVENTS.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise _WatchFailed(f"the API sent an invalid watch event: {exc}") from None
-        kind = event.get("type") if isinstance(event, dict) else None
-        obj = event.get("object") if isinstance(event, dict) else None
-        if not isinstance(obj, dict):
+        kind, obj = event.type_, event.object_
+        if bytes(memoryview(obj)[:1]) != b"{":
             raise _WatchFailed(f"the API sent a watch event without an object ({kind!r})")
         if kind == "ERROR":
-            if obj.get("code") == 410:
+            status = kube_types.decode_any(obj)
+            if status.get("code") == 410:
                 return "expired"
-            raise _WatchFailed(f"HTTP {obj.get('code')}: {obj.get('message') or obj.get('reason')}")
-        meta = obj.get("metadata")
-        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+            raise _WatchFailed(f"HTTP {status.get('code')}: {status.get('message') or status.get('reason')}")
+        _key, rv = head_of(obj)
         with self._lock:
             if self._generation != generation:
                 return "superseded"
@@ -335,9 +336,19 @@ class Reflector:
                 self._store.delete(obj)
             elif kind != "BOOKMARK":
                 raise _WatchFailed(f"the API sent a watch event of unknown type {kind!r}")
-            if isinstance(rv, str) and rv:
+            if rv is not None:
                 self._rv = rv
         return None
+
+
+class _WatchEvent(msgspec.Struct):
+    """A watch event: its type, and its object's JSON (decoded by kind when applied)."""
+
+    type_: Any = msgspec.field(default=None, name="type")
+    object_: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw, name="object")
+
+
+_EVENTS = msgspec.json.Decoder(_WatchEvent)
 
 
 class KubeCache:

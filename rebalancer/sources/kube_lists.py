@@ -8,10 +8,14 @@ objects the same way: the per-cycle lister (`sources.kube`) and the watch cache 
 - `Lister`: one list, page by page (`limit` + `continue`, the whole list again when a continue token
   expires with 410), each page through `kubeapi.with_retries` (the one retry rule) as raw JSON
   (`_preload_content=False`), handing each item on as its page arrives, so no caller has to hold raw
-  pages; it answers the list's resourceVersion, which a watch starts from;
+  pages; it answers the list's resourceVersion, which a watch starts from. A page of a kind the model
+  reads is decoded straight into that kind's Structs (`kube_types`: the fields the model never reads are
+  skipped unread); a page msgspec refuses so is decoded again with its items left as their JSON, so
+  that each bad object is named alone. Other lists' items are handed on as plain dicts;
 - `KindStore`: one call's objects decoded into the model as they arrive (`kube_objects`), keyed by
   namespace and name, with the objects that cannot be decoded kept as problems (so a snapshot refuses
-  them, naming the object and the field) until they change or go.
+  them, naming the object and the field) until they change or go. It takes a decoded Struct, an item's
+  JSON (a refused page's item, a watch event's object) or a dict.
 
 It must not read the clock, write to the cluster or decide anything. An API error left after bounded
 retries of transient failures raises `KubeSourceError`.
@@ -19,12 +23,12 @@ retries of transient failures raises `KubeSourceError`.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, Generic, Literal, TypeVar, cast
 
+import msgspec
 import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -34,7 +38,8 @@ from rebalancer.fence import RequestTimeout
 from rebalancer.kubeapi import Backoff, describe_error, exponential_backoff, with_retries
 from rebalancer.model import Finding, Node, Pdb, Pod
 from rebalancer.policy import GangConfig, GpuSharingConfig, LoadedPolicy
-from rebalancer.sources.kube_objects import node_from_json, pdb_from_json, pod_from_json
+from rebalancer.sources import kube_types
+from rebalancer.sources.kube_objects import Model, model_from_bytes, model_from_json, model_of
 from rebalancer.sources.object_fields import ObjectError
 
 __all__ = [
@@ -52,6 +57,7 @@ __all__ = [
     "assemble",
     "cluster_calls",
     "decoding_of",
+    "head_of",
 ]
 
 # Finished pods hold no resources; the API server filters them out for us.
@@ -144,11 +150,18 @@ class Lister:
     def items(
         self, what: str, call: Callable[..., Any], *args: str, refused: Sequence[int] = (), **params: str
     ) -> list[JsonObj]:
-        """Every item of a list. An answer whose status is in `refused` raises `Refused` (the caller's to
-        report), any other error KubeSourceError."""
+        """Every item of a list, as a dict. An answer whose status is in `refused` raises `Refused` (the
+        caller's to report), any other error KubeSourceError."""
         items: list[JsonObj] = []
         self.each(what, call, args, params, begin=items.clear, item=items.append, refused=refused)
         return items
+
+    def fill(self, call: ListCall, store: KindStore) -> str:
+        """List `call` into `store` (emptied first, and again if the list starts over), each page's
+        objects decoded into its kind's Structs; the list's resourceVersion."""
+        return self.each(
+            call.what, call.call, call.args, call.params, begin=store.clear, item=store.put, kind=call.kind
+        )
 
     def each(
         self,
@@ -158,25 +171,28 @@ class Lister:
         params: Mapping[str, str],
         *,
         begin: Callable[[], None],
-        item: Callable[[JsonObj], None],
+        item: Callable[[Any], None],
         refused: Sequence[int] = (),
+        kind: str | None = None,
     ) -> str:
         """`item(obj)` for every item of a list as its page arrives, `begin()` before the first page of
         each attempt (a list restarted after its continue token expired starts over); the list's
-        resourceVersion."""
+        resourceVersion. Items are dicts, or with `kind` (one the model reads) that kind's Structs, and
+        the JSON (`msgspec.Raw`) of the items of a page that does not decode so."""
         args = tuple(args)
+        typed = kube_types.type_of(kind) if kind is not None else None
         for restart in range(self._list_restarts + 1):
             begin()
             token: str | None = None
             try:
                 while True:
-                    page = self._page(what, call, args, params, token)
-                    for obj in page.get("items") or ():
+                    page = _decoded_page(what, self._page(what, call, args, params, token), typed)
+                    for obj in page.items or ():
                         item(obj)
-                    meta = page.get("metadata") or {}
-                    token = meta.get("continue") or None
+                    meta = page.metadata or _NO_LIST_META
+                    token = meta.continue_ or None
                     if token is None:
-                        return str(meta.get("resourceVersion") or "")
+                        return meta.resource_version or ""
             except ApiException as exc:
                 if exc.status == 410 and restart < self._list_restarts:
                     continue
@@ -192,7 +208,7 @@ class Lister:
         args: Iterable[str],
         params: Mapping[str, str],
         token: str | None,
-    ) -> JsonObj:
+    ) -> bytes:
         kwargs: dict[str, Any] = dict(params, limit=self._page_size, _preload_content=False)
         kwargs["_request_timeout"] = self._timeout
         if token is not None:
@@ -211,13 +227,50 @@ class Lister:
             raise KubeSourceError(
                 [f"cannot list {what}: {describe_error(exc)} (after {self._retries + 1} attempts)"]
             ) from None
+        return data
+
+
+class _ListMeta(msgspec.Struct, rename="camel"):
+    resource_version: str | None = None
+    continue_: str | None = msgspec.field(default=None, name="continue")
+
+
+_NO_LIST_META = _ListMeta()
+_Item = TypeVar("_Item")
+
+
+class _Page(msgspec.Struct, Generic[_Item]):
+    """One page of a list: its items (undecoded, typed, or plain), and where the next page starts."""
+
+    items: list[_Item] | None = None
+    metadata: _ListMeta | None = None
+
+
+_PAGE_DECODERS: dict[object, msgspec.json.Decoder[_Page[Any]]] = {
+    None: msgspec.json.Decoder(_Page[Any], float_hook=float),
+    msgspec.Raw: msgspec.json.Decoder(_Page[msgspec.Raw]),
+}
+
+
+def _decoded_page(what: str, data: bytes, typed: type[kube_types.KubeObject] | None) -> _Page[Any]:
+    """A page's items as `typed` Structs (or, when a field is not of its type, as their JSON), or as
+    dicts without `typed`; KubeSourceError for an answer that is not a list."""
+    decoder = _PAGE_DECODERS.get(typed)
+    if decoder is None:
+        decoder = _PAGE_DECODERS[typed] = msgspec.json.Decoder(_Page[typed], float_hook=float)  # type: ignore[valid-type]
+    try:
         try:
-            page = json.loads(data)
-        except ValueError as exc:
-            raise KubeSourceError([f"cannot list {what}: the API answered invalid JSON: {exc}"]) from None
-        if not isinstance(page, dict):
-            raise KubeSourceError([f"cannot list {what}: the API answered {type(page).__name__}"])
-        return page
+            return decoder.decode(data)
+        except msgspec.ValidationError:
+            if typed is None:
+                raise
+        return _PAGE_DECODERS[msgspec.Raw].decode(data)
+    except msgspec.DecodeError as exc:
+        raise KubeSourceError([f"cannot list {what}: the API answered invalid JSON: {exc}"]) from None
+    except msgspec.ValidationError as exc:
+        raise KubeSourceError(
+            [f"cannot list {what}: the API answered something else than a list: {exc}"]
+        ) from None
 
 
 # --------------------------------------------------------------------------- decoded objects
@@ -235,17 +288,54 @@ def decoding_of(loaded: LoadedPolicy) -> Decoding:
     return Decoding(gangs=loaded.policy.gangs, sharing=loaded.policy.gpu_sharing)
 
 
-Model = Node | Pod | Pdb
 Key = tuple[str, str]
 
 
-def _key(obj: JsonObj) -> Key | None:
-    """(namespace, name) of a raw object; None for an object without a name (it cannot be keyed)."""
-    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str) or not meta["name"]:
+class _Ref(msgspec.Struct, rename="camel"):
+    """What a key and a watch need of any object's metadata."""
+
+    name: object = None
+    namespace: object = None
+    resource_version: object = None
+
+
+class _Head(msgspec.Struct):
+    metadata: _Ref | None = None
+
+
+_HEAD = msgspec.json.Decoder(_Head)
+
+
+def head_of(data: msgspec.Raw | bytes) -> tuple[Key | None, str | None]:
+    """The (namespace, name) key and the resourceVersion of an object's JSON, read alone (the rest of the
+    object skipped); (None, None) for JSON that is not an object with a metadata object."""
+    try:
+        meta = _HEAD.decode(data).metadata
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None, None
+    if meta is None:
+        return None, None
+    rv = meta.resource_version if isinstance(meta.resource_version, str) and meta.resource_version else None
+    return _key_of(meta.name, meta.namespace), rv
+
+
+def _key_of(name: object, namespace: object) -> Key | None:
+    """(namespace, name) of an object; None for an object without a name (it cannot be keyed)."""
+    if not isinstance(name, str) or not name:
         return None
-    namespace = meta.get("namespace")
-    return (namespace if isinstance(namespace, str) else "", meta["name"])
+    return (namespace if isinstance(namespace, str) else "", name)
+
+
+def _key(obj: object) -> Key | None:
+    if isinstance(obj, msgspec.Raw):
+        return head_of(obj)[0]
+    if isinstance(obj, kube_types.KubeObject):
+        meta = obj.metadata
+        return _key_of(meta.name, meta.namespace) if meta is not None else None
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    if not isinstance(meta, Mapping):
+        return None
+    return _key_of(meta.get("name"), meta.get("namespace"))
 
 
 class KindStore:
@@ -267,8 +357,9 @@ class KindStore:
         self.problems.clear()
         self._unnamed.clear()
 
-    def put(self, obj: JsonObj) -> None:
-        """Add or replace an object (a listed item, an ADDED or MODIFIED event)."""
+    def put(self, obj: kube_types.KubeObject | msgspec.Raw | JsonObj) -> None:
+        """Add or replace an object (a listed item, an ADDED or MODIFIED event's object): its Struct, its
+        JSON or a dict."""
         key = _key(obj)
         try:
             model = self._decode(obj)
@@ -283,8 +374,8 @@ class KindStore:
         self.objects[key] = model
         self.problems.pop(key, None)
 
-    def delete(self, obj: JsonObj) -> None:
-        """Forget an object (a DELETED event)."""
+    def delete(self, obj: msgspec.Raw | JsonObj) -> None:
+        """Forget an object (a DELETED event's)."""
         key = _key(obj)
         if key is not None:
             self.objects.pop(key, None)
@@ -293,12 +384,13 @@ class KindStore:
     def all_problems(self) -> list[str]:
         return [*self._unnamed, *self.problems.values()]
 
-    def _decode(self, obj: JsonObj) -> Model:
-        if self.kind == "Pod":
-            return pod_from_json(obj, gangs=self.decoding.gangs, sharing=self.decoding.sharing)
-        if self.kind == "Node":
-            return node_from_json(obj)
-        return pdb_from_json(obj)
+    def _decode(self, obj: kube_types.KubeObject | msgspec.Raw | JsonObj) -> Model:
+        gangs, sharing = self.decoding.gangs, self.decoding.sharing
+        if isinstance(obj, msgspec.Raw):
+            return model_from_bytes(self.kind, obj, gangs=gangs, sharing=sharing)
+        if isinstance(obj, Mapping):
+            return model_from_json(self.kind, obj, gangs=gangs, sharing=sharing)
+        return model_of(obj, gangs=gangs, sharing=sharing)
 
     def models(self) -> Iterator[Model]:
         return iter(self.objects.values())
@@ -331,7 +423,7 @@ def assemble(stores: Iterable[KindStore], findings: Iterable[Finding] = ()) -> C
                 pods.append(model)
             elif isinstance(model, Node):
                 nodes.append(model)
-            else:
+            elif isinstance(model, Pdb):
                 pdbs.append(model)
     if problems:
         raise KubeSourceError(problems)

@@ -1,7 +1,9 @@
-"""Typed access to the fields of raw Kubernetes JSON, and resource quantities as the API server reads them.
+"""Checks of Kubernetes objects' fields beyond their JSON types, and resource quantities as the API server
+reads them.
 
 Owns `ObjectError` (an object that cannot be read, naming its kind, name and field path), `FieldReader`
-(typed access to one object's fields that raises it on a wrong type), and quantities: apimachinery's
+(one object's checks that raise it: the fields `kube_types` leaves untyped, timestamps), how a value from
+the input is named in a message (`type_name`, `quote_value`), and quantities: apimachinery's
 grammar (`parse_kubernetes_quantity`), whole units for extended resources (`1.5` GPUs is refused as the
 API server refuses it), and physical bounds on GPU device counts (`MAX_GPU_DEVICES`). `kube_objects`
 builds the model with them. It must not do I/O, read the clock or build model objects.
@@ -35,7 +37,6 @@ __all__ = [
     "parse_kubernetes_quantity",
     "quantity_to_int",
     "quote_value",
-    "read_metadata",
     "resource_list",
     "type_name",
 ]
@@ -70,11 +71,12 @@ def object_ref(obj: Mapping[str, Any]) -> str:
     return f"{namespace}/{name_text}" if isinstance(namespace, str) and namespace else name_text
 
 
-# --------------------------------------------------------------------------- typed field access
+# --------------------------------------------------------------------------- checks of one object
 
 
 class FieldReader:
-    """Typed access to one object's fields, raising ObjectError with the field path on a wrong type."""
+    """One object's checks beyond its JSON types (kube_types checks those): each raises ObjectError naming
+    the object and the field path."""
 
     __slots__ = ("kind", "name")
 
@@ -85,80 +87,50 @@ class FieldReader:
     def error(self, path: str, message: str) -> ObjectError:
         return ObjectError(self.kind, self.name, path, message)
 
-    def mapping(self, parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
-        value = parent.get(key)
+    def mapping(self, value: object, path: str) -> Mapping[str, Any]:
+        """An object (a field msgspec left untyped); {} for null."""
         if value is None:
             return {}
-        # `type(...) is dict` first: decoded JSON is always a dict, and the ABC check costs ~5x more.
         if type(value) is not dict and not isinstance(value, Mapping):
-            raise self.error(join_path(path, key), f"expected an object, got {type_name(value)}")
+            raise self.error(path, f"expected an object, got {type_name(value)}")
         return value
 
-    def sequence(self, parent: Mapping[str, Any], key: str, path: str) -> list[Mapping[str, Any]]:
-        value = parent.get(key)
-        if value is None:
-            return []
-        if not isinstance(value, list):
-            raise self.error(join_path(path, key), f"expected a list, got {type_name(value)}")
-        for index, item in enumerate(value):
-            if type(item) is not dict and not isinstance(item, Mapping):
-                raise self.error(
-                    f"{join_path(path, key)}[{index}]", f"expected an object, got {type_name(item)}"
-                )
-        return value
-
-    def string(self, parent: Mapping[str, Any], key: str, path: str, default: str = "") -> str:
-        value = parent.get(key)
+    def string(self, value: object, path: str, default: str = "") -> str:
+        """A string (a field msgspec left untyped); `default` for null."""
         if value is None:
             return default
         if not isinstance(value, str):
-            raise self.error(join_path(path, key), f"expected a string, got {type_name(value)}")
+            raise self.error(path, f"expected a string, got {type_name(value)}")
         return value
 
-    def strings(self, parent: Mapping[str, Any], key: str, path: str) -> tuple[str, ...]:
-        value = parent.get(key)
-        if value is None:
-            return ()
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self.error(join_path(path, key), "expected a list of strings")
-        return tuple(value)
-
-    def string_map(self, parent: Mapping[str, Any], key: str, path: str) -> dict[str, str]:
-        value = self.mapping(parent, key, path)
-        for k, v in value.items():
-            if not isinstance(v, str):
-                raise self.error(
-                    join_path(join_path(path, key), str(k)), f"expected a string, got {type_name(v)}"
-                )
-        return dict(value)
-
-    def integer(self, parent: Mapping[str, Any], key: str, path: str, default: int | None) -> int | None:
-        value = parent.get(key)
+    def integer(self, value: object, path: str, default: int | None) -> int | None:
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(join_path(path, key), f"expected an integer, got {type_name(value)}")
+            raise self.error(path, f"expected an integer, got {type_name(value)}")
         return value
 
-    def boolean(self, parent: Mapping[str, Any], key: str, path: str) -> bool:
-        value = parent.get(key)
+    def boolean(self, value: object, path: str) -> bool:
         if value is None:
             return False
         if not isinstance(value, bool):
-            raise self.error(join_path(path, key), f"expected true or false, got {type_name(value)}")
+            raise self.error(path, f"expected true or false, got {type_name(value)}")
         return value
 
-    def timestamp(self, parent: Mapping[str, Any], key: str, path: str) -> datetime | None:
-        value = parent.get(key)
+    def timestamp(self, value: str | None, path: str) -> datetime | None:
+        """An RFC 3339 timestamp (its type already checked); None when absent."""
         if value is None:
             return None
-        where = join_path(path, key)
-        if not isinstance(value, str):
-            raise self.error(where, f"expected an RFC 3339 timestamp, got {type_name(value)}")
         try:
-            return rfc3339.parse(value)
+            return _parsed_timestamp(value)
         except ValueError as exc:
-            raise self.error(where, str(exc)) from None
+            raise self.error(path, str(exc)) from None
+
+
+@lru_cache(maxsize=8192)
+def _parsed_timestamp(text: str) -> datetime:
+    """rfc3339.parse, remembered: pods started together share their timestamps (a failure is not kept)."""
+    return rfc3339.parse(text)
 
 
 def join_path(path: str, key: str) -> str:
@@ -179,24 +151,6 @@ def type_name(value: object) -> str:
     if isinstance(value, Mapping):
         return "an object"
     return type(value).__name__
-
-
-def read_metadata(
-    obj: Mapping[str, Any], kind: str, *, namespaced: bool
-) -> tuple[FieldReader, Mapping[str, Any]]:
-    if not isinstance(obj, Mapping):
-        raise ObjectError(kind, "<unnamed>", "", f"expected an object, got {type_name(obj)}")
-    reader = FieldReader(kind, object_ref(obj))
-    meta = reader.mapping(obj, "metadata", "")
-    name = reader.string(meta, "name", "metadata")
-    if not name:
-        raise reader.error("metadata.name", "required field is missing")
-    if namespaced:
-        namespace = reader.string(meta, "namespace", "metadata") or "default"
-        reader.name = f"{namespace}/{name}"
-    else:
-        reader.name = name
-    return reader, meta
 
 
 # --------------------------------------------------------------------------- quantities
@@ -320,11 +274,14 @@ _VALID_AMOUNTS: dict[tuple[str, type, object], Decimal] = {}
 _VALID_AMOUNTS_KEPT = 4096
 
 
-def resource_list(reader: FieldReader, parent: Mapping[str, Any], key: str, path: str) -> dict[str, Decimal]:
-    raw = reader.mapping(parent, key, path)
-    where = join_path(path, key)
+def resource_list(
+    reader: FieldReader, amounts: Mapping[str, object] | None, where: str
+) -> dict[str, Decimal]:
+    """A resource list (names to quantities, at `where`) as amounts, each checked."""
     out: dict[str, Decimal] = {}
-    for name, value in raw.items():
+    if not amounts:
+        return out
+    for name, value in amounts.items():
         resource = str(name)
         memo = (resource, type(value), value) if isinstance(value, str | int | float) else None
         amount = _VALID_AMOUNTS.get(memo) if memo is not None else None

@@ -42,8 +42,11 @@ import math
 import re
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from rebalancer.telemetry.series import ExpositionError, Sample
+
+_T = TypeVar("_T")
 
 __all__ = [
     "MAX_TIMESTAMP_SECONDS",
@@ -138,7 +141,8 @@ _TEXT_META = re.compile(
 _ASCII_SPACE = re.compile(r"[ \t\n\r\x0b\x0c]+")  # string.whitespace, what the text parser splits on
 _OM_TYPES = frozenset({"gauge", "unknown"})
 
-_REMEMBERED = 1 << 16  # value and timestamp texts remembered, each
+_REMEMBERED = 1 << 16  # texts remembered, of each kind
+_REMEMBERED_LABEL_TEXTS = 1 << 17  # a GPU's labels, some 250 characters: at most ~35 MB
 _NEVER = "\n\n"  # no line starts with it: no series is being continued
 
 
@@ -165,20 +169,6 @@ def _text_stamp(text: str) -> float | None:
     return int(digits) / 1000 if _TEXT_STAMP.fullmatch(digits) else None
 
 
-def _parse_head(head: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
-    """The metric name and sorted label pairs of a series text; None when it is not of the plain form."""
-    brace = head.find("{")
-    name = head if brace == -1 else head[:brace]
-    if _METRIC_NAME.fullmatch(name) is None:
-        return None
-    if brace == -1:
-        return name, ()
-    if head[-1] != "}":
-        return None
-    labels = _labels(head[brace + 1 : -1])
-    return (name, labels) if labels is not None else None
-
-
 def _labels(text: str) -> tuple[tuple[str, str], ...] | None:
     """The sorted label pairs of the text between a series' braces; None unless it is `name="value"`
     pairs joined by commas, each name legacy, not reserved (`__`) and given once."""
@@ -189,27 +179,44 @@ def _labels(text: str) -> tuple[tuple[str, str], ...] | None:
         if _LABELS.fullmatch(text) is None:
             return None
         pairs = [(name, _ESCAPE.sub(_unescaped, value)) for name, value in _PAIR.findall(text)]
-    names = {name for name, _ in pairs}
-    if len(names) != len(pairs) or any(name.startswith("__") for name in names):
+        if any(name.startswith("__") for name, _ in pairs):
+            return None
+    if len(dict(pairs)) != len(pairs):
         return None
     return tuple(sorted(pairs))
 
 
 def _split_pairs(text: str) -> list[tuple[str, str]] | None:
     """`_labels`' pairs of a label text without a backslash, by splitting (several times faster than the
-    expression); None when that does not give them. Without a backslash no value holds a quote, so a
-    value ends at the first quote after it opens, followed by `,` or the end of the text. Splitting at
-    every `",` also splits where a value starts with a comma, and then a piece is not `name="value`: None,
-    and the expression decides."""
-    if text[-1] != '"':
+    expression), names not reserved; None when splitting does not give them. Without a backslash no
+    value holds a quote, so a value ends at the first quote after it opens, followed by `,` or the end
+    of the text. Splitting at every `",` also splits where a value starts with a comma, and then a piece
+    is not `name="value`: None, and the expression decides."""
+    if text[-1] != '"' or text.startswith("__") or '",__' in text:
         return None
     pairs: list[tuple[str, str]] = []
     for piece in text[:-1].split('",'):
         name, equals, value = piece.partition('="')
-        if not equals or '"' in value or _LABEL_NAME.fullmatch(name) is None:
+        if not equals or '"' in value:
+            return None
+        known = _NAMES.get(name)
+        if known is None:
+            known = _LABEL_NAME.fullmatch(name) is not None
+            _remember(_NAMES, name, known)
+        if not known:
             return None
         pairs.append((name, value))
     return pairs
+
+
+_NAMES: dict[str, bool] = {}  # label names: whether legacy
+
+
+def _remember(texts: dict[str, _T], text: str, value: _T, limit: int = _REMEMBERED) -> None:
+    """Remember what `text` reads as; a full memory starts afresh, so it follows what the file repeats."""
+    if len(texts) >= limit:
+        texts.clear()
+    texts[text] = value
 
 
 def _unescaped(match: re.Match[str]) -> str:
@@ -238,9 +245,14 @@ class _Scan:
         self.previous: str | None = None  # the series of the previous sample line
         self.previous_untimed = False
         self.seen: set[str] = set()  # the series of the current family, when it may be cut
-        # Remembered value and timestamp texts.
+        # Remembered texts: values, timestamps, and what follows a series' text in a timestamped sample.
         self.values: dict[str, float] = {}
         self.stamps: dict[str, float] = {}
+        self.samples_read: dict[str, tuple[Sample, float]] = {}  # the sample, its timestamp
+        # Label texts (between the braces) and metric names read: a GPU's label text comes back in
+        # every metric family.
+        self.label_texts: dict[str, tuple[tuple[str, str], ...] | None] = {}
+        self.metric_names: dict[str, bool] = {}
         self.stamp_of = _om_stamp if openmetrics else _text_stamp
         self.document = Document()
         self._start_reading()
@@ -250,7 +262,6 @@ class _Scan:
     def _start_reading(self) -> None:
         self.ok = self.fast
         self.read = Read()
-        self.heads: dict[str, tuple[str, tuple[tuple[str, str], ...]] | None] = {}
         self.eof = False
         # The family prometheus_client is in: OpenMetrics name None before any; text format "" then.
         self.name: str | None = None if self.openmetrics else ""
@@ -359,27 +370,22 @@ class _Scan:
         if self.eof or end == 0 or line[end : end + 1] != " ":
             self._give_up()
             return
-        if head in self.heads:
-            parsed = self.heads[head]
-        else:
-            parsed = self.heads[head] = _parse_head(head)
+        parsed = self._parse_head(head)
         if parsed is None:
             self._give_up()
             return
-        rest = line[end + 1 : -1] if line.endswith("\n") else line[end + 1 :]
-        value_text, spaced, stamp_text = rest.partition(" ")
-        value = self.values.get(value_text)
-        if value is None:
-            value = _value(value_text)
-        stamp: float | None = None
-        if spaced:
-            stamp = self.stamp_of(stamp_text)
-            if stamp is None:
+        rest = line[end + 1 :]
+        read = self.samples_read.get(rest) or self.sample(rest)
+        if read is not None:
+            sample, stamp = read
+        else:
+            # Without a timestamp (the rest then ends with the line's newline), or not plain.
+            value_text = rest[:-1] if rest.endswith("\n") else rest
+            value = self.value(value_text) if " " not in value_text else None
+            if value is None:
                 self._give_up()
                 return
-        if value is None:
-            self._give_up()
-            return
+            sample, stamp = Sample(value, None), None
         name, labels = parsed
         # The family the library puts the sample in.
         if self.openmetrics:
@@ -417,7 +423,7 @@ class _Scan:
             if stamp is not None and not (self._low() <= stamp <= MAX_TIMESTAMP_SECONDS):
                 self._give_up()  # refused by telemetry.exposition: let the library say where
                 return
-            self.kept.append(Sample(value, stamp))
+            self.kept.append(sample)
         self.last = stamp
         if stamp is not None:
             self.head = head + " "
@@ -425,6 +431,57 @@ class _Scan:
                 self.low, self.high = self._low(), MAX_TIMESTAMP_SECONDS
             else:
                 self.low, self.high = -math.inf, math.inf
+
+    def _parse_head(self, head: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+        """The metric name and sorted label pairs of a series text; None when it is not plain."""
+        brace = head.find("{")
+        name = head if brace == -1 else head[:brace]
+        known = self.metric_names.get(name)
+        if known is None:
+            known = _METRIC_NAME.fullmatch(name) is not None
+            _remember(self.metric_names, name, known)
+        if not known:
+            return None
+        if brace == -1:
+            return name, ()
+        if head[-1] != "}":
+            return None
+        text = head[brace + 1 : -1]
+        if text in self.label_texts:
+            labels = self.label_texts[text]
+        else:
+            labels = _labels(text)
+            _remember(self.label_texts, text, labels, _REMEMBERED_LABEL_TEXTS)
+        return (name, labels) if labels is not None else None
+
+    def value(self, text: str) -> float | None:
+        value = self.values.get(text)
+        if value is None:
+            value = _value(text)
+            if value is not None:
+                _remember(self.values, text, value)
+        return value
+
+    def stamp(self, text: str) -> float | None:
+        stamp = self.stamps.get(text)
+        if stamp is None:
+            stamp = self.stamp_of(text)
+            if stamp is not None:
+                _remember(self.stamps, text, stamp)
+        return stamp
+
+    def sample(self, rest: str) -> tuple[Sample, float] | None:
+        """The sample (and its timestamp) of a line whose series text is followed by ` ` + `rest` (`value
+        timestamp`, a newline or not), or None when that is not a value and a timestamp of the forms read
+        here. Samples are immutable: one read is shared by every line that writes the same."""
+        value_text, _, stamp_text = rest.partition(" ")
+        value = self.value(value_text)
+        stamp = self.stamp(stamp_text) if value is not None else None
+        if value is None or stamp is None:
+            return None
+        read = (Sample(value, stamp), stamp)
+        _remember(self.samples_read, rest, read)
+        return read
 
     def _low(self) -> float:
         return -math.inf if self.openmetrics else MIN_TEXT_TIMESTAMP_SECONDS
@@ -484,36 +541,25 @@ def documents(
     # The hot path: a line continuing the series of the previous line, with a value and a timestamp
     # already seen. Its state lives in locals, loaded again after every line of the general path.
     head, width, last, low, high, kept = scan.head, len(scan.head), -math.inf, scan.low, scan.high, None
-    values, stamps, stamp_of = scan.values, scan.stamps, scan.stamp_of
+    remembered, sample_of = scan.samples_read, scan.sample
+    taken = scan.taken
     append = document.lines.append
     for line in lines:
         number += 1
         if line.startswith(head):
-            value_text, _, stamp_text = line[width:].partition(" ")
-            value = values.get(value_text)
-            if value is None:
-                value = _value(value_text)
-                if value is not None and len(values) < _REMEMBERED:
-                    values[value_text] = value
-            stamp = stamps.get(stamp_text)
-            if stamp is None:
-                stamp = stamp_of(stamp_text)
-                if stamp is not None and len(stamps) < _REMEMBERED:
-                    stamps[stamp_text] = stamp
-            if (
-                value is not None
-                and stamp is not None
-                and (stamp > last or (loose and stamp != last))
-                and low <= stamp <= high
-            ):
-                if kept is not None:
-                    kept.append(Sample(value, stamp))
-                last = stamp
-                scan.taken += 1
-                append(line)
-                continue
+            rest = line[width:]
+            read = remembered.get(rest) or sample_of(rest)
+            if read is not None:
+                sample, stamp = read
+                if (stamp > last or (loose and stamp != last)) and low <= stamp <= high:
+                    if kept is not None:
+                        kept.append(sample)
+                    last = stamp
+                    taken += 1
+                    append(line)
+                    continue
         # The general path.
-        scan.last = last
+        scan.last, scan.taken = last, taken
         finished = _general(scan, line, number)
         if finished is not None:
             yield finished
@@ -521,7 +567,7 @@ def documents(
         append = document.lines.append
         head, width, low, high, kept = scan.head, len(scan.head), scan.low, scan.high, scan.kept
         last = scan.last if scan.last is not None else -math.inf
-    scan.last = last
+        taken = scan.taken
     scan.finish_reading()
     yield scan.document
 

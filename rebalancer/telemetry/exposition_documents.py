@@ -27,8 +27,10 @@ The forms read here are what dcgm-exporter and `rebalancer snapshot` write, and 
   on the samples it keeps (timestamps in their format's range, not the same series twice in a row at one
   timestamp).
 
-Each series' label text is parsed once and reused while its samples follow one another; value and
-timestamp texts are remembered (up to `_REMEMBERED` each), since a history repeats them.
+What a history repeats is read once: a line that continues the previous line's series is matched by
+its series text and read from what follows it, a `value timestamp` text gives the same (immutable, shared)
+`Sample` every time, a label text the same labels (a GPU's labels come back in every metric family), in
+bounded memories that start afresh when full.
 
 `documents` also makes the checks that span documents (the same series twice in a row without a
 timestamp, an OpenMetrics series interleaved with others of its family), raising `ExpositionError`.

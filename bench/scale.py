@@ -473,7 +473,7 @@ def generate(out: Path, node_count: int, seed: int, interval: int, history: int)
 PHASES = (
     ("load", "snapshot load: load_snapshot_dir()"),
     ("objects", "  cluster objects: load_snapshot_dir() of the object files alone"),
-    ("parse", "  telemetry read and parse (prometheus_client)"),
+    ("parse", "  telemetry read and parse: parse_exposition_lines()"),
     ("aggregate", "  telemetry aggregate"),
     ("planning", "planning: propose() + plan()"),
     ("strategies", "  strategies: propose()"),

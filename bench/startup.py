@@ -10,12 +10,14 @@ shows in the gap between them. The commands:
   carries `telemetry-windows.json`, and the same directory without it (raw history only) is timed too;
 - with `--nodes N` (bench/scale.py's synthetic cluster, written under bench/out/ if missing): `once
   --snapshot` on it with aggregates (written by `rebalancer aggregate` once, not timed), and with
-  `--raw` also on its raw history alone (minutes at 5,000 nodes).
+  `--raw` also on its raw history alone and `rebalancer aggregate` on it (a copy of its own, which each
+  run writes `telemetry-windows.json` into).
 
 `--baseline DIR` runs the same commands against another checkout of the project (e.g. `git archive
-main | tar -x -C DIR`), in the same run, so before and after share the machine's load; the baseline
-reads the same snapshot directories (an older checkout ignores `telemetry-windows.json`, or lists it
-as not read).
+main | tar -x -C DIR`), in the same run, each run of this tree followed by one of the baseline, so before
+and after share the machine's load; the baseline reads the same snapshot directories (an older checkout
+ignores `telemetry-windows.json`, or lists it as not read), and the table says whether both wrote the
+same output (standard output, byte for byte).
 
     python bench/startup.py [--repeat 7] [--nodes 5000] [--raw] [--baseline DIR]
 """
@@ -23,6 +25,7 @@ as not read).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import statistics
@@ -44,17 +47,24 @@ DEMO = ROOT / "examples" / "demo-cluster"
 DEMO_POLICY = DEMO / "policy.yaml"
 AGGREGATES = "telemetry-windows.json"
 # The goals of issue 16's "start fast" (bench/README.md).
-GOALS = {"--help": 0.3, "once --snapshot demo": 1.5, "once --snapshot 5,000 nodes, aggregates": 5.0}
+GOALS = {
+    "--help": 0.3,
+    "once --snapshot demo": 1.5,
+    "once --snapshot 5,000 nodes, aggregates": 5.0,
+    "once --snapshot 5,000 nodes, raw history": 30.0,
+}
 
 
 @dataclass(frozen=True)
 class Timing:
     wall: float
     cpu: float
+    output: str = ""  # a digest of what the command wrote to standard output
 
 
 def run(root: Path, argv: Sequence[str]) -> Timing:
-    """`python -m rebalancer ARGV` with `root` first on the path: wall and the child's CPU seconds."""
+    """`python -m rebalancer ARGV` with `root` first on the path: wall, the child's CPU seconds and a
+    digest of its standard output."""
     env = {**os.environ, "PYTHONPATH": str(root)}
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
@@ -66,7 +76,9 @@ def run(root: Path, argv: Sequence[str]) -> Timing:
         if os.waitstatus_to_exitcode(status) != 0:
             err.seek(0)
             raise SystemExit(f"{' '.join(argv)} failed in {root}: {err.read().decode()[-2000:]}")
-    return Timing(wall, usage.ru_utime + usage.ru_stime)
+        out.seek(0)
+        digest = hashlib.sha256(out.read()).hexdigest()
+    return Timing(wall, usage.ru_utime + usage.ru_stime, digest)
 
 
 def median(timings: Sequence[Timing]) -> Timing:
@@ -121,14 +133,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                         ["once", "--snapshot", str(raw), "--policy", str(scale.POLICY), "--output", "json"],
                     )
                 )
+                target = raw_copy(directory, work / "scale-aggregate")
+                commands.append(
+                    (
+                        f"aggregate {args.nodes:,} nodes",
+                        ["aggregate", "--snapshot", str(target), "--policy", str(scale.POLICY)],
+                    )
+                )
         roots = [("this tree", ROOT)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
         rows: list[list[str]] = []
         ok = True
         for label, command in commands:
             cells = [label]
+            timings: dict[Path, list[Timing]] = {root: [] for _, root in roots}
+            for _ in range(args.repeat):  # alternated, so that before and after share the load
+                for _name, root in roots:
+                    timings[root].append(run(root, command))
             for _name, root in roots:
-                timings = [run(root, command) for _ in range(args.repeat)]
-                result = median(timings)
+                result = median(timings[root])
                 cells.append(f"{result.wall:.2f} s wall, {result.cpu:.2f} s CPU")
                 if root == ROOT:
                     goal = GOALS.get(label.replace(f"{args.nodes or 0:,} nodes", "5,000 nodes"))
@@ -136,11 +158,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     met = goal is None or result.cpu <= goal
                     ok = ok and met
                     cells.append("" if goal is None else f"<= {goal} s: {'met' if met else 'MISSED'}")
+            if len(roots) > 1:
+                outputs = {t.output for runs in timings.values() for t in runs}
+                cells.append("same" if len(outputs) == 1 else "differs")
             rows.append(cells)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     headers = ["command", *(f"{name} (median of {args.repeat})" for name, _ in roots)]
     headers.insert(2, "goal")
+    if len(roots) > 1:
+        headers.append("output")
     print("| " + " | ".join(headers) + " |")
     print("|" + "---|" * len(headers))
     for cells in rows:

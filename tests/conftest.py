@@ -5,19 +5,37 @@ built models, so the kubernetes package is excluded from its patching.
 
 `api` (an empty fake API server, over real HTTP) and `api_client` (a client of it) are shared by every
 test module that talks to a cluster; a module that needs the server pre-filled defines its own `api`.
+`scale` is bench/scale.py, the benchmark's cluster generator, loaded as a module.
+
+Every exposition document any test reads in-process, and that the exposition reader reads itself instead
+of handing it to prometheus_client, is also read by prometheus_client and the two compared
+(tests/exposition_differential.py): a difference fails the test that read it.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 
 import freezegun
 import pytest
 from kubernetes import client
 
+from rebalancer.telemetry import exposition
+from tests.exposition_differential import checking_documents
 from tests.fake_apiserver import FakeApiServer
 
 freezegun.configure(extend_ignore_list=["kubernetes"])
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _expositions_read_as_prometheus_client_reads_them() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(exposition, "documents", checking_documents(exposition.documents))
+        yield
 
 
 @pytest.fixture
@@ -30,3 +48,14 @@ def api() -> Iterator[FakeApiServer]:
 def api_client(api: FakeApiServer) -> Iterator[client.ApiClient]:
     with api.api_client() as api_client:
         yield api_client
+
+
+@pytest.fixture(scope="session")
+def scale() -> ModuleType:
+    path = Path(__file__).resolve().parent.parent / "bench" / "scale.py"
+    spec = importlib.util.spec_from_file_location("bench_scale", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module

@@ -8,7 +8,6 @@ carry the names and uids their pods' ownerReferences give.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -24,16 +23,6 @@ from tools.clustergen import Ids, NodeSpec, Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
-
-
-@pytest.fixture(scope="module")
-def scale() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_scale", ROOT / "bench" / "scale.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
 
 
 def _files(directory: Path) -> dict[str, bytes]:

@@ -2,25 +2,29 @@
 
 Owns turning exposition text into `Series` (metric name, labels, samples) and back:
 
-- `parse_exposition` / `parse_exposition_lines`: through prometheus_client's parsers, the lines read one
-  at a time and handed over in documents of bounded size (a large cluster's history is millions of
-  samples); a malformed exposition raises `ExpositionError` naming the line at fault;
+- `parse_exposition` / `parse_exposition_lines`: the lines read one at a time and cut into documents of
+  bounded size (a large cluster's history is millions of samples, `telemetry.exposition_documents`). A
+  document of only the plain lines dcgm-exporter and `rebalancer snapshot` write is read on the way, as
+  prometheus_client would read it (tests/test_exposition_reader.py holds the two readings equal, on every
+  exposition of the tests and on fuzzed ones); any other document goes through prometheus_client's
+  parsers, so whatever is unusual keeps the library's semantics. A malformed exposition raises
+  `ExpositionError` naming the line at fault;
 - timestamps follow each format's definition: milliseconds in the Prometheus text format (the parser
   divides them by 1000), seconds in OpenMetrics; one outside 1973..3000 in its format's unit is refused
   with a hint, as are NaN / infinite timestamps and the same series given twice at one instant;
 - `render_openmetrics`: series with timestamped samples as one OpenMetrics exposition (what
   `rebalancer snapshot` writes).
 
-It must not do I/O (callers pass text or lines), read the clock, or know what the series mean: identity
-is `telemetry.identity`'s, aggregation `telemetry.windows'`.
+`Series`, `Sample` and `ExpositionError` are `telemetry.series'`, re-exported here. It must not do I/O
+(callers pass text or lines), read the clock, or know what the series mean: identity is
+`telemetry.identity`'s, aggregation `telemetry.windows'`.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Literal, TextIO, cast
 
 from prometheus_client.metrics_core import Metric
@@ -29,6 +33,17 @@ from prometheus_client.parser import text_fd_to_metric_families as prometheus_li
 from prometheus_client.parser import text_string_to_metric_families as prometheus_families
 from prometheus_client.samples import Sample as ParsedSample
 
+from rebalancer.telemetry.exposition_documents import (
+    MAX_TIMESTAMP_SECONDS,
+    METADATA_KINDS,
+    MIN_TEXT_TIMESTAMP_SECONDS,
+    Document,
+    Read,
+    SeriesKey,
+    documents,
+    series_text,
+)
+from rebalancer.telemetry.series import ExpositionError, Sample, Series
 from rebalancer.wording import clip
 
 __all__ = [
@@ -44,43 +59,12 @@ __all__ = [
 
 ExpositionFormat = Literal["auto", "prometheus", "openmetrics"]
 
-# Prometheus text format timestamps are milliseconds. One that lands before this (March 1973) was
-# almost certainly written in seconds; reading it as milliseconds would put the samples in 1970.
-_MIN_TEXT_TIMESTAMP_SECONDS = 1e8
-# OpenMetrics timestamps are seconds: one after the year 3000 was written in milliseconds.
-_MAX_TIMESTAMP_SECONDS = 32_503_680_000.0
 _SECONDS_PER_YEAR = 31_556_952  # the mean Gregorian year
 
-
-# --------------------------------------------------------------------------- series
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    value: float
-    # Seconds since the epoch; None when the exposition gave no timestamp (read as taken at `now`).
-    timestamp: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Series:
-    """One time series (metric name + full label set) as read from one exposition."""
-
-    metric: str
-    labels: Mapping[str, str]
-    samples: tuple[Sample, ...]
-    source: str = ""
-
-
-class ExpositionError(ValueError):
-    """An exposition that prometheus_client cannot parse; the message names the source (and line)."""
-
-    def __init__(self, source: str, message: str, line: int | None = None) -> None:
-        self.source = source
-        self.line = line
-        self.message = clip(message, 300)  # parser messages quote whole lines of the input
-        where = f"{source}:{line}" if line is not None else source
-        super().__init__(f"{where}: {self.message}")
+# Sample lines per document handed to prometheus_client. Its parsers hold a whole metric family (a
+# namedtuple and a labels dict per sample, ~1.5 KB) before yielding it, and one DCGM metric of a large
+# cluster's history is millions of samples: an exposition is cut into documents of about this size.
+DOCUMENT_SAMPLES = 20_000
 
 
 def _is_openmetrics(text: str) -> bool:
@@ -107,8 +91,8 @@ def _family_of(line: str) -> str | None:
     """The family a sample or metadata line belongs to (`h` for `h_bucket{...}`, `# TYPE h ...`)."""
     if line.startswith("#"):
         parts = line.split(None, 3)
-        return parts[2] if len(parts) >= 3 and parts[1] in _METADATA else None
-    name = _series_text(line).partition("{")[0]
+        return parts[2] if len(parts) >= 3 and parts[1] in METADATA_KINDS else None
+    name = series_text(line).partition("{")[0]
     for suffix in ("_bucket", "_count", "_sum", "_total", "_created", "_gcount", "_gsum", "_info"):
         if name.endswith(suffix):
             return name.removesuffix(suffix)
@@ -176,114 +160,6 @@ def _lines(text: str) -> Iterator[str]:
         start = end
 
 
-# --------------------------------------------------------------------------- documents
-
-# Sample lines per document handed to prometheus_client. Its parsers hold a whole metric family (a
-# namedtuple and a labels dict per sample, ~1.5 KB) before yielding it, and one DCGM metric of a large
-# cluster's history is millions of samples: an exposition is cut into documents of about this size.
-DOCUMENT_SAMPLES = 20_000
-# Families whose samples are independent series, so a document may end between two of them.
-_CUTTABLE_TYPES = frozenset({"gauge", "untyped"})
-_METADATA = frozenset({"HELP", "TYPE", "UNIT"})
-
-
-@dataclass(slots=True)
-class _Document:
-    """Part of an exposition that prometheus_client parses on its own."""
-
-    lines: list[str] = field(default_factory=list)
-    numbers: list[int] = field(default_factory=list)  # 1-based input line of each line, 0 if added
-    continues: str | None = None  # the family the previous document was cut in
-
-    def add(self, line: str, number: int) -> None:
-        self.lines.append(line)
-        self.numbers.append(number)
-
-    def line_number(self, index: int | None) -> int | None:
-        return self.numbers[index] or None if index is not None else None
-
-
-def _series_text(line: str) -> str:
-    """The `name{labels}` part of a sample line (as written: two spellings of one series differ)."""
-    brace = line.find("{")
-    space = line.find(" ")
-    if brace != -1 and (space == -1 or brace < space):
-        return line[: line.rfind("}") + 1]
-    return line[:space] if space != -1 else line
-
-
-def _without_timestamp(line: str, series: str) -> bool:
-    """Whether a sample line gives only a value (an OpenMetrics exemplar after `#` aside)."""
-    rest = line[len(series) :].partition("#")[0].split()
-    return len(rest) == 1
-
-
-def _documents(lines: Iterable[str], *, openmetrics: bool, samples: int, source: str) -> Iterator[_Document]:
-    """Cut an exposition into documents of about `samples` sample lines.
-
-    A document ends only inside a gauge (or untyped) family, between two of its series; the next one
-    starts again with that family's metadata lines, and an OpenMetrics document gets its `# EOF`. A
-    series is never cut, so the parsers' checks on it (timestamps in order, no mixed presence) hold; a
-    family seen twice is refused across documents by the caller, and an OpenMetrics series that shows up
-    again after others of its family (interleaved groups) here, as the parser would within a document.
-    Any line this does not recognise simply stays in the current document, so cutting never changes what
-    is parsed.
-    """
-    document = _Document()
-    family: str | None = None  # the family of the latest metadata lines
-    header: list[tuple[str, int]] = []
-    cuttable = False
-    taken = 0
-    previous: str | None = None  # the series of the previous sample line
-    previous_untimed = False
-    seen: set[str] = set()  # the series of the current family, when it may be cut
-    for number, line in enumerate(lines, start=1):
-        if line.startswith("#"):
-            parts = line.split(None, 3)
-            if len(parts) >= 3 and parts[1] in _METADATA:
-                if parts[2] != family:
-                    family, header, cuttable = parts[2], [], False
-                    seen = set()
-                header.append((line, number))
-                if parts[1] == "TYPE":
-                    cuttable = len(parts) == 4 and parts[3].strip() in _CUTTABLE_TYPES
-            previous = None
-        elif line.strip():
-            series = _series_text(line)
-            untimed = _without_timestamp(line, series)
-            if series == previous and untimed and previous_untimed:
-                # Two values of one series at one instant: undefined in both formats, refused by Prometheus
-                # (prometheus_client's OpenMetrics parser silently keeps the first).
-                raise ExpositionError(
-                    source, f"{series}: the same series is given twice without a timestamp", number
-                )
-            previous_untimed = untimed
-            if openmetrics and cuttable and series != previous:
-                if series in seen:
-                    message = f"invalid OpenMetrics: Invalid metric grouping: {line.strip()}"
-                    raise ExpositionError(source, message, number)
-                seen.add(series)
-            if (
-                taken >= samples
-                and cuttable
-                and previous is not None
-                and series != previous
-                and family is not None
-                and (series == family or series.startswith(family + "{"))
-            ):
-                if openmetrics:
-                    document.add("# EOF\n", 0)
-                yield document
-                document = _Document(continues=family)
-                for header_line, header_number in header:
-                    document.add(header_line, header_number)
-                taken = 0
-            taken += 1
-            previous = series
-        document.add(line, number)
-    yield document
-
-
 # --------------------------------------------------------------------------- parsing
 
 
@@ -311,38 +187,94 @@ def parse_exposition_lines(
     openmetrics: bool,
     metrics: Collection[str] | None = None,
     document_samples: int = DOCUMENT_SAMPLES,
+    fast: bool = True,
 ) -> list[Series]:
     """`parse_exposition` over lines (with their newlines) read one at a time, e.g. from an open file:
-    neither the text nor a whole metric family is held at once, only the samples kept."""
-    parser = _any_parser(openmetrics)
-    kind = "OpenMetrics" if openmetrics else "Prometheus text format"
+    neither the text nor a whole metric family is held at once, only the samples kept.
+
+    `fast=False` hands every document to prometheus_client, even the plain ones the reading on the way
+    would give the same samples for (the reference that reading is tested against)."""
     wanted = frozenset(metrics) if metrics is not None else None
-    collected: dict[tuple[str, tuple[tuple[str, str], ...]], list[Sample]] = {}
+    collected: dict[SeriesKey, list[Sample]] = {}
     families: set[str] = set()  # OpenMetrics families of earlier documents
-    for document in _documents(lines, openmetrics=openmetrics, samples=document_samples, source=source):
-        counted = _Counted(document.lines)
-        try:
-            for index, family in enumerate(parser(cast(TextIO, iter(counted)))):
-                if openmetrics:
-                    if family.name in families and not (index == 0 and family.name == document.continues):
-                        raise ValueError(f"Clashing name: {family.name}")
-                    families.add(family.name)
-                _collect(family.samples, collected, wanted, openmetrics=openmetrics)
-                del family
-        except ExpositionError:
-            raise
-        except _BadSample as bad:
-            at = _sample_line(document.lines, counted.consumed, bad.name, bad.raw)
-            raise ExpositionError(source, f"{bad.name}: {bad.message}", document.line_number(at)) from None
-        except Exception as exc:  # prometheus_client raises ValueError, and a few others on odd input
-            detail = str(exc) or type(exc).__name__
-            at = _locate_error(document.lines, counted.consumed, detail, openmetrics=openmetrics)
-            raise ExpositionError(source, f"invalid {kind}: {detail}", document.line_number(at)) from None
-        del document
+    for document in documents(
+        lines, openmetrics=openmetrics, samples=document_samples, source=source, wanted=wanted, fast=fast
+    ):
+        read = document.read
+        if read is None or not _commit(read, document, collected, families, openmetrics=openmetrics):
+            _parse_document(document, collected, families, wanted, source=source, openmetrics=openmetrics)
+        del document, read
     return [
         Series(metric=name, labels=dict(labels), samples=tuple(samples), source=source)
         for (name, labels), samples in collected.items()
     ]
+
+
+_NOTHING = object()  # no sample before
+
+
+def _commit(
+    read: Read,
+    document: Document,
+    collected: dict[SeriesKey, list[Sample]],
+    families: set[str],
+    *,
+    openmetrics: bool,
+) -> bool:
+    """Add a document's fast reading to `collected`, unless what spans documents refuses it (a family
+    seen in an earlier document, a series given again at the timestamp it ended with): then nothing is
+    added, and False lets prometheus_client read the document and say where."""
+    if openmetrics:
+        for index, name in enumerate(read.families):
+            if name in families and not (index == 0 and name == document.continues):
+                return False
+    ended: dict[SeriesKey, float | None] = {}
+    for key, samples in read.runs:
+        before = ended.get(key, _NOTHING)
+        if before is _NOTHING:
+            existing = collected.get(key)
+            before = existing[-1].timestamp if existing else _NOTHING
+        if before == samples[0].timestamp:
+            return False
+        ended[key] = samples[-1].timestamp
+    families.update(read.families)
+    for key, samples in read.runs:
+        existing = collected.get(key)
+        if existing is None:
+            collected[key] = samples.copy()  # the reading's own lists stay as they were read
+        else:
+            existing.extend(samples)
+    return True
+
+
+def _parse_document(
+    document: Document,
+    collected: dict[SeriesKey, list[Sample]],
+    families: set[str],
+    wanted: frozenset[str] | None,
+    *,
+    source: str,
+    openmetrics: bool,
+) -> None:
+    """Add what prometheus_client reads in a document to `collected`; ExpositionError naming the line."""
+    parser = _any_parser(openmetrics)
+    counted = _Counted(document.lines)
+    try:
+        for index, family in enumerate(parser(cast(TextIO, iter(counted)))):
+            if openmetrics:
+                if family.name in families and not (index == 0 and family.name == document.continues):
+                    raise ValueError(f"Clashing name: {family.name}")
+                families.add(family.name)
+            _collect(family.samples, collected, wanted, openmetrics=openmetrics)
+            del family
+    except _BadSample as bad:
+        at = _sample_line(document.lines, counted.consumed, bad.name, bad.raw)
+        raise ExpositionError(source, f"{bad.name}: {bad.message}", document.line_number(at)) from None
+    except Exception as exc:  # prometheus_client raises ValueError, and a few others on odd input
+        detail = str(exc) or type(exc).__name__
+        kind = "OpenMetrics" if openmetrics else "Prometheus text format"
+        at = _locate_error(document.lines, counted.consumed, detail, openmetrics=openmetrics)
+        raise ExpositionError(source, f"invalid {kind}: {detail}", document.line_number(at)) from None
 
 
 class _BadSample(Exception):
@@ -364,14 +296,14 @@ def _timestamp_seconds(name: str, timestamp: float, *, openmetrics: bool) -> flo
     written = f"{raw:.0f}" if math.isfinite(raw) else str(raw)
     if not math.isfinite(timestamp):
         raise _BadSample(name, raw, f"timestamp {written} is not a time in {unit}")
-    if not openmetrics and timestamp < _MIN_TEXT_TIMESTAMP_SECONDS:
+    if not openmetrics and timestamp < MIN_TEXT_TIMESTAMP_SECONDS:
         raise _BadSample(
             name,
             raw,
             f"timestamp {written} is before 1973 when read as milliseconds (Prometheus text format); "
             "write milliseconds, or use OpenMetrics (timestamps in seconds, file ends with `# EOF`)",
         )
-    if timestamp > _MAX_TIMESTAMP_SECONDS:
+    if timestamp > MAX_TIMESTAMP_SECONDS:
         year = 1970 + int(timestamp // _SECONDS_PER_YEAR) if timestamp < 1e15 else "10**7 and more"
         hint = (
             "write seconds, or use the Prometheus text format (milliseconds, no `# EOF`)"
@@ -389,9 +321,9 @@ def _sample_line(lines: Sequence[str], consumed: int, name: str, raw: float | No
     timestamp `raw` (None: written without one)."""
     for index in range(min(consumed, len(lines)) - 1, -1, -1):
         line = lines[index]
-        if line.startswith("#") or _series_text(line).partition("{")[0] != name:
+        if line.startswith("#") or series_text(line).partition("{")[0] != name:
             continue
-        rest = line[len(_series_text(line)) :].split()
+        rest = line[len(series_text(line)) :].split()
         if raw is None:
             if len(rest) == 1:
                 return index
@@ -407,7 +339,7 @@ def _sample_line(lines: Sequence[str], consumed: int, name: str, raw: float | No
 
 def _collect(
     samples: Iterable[ParsedSample],
-    collected: dict[tuple[str, tuple[tuple[str, str], ...]], list[Sample]],
+    collected: dict[SeriesKey, list[Sample]],
     wanted: frozenset[str] | None,
     *,
     openmetrics: bool,

@@ -153,6 +153,14 @@ class PrometheusServer:
         self._backfills += 1
         source = self.root / f"backfill-{self._backfills}.om"
         source.write_text(openmetrics, encoding="utf-8")
+        try:
+            self.backfill_file(source, newest=_last_timestamp(openmetrics))
+        finally:
+            source.unlink()
+
+    def backfill_file(self, source: Path, *, newest: float | None = None) -> None:
+        """`backfill` from an OpenMetrics file (kept), for histories too large to hold as one string;
+        `newest` (a sample's timestamp) is where the restarted server must find samples."""
         was_running = self.running
         self.stop()
         done = subprocess.run(
@@ -161,12 +169,10 @@ class PrometheusServer:
             text=True,
             check=False,
         )
-        source.unlink()
         if done.returncode != 0:
             raise RuntimeError(f"promtool failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
         if was_running:
             self.start()
-            newest = _last_timestamp(openmetrics)
             if newest is not None:
                 found = self.query('count({__name__=~".+"})', newest)
                 if not found:

@@ -9,8 +9,8 @@
 - `ensure_prometheus()`: the `prometheus` and `promtool` binaries, installed with
   `apt-get install -y prometheus` when missing and running as root; otherwise the test fails saying how
   to install them.
-- `StubPrometheus`: a local HTTP server that answers `/api/v1/query` however a test says (500, invalid
-  JSON, a NaN, a stall), counting requests.
+- `StubPrometheus`: a local HTTP server that answers `/api/v1/query` (GET, or the form-encoded POST of
+  long queries) however a test says (500, invalid JSON, a NaN, a stall), counting requests.
 - fixtures: `prometheus_server` (one per test session, started empty), `prometheus_factory` (more,
   private servers, stopped at the end of the test) and `stub_prometheus` (a factory of started stubs).
 
@@ -241,7 +241,8 @@ def vector_answer(samples: list[tuple[dict[str, str], float]], at: float = 0.0) 
 class StubPrometheus:
     """Answers every `/api/v1/query` with `responder(params)`; `delay` seconds first (a stall).
 
-    `requests` holds each request's query parameters and `headers` its headers (names lower-cased);
+    `requests` holds each request's query parameters, `methods` its method (GET, POST) and `headers`
+    its headers (names lower-cased);
     `tls` serves HTTPS with that server context.
     """
 
@@ -249,6 +250,7 @@ class StubPrometheus:
     delay: float = 0.0
     tls: ssl.SSLContext | None = None
     requests: list[dict[str, str]] = field(default_factory=list)
+    methods: list[str] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     _server: ThreadingHTTPServer | None = None
 
@@ -263,8 +265,15 @@ class StubPrometheus:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
+                self._answer(dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query)))
+
+            def do_POST(self) -> None:  # the API's form-encoded POST, for long queries
+                length = int(self.headers.get("Content-Length") or 0)
+                self._answer(dict(urllib.parse.parse_qsl(self.rfile.read(length).decode())))
+
+            def _answer(self, query: dict[str, str]) -> None:
                 stub.requests.append(query)
+                stub.methods.append(self.command)
                 stub.headers.append({k.lower(): v for k, v in self.headers.items()})
                 if stub.delay:
                     time.sleep(stub.delay)

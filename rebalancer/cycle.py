@@ -321,7 +321,7 @@ def assemble_report(
         reclaims=len(reclaimed),
         gpus_reclaimed=round(sum(action.gpus for action in reclaimed), 3),
     )
-    findings = tuple(_with_vram(f, snapshot) for f in (*evaluation.findings, *extra_findings))
+    findings = _with_vram((*evaluation.findings, *extra_findings), snapshot)
     named = {*freed, *(f.node for f in findings if f.node is not None)}
     return CycleReport(
         mode=mode,
@@ -366,21 +366,35 @@ def _notices(
     return tuple(found)
 
 
-def _with_vram(finding: Finding, snapshot: Snapshot) -> Finding:
-    """A leaked-vram finding with the framebuffer it is about (the newest sample, every row of that GPU
-    and pod), so the metrics need no snapshot."""
-    if finding.kind != "leaked-vram" or finding.fb_used_mib is not None or not snapshot.telemetry.available:
-        return finding
+def _with_vram(findings: Sequence[Finding], snapshot: Snapshot) -> tuple[Finding, ...]:
+    """Each leaked-vram finding with the framebuffer it is about (the newest sample, every row of that
+    GPU and pod, in the first window that has any), so the metrics need no snapshot."""
+
+    def wanted(finding: Finding) -> bool:
+        return finding.kind == "leaked-vram" and finding.fb_used_mib is None
+
+    if not snapshot.telemetry.available or not any(wanted(f) for f in findings):
+        return tuple(findings)
+    # One pass over each window's rows, not one per finding (40,000 rows, dozens of findings).
+    used: dict[tuple[str | None, str | None, str | None, str | None], float] = {}
     for window in snapshot.telemetry.windows.values():
-        rows = [
-            row
-            for row in window.gpus
-            if (row.node, row.uuid, row.pod_namespace, row.pod_name)
-            == (finding.node, finding.gpu, finding.namespace, finding.pod)
-        ]
-        if rows:
-            return replace(finding, fb_used_mib=sum(row.fb_used_mib or 0.0 for row in rows))
-    return finding
+        seen: dict[tuple[str | None, str | None, str | None, str | None], float] = {}
+        for row in window.gpus:
+            gpu: tuple[str | None, str | None, str | None, str | None] = (
+                row.node,
+                row.uuid,
+                row.pod_namespace,
+                row.pod_name,
+            )
+            seen[gpu] = seen.get(gpu, 0.0) + (row.fb_used_mib or 0.0)
+        for gpu, total in seen.items():
+            used.setdefault(gpu, total)
+    return tuple(
+        replace(f, fb_used_mib=used[key])
+        if wanted(f) and (key := (f.node, f.gpu, f.namespace, f.pod)) in used
+        else f
+        for f in findings
+    )
 
 
 def run_cycle(

@@ -36,6 +36,7 @@ the issue are checked at 5,000 nodes.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import json
 import os
@@ -51,6 +52,8 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
+
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from a checkout
@@ -69,6 +72,7 @@ from rebalancer.model import Snapshot  # noqa: E402
 from rebalancer.planner import plan  # noqa: E402
 from rebalancer.policy import LoadedPolicy, load_policy, prometheus_with_url  # noqa: E402
 from rebalancer.report import render  # noqa: E402
+from rebalancer.sinks.log import configure_logging  # noqa: E402
 from rebalancer.sources.kube import KubeSource  # noqa: E402
 from rebalancer.sources.kube_cache import KubeCache  # noqa: E402
 from rebalancer.sources.prometheus import PrometheusTelemetrySource  # noqa: E402
@@ -105,19 +109,30 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-class Recorder:
-    """Wall and CPU seconds (the whole process: every thread) and RSS after each timed call."""
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) another process has used so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def __init__(self) -> None:
+
+class Recorder:
+    """Wall and CPU seconds (the whole process: every thread) and RSS after each timed call, and the CPU
+    the Prometheus process `prometheus_pid` used meanwhile."""
+
+    def __init__(self, prometheus_pid: int | None = None) -> None:
         self.phases: dict[str, dict[str, float]] = {}
+        self._prometheus = prometheus_pid
 
     def time(self, name: str, fn: Callable[[], T]) -> T:
+        served = process_cpu(self._prometheus) if self._prometheus else 0.0
         wall, cpu = time.perf_counter(), time.process_time()
         value = fn()
         self.phases[name] = {
             "wall": time.perf_counter() - wall,
             "cpu": time.process_time() - cpu,
             "rss": _rss_mib(),
+            "prometheus_cpu": process_cpu(self._prometheus) - served if self._prometheus else 0.0,
         }
         return value
 
@@ -148,12 +163,12 @@ def _cycle_phases(
     return telemetry.available
 
 
-def run_once_phases(api_url: str, prometheus_url: str, policy: Path) -> dict[str, Any]:
+def run_once_phases(api_url: str, prometheus_url: str, policy: Path, prometheus_pid: int) -> dict[str, Any]:
     """`rebalancer once`'s cycle phase by phase, the collector off as the command runs it."""
 
     gc.disable()
     loaded = load_policy(policy)
-    rec = Recorder()
+    rec = Recorder(prometheus_pid)
     now = utcnow()
     kube = KubeSource(_api_client(api_url), loaded)
     snapshot = rec.time("cluster", lambda: kube.snapshot(now))
@@ -161,14 +176,18 @@ def run_once_phases(api_url: str, prometheus_url: str, policy: Path) -> dict[str
     return {"phases": rec.phases, "peak_rss": _peak_mib(), "pods": len(snapshot.pods), "telemetry": read}
 
 
-def run_daemon(api_url: str, prometheus_url: str, policy: Path, cycles: int) -> dict[str, Any]:
-    """The daemon as `rebalancer run` builds it (dry-run): first sync, `cycles` cycles, then one more
-    cycle's phases on the warm cache."""
+def run_daemon(
+    api_url: str, prometheus_url: str, policy: Path, cycles: int, *, prometheus_pid: int, profile: Path | None
+) -> dict[str, Any]:
+    """The daemon as `rebalancer run` builds it (dry-run, logging JSON lines to stderr): first sync,
+    `cycles` cycles (the last one under cProfile into `profile`, when given), then one more cycle's
+    phases on the warm cache."""
 
+    configure_logging("json")
     loaded = load_policy(policy)
     api = _api_client(api_url)
     cache = KubeCache(api)
-    rec = Recorder()
+    rec = Recorder(prometheus_pid)
     try:
         rec.time("first_sync", lambda: cache.read(loaded))
         source = kube_snapshot_source(api, prometheus_url=prometheus_url, cluster=cache.read)
@@ -176,15 +195,22 @@ def run_daemon(api_url: str, prometheus_url: str, policy: Path, cycles: int) -> 
         runs: list[dict[str, float]] = []
         read = True
         for number in range(cycles):
+            profiler = cProfile.Profile() if profile is not None and number == cycles - 1 else None
+            if profiler is not None:
+                profiler.enable()
             report = rec.time("cycle", lambda: daemon.run_cycle(raise_errors=True))
+            if profiler is not None:
+                profiler.disable()
+                profiler.dump_stats(profile)
             if report is None:
                 raise SystemExit(f"cycle {number + 1} did not run")
             read = read and not any(f.kind == UNAVAILABLE for f in report.findings)
             runs.append(rec.phases.pop("cycle"))
         now = utcnow()
         kube = KubeSource(api, loaded, cluster=cache.read)
-        snapshot = rec.time("cache", lambda: kube.snapshot(now))
-        read = _cycle_phases(rec, loaded, snapshot, prometheus_url, now) and read
+        with collector_paused():  # as Daemon.run_cycle runs a cycle
+            snapshot = rec.time("cache", lambda: kube.snapshot(now))
+            read = _cycle_phases(rec, loaded, snapshot, prometheus_url, now) and read
     finally:
         cache.stop()
     peak = _peak_mib()
@@ -217,8 +243,8 @@ def live_history(path: Path, nodes: int, seed: int, *, interval: int, history: i
 
 
 @contextmanager
-def prometheus(root: Path, history_file: Path, newest: float) -> Iterator[str]:
-    """A real Prometheus holding `history_file`, started on loopback for the block: its URL."""
+def prometheus(root: Path, history_file: Path, newest: float) -> Iterator[tuple[str, int]]:
+    """A real Prometheus holding `history_file`, started on loopback for the block: its URL and PID."""
 
     binary, promtool = ensure_prometheus()
     server = PrometheusServer(root, binary, promtool)
@@ -227,7 +253,8 @@ def prometheus(root: Path, history_file: Path, newest: float) -> Iterator[str]:
     try:
         if not server.query('count({__name__=~".+"})', newest):
             raise SystemExit(f"the backfilled history is not queryable at {newest}")
-        yield server.url
+        assert server.pid is not None
+        yield server.url, server.pid
     finally:
         server.stop()
 
@@ -278,11 +305,19 @@ def run_once_command(kubeconfig: Path, prometheus_url: str, policy: Path) -> dic
     }
 
 
-def run_child(mode: str, api_url: str, prometheus_url: str, policy: Path, cycles: int) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--child", mode, api_url, prometheus_url, "--policy", str(policy)]
-    done = subprocess.run(
-        [*command, "--cycles", str(cycles)], capture_output=True, text=True, cwd=ROOT, env=_env(), check=False
-    )
+def run_child(
+    mode: str,
+    api_url: str,
+    prometheus: tuple[str, int],
+    args: argparse.Namespace,
+    profile: Path | None = None,
+) -> dict[str, Any]:
+    url, pid = prometheus
+    command = [sys.executable, __file__, "--child", mode, api_url, url, "--policy", str(args.policy)]
+    command += ["--cycles", str(args.cycles), "--prometheus-pid", str(pid)]
+    if profile is not None:
+        command += ["--profile", str(profile)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=_env(), check=False)
     if done.returncode != 0:
         raise SystemExit(f"{mode} child failed ({done.returncode}):\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -309,7 +344,7 @@ def measure_size(nodes: int, args: argparse.Namespace, out: Path) -> dict[str, A
             end=end,
         )
         print(f"  {nodes:,} nodes: {results['samples']:,} samples written", file=sys.stderr)
-        with prometheus(root / "prometheus", history, start.timestamp()) as prom_url:
+        with prometheus(root / "prometheus", history, start.timestamp()) as served:
             history.unlink()
             print(f"  backfilled and started ({time.perf_counter() - began:.0f} s)", file=sys.stderr)
             with kube_cache.serving(objects.path) as api_url:
@@ -317,10 +352,14 @@ def measure_size(nodes: int, args: argparse.Namespace, out: Path) -> dict[str, A
                 for number in range(args.repeat):
                     if datetime.now(UTC) > end - timedelta(minutes=10):
                         raise SystemExit("the backfilled history ends in 10 minutes: give a longer --span")
+                    profile = None
+                    if args.profile is not None:
+                        args.profile.mkdir(parents=True, exist_ok=True)
+                        profile = args.profile / f"daemon-cycle-{nodes}-{number + 1}.pstats"
                     one = {
-                        "once": run_once_command(kubeconfig, prom_url, args.policy),
-                        "once_phases": run_child("once", api_url, prom_url, args.policy, args.cycles),
-                        "daemon": run_child("daemon", api_url, prom_url, args.policy, args.cycles),
+                        "once": run_once_command(kubeconfig, served[0], args.policy),
+                        "once_phases": run_child("once", api_url, served, args),
+                        "daemon": run_child("daemon", api_url, served, args, profile),
                     }
                     results["rounds"].append(one)
                     print(
@@ -347,7 +386,7 @@ def summarise(results: Mapping[str, Any]) -> dict[str, float]:
         row[f"once_{what}"] = _median(r["once"][what] for r in rounds)
     for kind, phases in (("once_phases", ONCE_PHASES), ("daemon", (*DAEMON_PHASES, "first_sync"))):
         for phase in phases:
-            for what in ("wall", "cpu", "rss"):
+            for what in ("wall", "cpu", "rss", "prometheus_cpu"):
                 row[f"{kind}.{phase}.{what}"] = _median(r[kind]["phases"][phase][what] for r in rounds)
         row[f"{kind}.peak_rss"] = _median(r[kind]["peak_rss"] for r in rounds)
     for what in ("wall", "cpu", "rss"):
@@ -399,7 +438,7 @@ def table(rows: Sequence[Mapping[str, float]], repeat: int) -> tuple[str, bool]:
         "telemetry": "telemetry (PromQL queries, rows)",
         "strategies": "strategies: propose()",
         "plan": "plan()",
-        "report": "report: run_cycle() + JSON",
+        "report": "run_cycle() + JSON (plans again, evicts dry, reports)",
     }
     for phase in ONCE_PHASES:
         line(f"`once` by phase: {labels[phase]}", lambda r, p=phase: _cell(r, f"once_phases.{p}"))
@@ -411,6 +450,10 @@ def table(rows: Sequence[Mapping[str, float]], repeat: int) -> tuple[str, bool]:
     )
     for phase in DAEMON_PHASES:
         line(f"daemon cycle by phase: {labels[phase]}", lambda r, p=phase: _cell(r, f"daemon.{p}"))
+    line(
+        "Prometheus' own CPU for the cycle's telemetry read",
+        lambda r: f"{r['daemon.telemetry.prometheus_cpu']:.2f} s",
+    )
     line("**daemon: peak RSS** (first sync included)", lambda r: f"{r['daemon.peak_rss']:,.0f} MiB")
     line("proposals / would evict", lambda r: f"{int(r['proposals'])} / {int(r['evictions'])}")
     line(
@@ -449,9 +492,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--span", type=int, default=3600, help="--live: seconds of DCGM history after the start"
     )
     parser.add_argument("--json", type=Path, help="--live: write every measurement to this file")
+    parser.add_argument(
+        "--telemetry-deadline",
+        type=int,
+        help="--live: the policy's Prometheus timeout and deadline, in seconds (a loaded machine)",
+    )
+    parser.add_argument("--profile", type=Path, help="--live: cProfile each round's last daemon cycle here")
+
+
+def patient_policy(policy: Path, seconds: int, directory: Path) -> Path:
+    """`policy` with its Prometheus request timeout and telemetry deadline set to `seconds`."""
+    document = yaml.safe_load(policy.read_text(encoding="utf-8"))
+    telemetry = document.setdefault("telemetry", {})
+    connection = telemetry.get("prometheus") or {"url": "http://127.0.0.1:9"}  # --prometheus-url replaces it
+    telemetry["prometheus"] = {**connection, "timeout": f"{seconds}s", "deadline": f"{seconds}s"}
+    path = directory / f"policy-{seconds}s.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    load_policy(path)  # refused here, not in a child, when the interval is too short for it
+    return path
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.telemetry_deadline is not None:
+        args.policy = patient_policy(args.policy, args.telemetry_deadline, Path(tempfile.mkdtemp()))
     rows = []
     everything = []
     for nodes in args.nodes:
@@ -472,12 +535,21 @@ def child_main(argv: Sequence[str]) -> int:
     parser.add_argument("--child", nargs=3, metavar=("MODE", "API", "PROMETHEUS"), required=True)
     parser.add_argument("--policy", type=Path, default=scale.POLICY)
     parser.add_argument("--cycles", type=int, default=5)
+    parser.add_argument("--prometheus-pid", type=int, required=True)
+    parser.add_argument("--profile", type=Path)
     args = parser.parse_args(argv)
     mode, api_url, prometheus_url = args.child
     if mode == "once":
-        result = run_once_phases(api_url, prometheus_url, args.policy)
+        result = run_once_phases(api_url, prometheus_url, args.policy, args.prometheus_pid)
     else:
-        result = run_daemon(api_url, prometheus_url, args.policy, args.cycles)
+        result = run_daemon(
+            api_url,
+            prometheus_url,
+            args.policy,
+            args.cycles,
+            prometheus_pid=args.prometheus_pid,
+            profile=args.profile,
+        )
     print(json.dumps(result))
     return 0
 

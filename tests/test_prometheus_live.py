@@ -38,6 +38,7 @@ from rebalancer.policy import (
     parse_policy,
 )
 from rebalancer.registry import StrategyArgs, StrategyContext
+from rebalancer.sources import prometheus_plan
 from rebalancer.sources.files import load_snapshot_dir
 from rebalancer.sources.kube import KubeSource
 from rebalancer.sources.prometheus import PrometheusTelemetrySource
@@ -351,6 +352,18 @@ def test_snapshot_file_and_live_prometheus_agree(
     live = replace(from_file, telemetry=telemetry)
     ctx = StrategyContext()
     assert decisions(idle_gpu(live, IDLE, ctx)) == decisions(idle_gpu(from_file, IDLE, ctx))
+
+
+def test_a_fleet_of_quiet_exporters_is_looked_up_cluster_wide_to_the_same_rows(
+    dcgm_server: PrometheusServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past LATE_SELECT_LIMIT quiet GPUs the late query selects every series, stepping by the lookback:
+    the same rows (exact for series without a staleness marker, as a backfill has none)."""
+    monkeypatch.setattr(prometheus_plan, "LATE_SELECT_LIMIT", 0)
+    loaded = loaded_policy()
+    from_file = load_snapshot_dir(write_snapshot(tmp_path, openmetrics(history(), NOW), NOW), loaded)
+    telemetry, _ = live_source(dcgm_server).telemetry(NOW, {p.key: p for p in from_file.pods})
+    assert_same_telemetry(from_file.telemetry, telemetry)
 
 
 def test_decisions_at_now_are_the_expected_ones(dcgm_server: PrometheusServer, tmp_path: Path) -> None:

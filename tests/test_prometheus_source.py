@@ -34,7 +34,7 @@ from rebalancer.policy import (
 )
 from rebalancer.sources.prometheus import PrometheusTelemetrySource, query_plan
 from rebalancer.sources.prometheus_http import SERVICE_ACCOUNT_TOKEN
-from rebalancer.sources.prometheus_plan import late_query
+from rebalancer.sources.prometheus_plan import LATE_SELECT_LIMIT, late_query
 from rebalancer.telemetry.exposition import Sample, Series, parse_exposition, render_openmetrics
 from rebalancer.telemetry.identity import PRESETS, resolve_preset
 from rebalancer.telemetry.windows import aggregate
@@ -119,6 +119,11 @@ def test_the_late_query_asks_only_for_the_given_gpus_stepping_by_the_scrape_inte
         '"rebalancer_metric", "DCGM_FI_DEV_GPU_UTIL", "", "")'
     )
     assert r'DCGM_FI_DEV_FB_FREE{uuid=~"G\"x"}' in parts[-1]
+    # An exporter fleet gone quiet: no list of thousands of UUIDs, every series at the lookback's step.
+    many = {"UUID": {f"GPU-{n}" for n in range(LATE_SELECT_LIMIT + 1)}}
+    parts = late_query(cfg, [1800, 3600], many).split(" or ")
+    assert [p.split("(timestamp(")[1].split(")")[0] for p in parts] == [UTIL, USED, "DCGM_FI_DEV_FB_FREE"]
+    assert all("[3600s:300s]" in p for p in parts)
 
 
 def test_every_query_is_evaluated_at_now_with_a_server_side_timeout(stub_prometheus: StubFactory) -> None:

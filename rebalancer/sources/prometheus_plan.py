@@ -32,14 +32,16 @@ window and none within the lookback (deleted pods, a stalled exporter: a few, no
 more, and `late_query` asks for exactly those, in one query: the same subquery over only their GPUs'
 series (selected by UUID), stepping by `telemetry.scrape_interval` rather than the lookback, so that a
 series ended by a staleness marker (a pod deleted) still shows its last sample (a coarser step misses
-samples between its last step and the marker). Stale or missing telemetry stays what it was: a row
-without a fresh sample is never made fresher than its samples say.
+samples between its last step and the marker). Past `LATE_SELECT_LIMIT` late GPUs (an exporter fleet
+gone quiet) it selects every series and steps by the lookback instead, the old cost once per metric.
+Stale or missing telemetry stays what it was: a row without a fresh sample is never made fresher
+than its samples say.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -47,12 +49,22 @@ from rebalancer.policy import LabelMapping, TelemetryConfig
 from rebalancer.telemetry.identity import resolve_preset
 from rebalancer.telemetry.windows import LOOKBACK_SECONDS
 
-__all__ = ["LATE_LABEL", "Aggregate", "Query", "identity_labels", "late_query", "query_plan"]
+__all__ = [
+    "LATE_LABEL",
+    "LATE_SELECT_LIMIT",
+    "Aggregate",
+    "Query",
+    "identity_labels",
+    "late_query",
+    "query_plan",
+]
 
 Aggregate = Literal["ts", "last", "count", "sum", "max", "series"]
 
 # The label `late_query` adds to say which metric a series' newest timestamp is of.
 LATE_LABEL = "rebalancer_metric"
+# Up to this many late GPUs, `late_query` selects their series by UUID and steps by the scrape interval.
+LATE_SELECT_LIMIT = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,21 +130,30 @@ def _regex_of(values: Iterable[str]) -> str:
     return '"' + "|".join(re.escape(v) for v in sorted(set(values))).translate(_PROMQL_STRING) + '"'
 
 
-def late_query(cfg: TelemetryConfig, windows: Iterable[int], uuids: Mapping[str, Iterable[str]]) -> str:
+def late_query(cfg: TelemetryConfig, windows: Iterable[int], uuids: Mapping[str, Collection[str]]) -> str:
     """The newest sample timestamp of every series of the given GPUs in the widest window, per metric.
 
     `uuids` maps a UUID label name to the values to select by it (the label sets `sources.prometheus`
     found late). Each part is `max by (L) (max_over_time(timestamp(M{uuid=~"..."})[R:step]))`, told
-    apart by `LATE_LABEL` (the metric's name), to evaluate at `now` like the plan.
+    apart by `LATE_LABEL` (the metric's name), to evaluate at `now` like the plan. Past
+    `LATE_SELECT_LIMIT` GPUs (an exporter fleet gone quiet) the parts select every series and step by
+    the lookback: what this read asked before, once per metric instead of per metric and window, and
+    still exact but for a series ended by a staleness marker, which may show a sample up to one step
+    older than its last (older: never fresher than it is).
     """
     cfg = resolve_preset(cfg)
     reach = max((*{int(w) for w in windows}, LOOKBACK_SECONDS))
-    step = max(1, min(cfg.scrape_interval, LOOKBACK_SECONDS))
+    few = sum(len(values) for values in uuids.values()) <= LATE_SELECT_LIMIT
+    step = max(1, min(cfg.scrape_interval, LOOKBACK_SECONDS)) if few else LOOKBACK_SECONDS
     by = _by(cfg)
     parts: list[str] = []
     for metric in dict.fromkeys((cfg.utilization.name, cfg.fb_used.name, cfg.fb_free.name)):
-        for label, values in sorted(uuids.items()):
-            selector = f"{metric}{{{label}=~{_regex_of(values)}}}"
+        selectors = (
+            [f"{metric}{{{label}=~{_regex_of(values)}}}" for label, values in sorted(uuids.items())]
+            if few
+            else [metric]
+        )
+        for selector in selectors:
             newest = f"max {by} (max_over_time(timestamp({selector})[{reach}s:{step}s]))"
             parts.append(f'label_replace({newest}, "{LATE_LABEL}", "{metric}", "", "")')
     return " or ".join(parts)

@@ -1,5 +1,7 @@
 """Stub answers to the live telemetry source's queries, chosen by what each query asks, not its text.
 
+`vector(samples)` is an instant-vector answer as Prometheus writes it (the `StubPrometheus` default).
+
 `plan_responder(table)` is a `StubPrometheus` responder: a query of the source's plan
 (`sources.prometheus_plan.query_plan` for the given config and windows) is answered with the samples
 `table` gives for its (aggregate, metric), or for its (aggregate, metric, window) when the table holds
@@ -31,9 +33,11 @@ def _text(value: float) -> str:
     return repr(value)
 
 
-def vector(samples: Samples) -> Answer:
-    """A 200 instant-vector answer at NOW, NaN and infinities written the way Prometheus writes them."""
-    result = [{"metric": dict(labels), "value": [NOW.timestamp(), _text(v)]} for labels, v in samples]
+def vector(samples: Samples, at: float | None = None) -> Answer:
+    """A 200 instant-vector answer at `at` (NOW), NaN and infinities written the way Prometheus writes
+    them."""
+    when = NOW.timestamp() if at is None else at
+    result = [{"metric": dict(labels), "value": [when, _text(v)]} for labels, v in samples]
     return 200, json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
 
 

@@ -23,7 +23,6 @@ test harness: no project code imports it.
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import socket
@@ -42,6 +41,7 @@ from typing import Any
 import pytest
 
 from tests.debian_packages import ensure_binaries
+from tests.prometheus_answers import vector
 
 CONFIG = "global:\n  scrape_interval: 30s\n"  # no scrape jobs: the TSDB holds only what tests backfill
 READY_TIMEOUT = 30.0
@@ -222,21 +222,6 @@ def prometheus_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom
 Responder = Callable[[dict[str, str]], tuple[int, bytes]]
 
 
-def vector_answer(samples: list[tuple[dict[str, str], float]], at: float = 0.0) -> tuple[int, bytes]:
-    """A 200 instant-vector answer; NaN and infinities are written the way Prometheus writes them."""
-
-    def text(value: float) -> str:
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "+Inf" if value > 0 else "-Inf"
-        return repr(value)
-
-    result = [{"metric": labels, "value": [at, text(value)]} for labels, value in samples]
-    body = {"status": "success", "data": {"resultType": "vector", "result": result}}
-    return 200, json.dumps(body).encode()
-
-
 @dataclass
 class StubPrometheus:
     """Answers every `/api/v1/query` with `responder(params)`; `delay` seconds first (a stall).
@@ -246,7 +231,7 @@ class StubPrometheus:
     `tls` serves HTTPS with that server context.
     """
 
-    responder: Responder = field(default=lambda _params: vector_answer([]))
+    responder: Responder = field(default=lambda _params: vector([]))
     delay: float = 0.0
     tls: ssl.SSLContext | None = None
     requests: list[dict[str, str]] = field(default_factory=list)

@@ -32,7 +32,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -129,8 +130,10 @@ def run_client(mode: str, url: str, reads: int, policy: Path) -> int:
 # --------------------------------------------------------------------------- the bench
 
 
-def measure(directory: Path, repeat: int, reads: int, policy: Path) -> dict[str, list[dict[str, Any]]]:
-    """Serve the snapshot from one process; time `repeat` client processes of each mode, in turn."""
+@contextmanager
+def serving(directory: Path) -> Iterator[str]:
+    """The snapshot directory's nodes, pods and PDBs served by a fake API server in a process of its
+    own (so that a client's CPU time is its own), for the duration of the block: its URL."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     server = subprocess.Popen(
         [sys.executable, __file__, "--serve", str(directory)],
@@ -140,9 +143,18 @@ def measure(directory: Path, repeat: int, reads: int, policy: Path) -> dict[str,
         env=env,
     )
     assert server.stdout is not None and server.stdin is not None
-    url = server.stdout.readline().strip()
-    results: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     try:
+        yield server.stdout.readline().strip()
+    finally:
+        server.stdin.close()
+        server.wait(timeout=60)
+
+
+def measure(directory: Path, repeat: int, reads: int, policy: Path) -> dict[str, list[dict[str, Any]]]:
+    """Serve the snapshot from one process; time `repeat` client processes of each mode, in turn."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    results: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    with serving(directory) as url:
         for _ in range(repeat):
             for mode in MODES:
                 command = [sys.executable, __file__, "--client", mode, url, "--reads", str(reads)]
@@ -150,9 +162,6 @@ def measure(directory: Path, repeat: int, reads: int, policy: Path) -> dict[str,
                     [*command, "--policy", str(policy)], capture_output=True, text=True, env=env, check=True
                 )
                 results[mode].append(json.loads(done.stdout.strip().splitlines()[-1]))
-    finally:
-        server.stdin.close()
-        server.wait(timeout=60)
     return results
 
 

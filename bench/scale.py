@@ -56,6 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
+from bench import scale_live  # noqa: E402
 from rebalancer.cycle import propose, run_cycle  # noqa: E402
 from rebalancer.evictor import DryRunEvictor  # noqa: E402
 from rebalancer.gcpause import collector_paused  # noqa: E402
@@ -732,7 +733,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policy", type=Path, default=POLICY)
     parser.add_argument("--out", type=Path, default=OUT, help="where the snapshot directories go")
     parser.add_argument("--generate-only", action="store_true", help="write the snapshots, time nothing")
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="time the live path instead: fake API server + real Prometheus (bench/scale_live.py)",
+    )
+    scale_live.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.live:
+        return scale_live.run(args)
     loaded = load_policy(str(args.policy))
     results: list[tuple[Generated, list[Run]]] = []
     for count in args.nodes:

@@ -9,8 +9,8 @@
 - `ensure_prometheus()`: the `prometheus` and `promtool` binaries, installed with
   `apt-get install -y prometheus` when missing and running as root; otherwise the test fails saying how
   to install them.
-- `StubPrometheus`: a local HTTP server that answers `/api/v1/query` however a test says (500, invalid
-  JSON, a NaN, a stall), counting requests.
+- `StubPrometheus`: a local HTTP server that answers `/api/v1/query` (GET, or the form-encoded POST of
+  long queries) however a test says (500, invalid JSON, a NaN, a stall), counting requests.
 - fixtures: `prometheus_server` (one per test session, started empty), `prometheus_factory` (more,
   private servers, stopped at the end of the test) and `stub_prometheus` (a factory of started stubs).
 
@@ -23,7 +23,6 @@ test harness: no project code imports it.
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import socket
@@ -42,6 +41,7 @@ from typing import Any
 import pytest
 
 from tests.debian_packages import ensure_binaries
+from tests.prometheus_answers import vector
 
 CONFIG = "global:\n  scrape_interval: 30s\n"  # no scrape jobs: the TSDB holds only what tests backfill
 READY_TIMEOUT = 30.0
@@ -153,6 +153,14 @@ class PrometheusServer:
         self._backfills += 1
         source = self.root / f"backfill-{self._backfills}.om"
         source.write_text(openmetrics, encoding="utf-8")
+        try:
+            self.backfill_file(source, newest=_last_timestamp(openmetrics))
+        finally:
+            source.unlink()
+
+    def backfill_file(self, source: Path, *, newest: float | None = None) -> None:
+        """`backfill` from an OpenMetrics file (kept), for histories too large to hold as one string;
+        `newest` (a sample's timestamp) is where the restarted server must find samples."""
         was_running = self.running
         self.stop()
         done = subprocess.run(
@@ -161,12 +169,10 @@ class PrometheusServer:
             text=True,
             check=False,
         )
-        source.unlink()
         if done.returncode != 0:
             raise RuntimeError(f"promtool failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
         if was_running:
             self.start()
-            newest = _last_timestamp(openmetrics)
             if newest is not None:
                 found = self.query('count({__name__=~".+"})', newest)
                 if not found:
@@ -216,33 +222,20 @@ def prometheus_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom
 Responder = Callable[[dict[str, str]], tuple[int, bytes]]
 
 
-def vector_answer(samples: list[tuple[dict[str, str], float]], at: float = 0.0) -> tuple[int, bytes]:
-    """A 200 instant-vector answer; NaN and infinities are written the way Prometheus writes them."""
-
-    def text(value: float) -> str:
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "+Inf" if value > 0 else "-Inf"
-        return repr(value)
-
-    result = [{"metric": labels, "value": [at, text(value)]} for labels, value in samples]
-    body = {"status": "success", "data": {"resultType": "vector", "result": result}}
-    return 200, json.dumps(body).encode()
-
-
 @dataclass
 class StubPrometheus:
     """Answers every `/api/v1/query` with `responder(params)`; `delay` seconds first (a stall).
 
-    `requests` holds each request's query parameters and `headers` its headers (names lower-cased);
+    `requests` holds each request's query parameters, `methods` its method (GET, POST) and `headers`
+    its headers (names lower-cased);
     `tls` serves HTTPS with that server context.
     """
 
-    responder: Responder = field(default=lambda _params: vector_answer([]))
+    responder: Responder = field(default=lambda _params: vector([]))
     delay: float = 0.0
     tls: ssl.SSLContext | None = None
     requests: list[dict[str, str]] = field(default_factory=list)
+    methods: list[str] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     _server: ThreadingHTTPServer | None = None
 
@@ -257,8 +250,15 @@ class StubPrometheus:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
+                self._answer(dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query)))
+
+            def do_POST(self) -> None:  # the API's form-encoded POST, for long queries
+                length = int(self.headers.get("Content-Length") or 0)
+                self._answer(dict(urllib.parse.parse_qsl(self.rfile.read(length).decode())))
+
+            def _answer(self, query: dict[str, str]) -> None:
                 stub.requests.append(query)
+                stub.methods.append(self.command)
                 stub.headers.append({k.lower(): v for k, v in self.headers.items()})
                 if stub.delay:
                     time.sleep(stub.delay)

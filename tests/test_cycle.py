@@ -115,6 +115,22 @@ def idle_pod_on_a_consolidation_candidate() -> tuple[Snapshot, LoadedPolicy]:
     return cluster, loaded
 
 
+def test_a_leaked_vram_finding_carries_the_framebuffer_of_its_gpus_rows() -> None:
+    """The metrics read leaked bytes from the finding: every row of that GPU and pod (two series of one
+    GPU with no pod here), in the first window that has any; other GPUs' rows do not count."""
+    rows = [
+        gpu_sample("a-1", "GPU-leak", util=0.0, fb_used_mib=20480.0),
+        gpu_sample("a-1", "GPU-leak", util=0.0, fb_used_mib=1024.0),
+        gpu_sample("a-1", "GPU-other", util=0.0, fb_used_mib=4096.0),
+        *(gpu_sample("a-2", f"GPU-a2-{i}", util=0.0, fb_used_mib=0.0) for i in range(8)),
+    ]
+    cluster = snapshot([node("a-1"), node("a-2")], [], telemetry=telemetry(rows, 1800))
+    loaded = policy({"strategies": [{"name": "idle-gpu", "args": {"window": "30m"}}]})
+    report = run_cycle(cluster, loaded, DryRunEvictor())
+    leaked = {f.gpu: f.fb_used_mib for f in report.findings if f.kind == "leaked-vram"}
+    assert leaked == {"GPU-leak": 20480.0 + 1024.0, "GPU-other": 4096.0}
+
+
 def test_strategies_run_in_policy_order_and_share_one_ledger() -> None:
     """An idle pod on a consolidation candidate is evicted once, by the first strategy in the policy."""
     cluster, loaded = idle_pod_on_a_consolidation_candidate()

@@ -175,6 +175,11 @@ def test_run_serves_then_exits_0_on_sigterm_releasing_the_lease(api: FakeApiServ
         while {path for path, watch in _reads(api) if watch} != set(CACHED):
             assert time.monotonic() < deadline, f"not watched: {_reads(api)}"
             time.sleep(0.05)
+        # ... which its metrics describe, kind by kind.
+        metrics = get(f"{served.url}/metrics")[1]
+        for kind in ("Node", "Pod", "PodDisruptionBudget"):
+            assert f'gpu_rebalancer_cluster_cache_age_seconds{{kind="{kind}"}}' in metrics
+            assert f'gpu_rebalancer_cluster_cache_relists_total{{kind="{kind}",reason="gone"}} 0.0' in metrics
     reads = _reads(api)
     assert sorted(reads) == sorted((path, watch) for path in CACHED for watch in (False, True))
     events = [json.loads(line) for line in served.stderr.splitlines() if line.startswith("{")]

@@ -35,10 +35,12 @@ from rebalancer.cycle_report import CycleReport, PredictionCheck
 from rebalancer.evictor import DryRunEvictor
 from rebalancer.guards import PDB
 from rebalancer.model import PREDICTION_RESULTS, OutcomeResult
-from rebalancer.policy import LoadedPolicy, loads_policy
+from rebalancer.policy import LoadedPolicy, loads_policy, parse_policy
 from rebalancer.sinks.metrics import CYCLE_RESULTS, DaemonMetrics
 from rebalancer.sources.files import load_snapshot_dir
+from rebalancer.sources.kube_cache import KubeCache, ListStatus
 from rebalancer.sources.snapshot_history import with_directory_usage
+from tests.fake_apiserver import FakeApiServer, node_json, pod_json
 from tests.test_deploy import DEPLOY, NAMESPACE, ROOT, find, policy_text
 
 Manifest = dict[str, Any]
@@ -66,6 +68,9 @@ DESIGN_METRICS: dict[str, frozenset[str]] = {
     "gpu_rebalancer_workload_actions_total": frozenset({"strategy", "action", "result", "mode"}),
     # Additive to §8: what the right-sizing advice would save, by team.
     "gpu_rebalancer_rightsizing_savings_per_hour": frozenset({"namespace"}),
+    # Additive to §8: the daemon's watch cache, how long since the API server spoke, how often relisted.
+    "gpu_rebalancer_cluster_cache_age_seconds": frozenset({"kind"}),
+    "gpu_rebalancer_cluster_cache_relists_total": frozenset({"kind", "reason"}),
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # Labels Prometheus adds to every scraped series (ServiceMonitor target labels).
@@ -155,10 +160,32 @@ def demo_report() -> CycleReport:
     return with_landings(run_cycle(snapshot, loaded, DryRunEvictor()))
 
 
-def scrape() -> dict[str, frozenset[str]]:
+def cache_status() -> tuple[ListStatus, ...]:
+    """What a real watch cache over the fake API server says after its first sync and a relist (pods
+    translated under a policy with gangs)."""
+    with FakeApiServer() as api:
+        api.add(node_json("gpu-1"))
+        api.add(pod_json("train-0", "gpu-1", gpus=1))
+        with api.api_client() as api_client:
+            cache = KubeCache(api_client)
+            try:
+                cache.read(parse_policy({}))
+                cache.read(parse_policy({"gangs": {"keys": ["team-job"]}}))
+                return cache.status()
+            finally:
+                cache.stop()
+
+
+@pytest.fixture(scope="module")
+def watched() -> tuple[ListStatus, ...]:
+    return cache_status()
+
+
+def scrape(watched: tuple[ListStatus, ...]) -> dict[str, frozenset[str]]:
     """Sample name -> label names, from the text exposition of a metrics sink that saw real cycles."""
     report = demo_report()
     metrics = DaemonMetrics()
+    metrics.watch_cache(lambda: watched)
     metrics.cycle_took(1.5)
     metrics.publish(report)
     metrics.publish(later(report))  # a second cycle counts the idle GPU-seconds since the first
@@ -187,8 +214,8 @@ def with_landings(report: CycleReport) -> CycleReport:
 
 
 @pytest.fixture(scope="module")
-def scraped() -> dict[str, frozenset[str]]:
-    return scrape()
+def scraped(watched: tuple[ListStatus, ...]) -> dict[str, frozenset[str]]:
+    return scrape(watched)
 
 
 def scraped_series(scraped_text: str) -> list[tuple[str, dict[str, str], float, bool]]:
@@ -598,6 +625,8 @@ def test_the_dashboard_has_the_panels_operators_need() -> None:
         "Blocked by guard",
         "Replacement landings by strategy and result",
         "Landed as predicted (range)",
+        "Cluster cache age by kind",
+        "Cluster cache relists by kind and reason",
     ):
         assert wanted in titles
 
@@ -616,6 +645,10 @@ def test_the_dashboard_has_the_panels_operators_need() -> None:
     assert queried("Right-sizing savings per hour by namespace") == {
         "gpu_rebalancer_rightsizing_savings_per_hour"
     }
+    assert queried("Cluster cache age by kind") == {"gpu_rebalancer_cluster_cache_age_seconds"}
+    assert queried("Cluster cache relists by kind and reason") == {
+        "gpu_rebalancer_cluster_cache_relists_total"
+    }
 
 
 def test_every_dashboard_metric_is_a_design_metric_the_sink_exports(
@@ -624,10 +657,13 @@ def test_every_dashboard_metric_is_a_design_metric_the_sink_exports(
     check_queries(dashboard_queries(), scraped, allow_dcgm=set())
 
 
-def test_every_dashboard_query_returns_data_from_a_real_scrape(promtool: str, tmp_path: Path) -> None:
+def test_every_dashboard_query_returns_data_from_a_real_scrape(
+    promtool: str, tmp_path: Path, watched: tuple[ListStatus, ...]
+) -> None:
     """Each query, evaluated by Prometheus' engine over the sink's own exposition (leader and standby)."""
     report = demo_report()
     leader, standby = DaemonMetrics(), DaemonMetrics()
+    leader.watch_cache(lambda: watched)  # the standby has listed nothing: no cache metrics
     leader.cycle_took(1.5)
     leader.publish(report)
     leader.publish(later(report))

@@ -15,7 +15,7 @@ from rebalancer.daemon.wiring import kube_snapshot_source
 from rebalancer.kube_evictor import KubeEvictor
 from rebalancer.policy import LoadedPolicy, parse_policy
 from rebalancer.sources.kube import KubeSource
-from rebalancer.sources.kube_cache import STALE_CLUSTER_CACHE, KubeCache, Reflector
+from rebalancer.sources.kube_cache import RELIST_REASONS, STALE_CLUSTER_CACHE, KubeCache, Reflector
 from rebalancer.sources.kube_lists import ACTIVE_PODS, KubeSourceError
 from tests.builders import NOW
 from tests.fake_apiserver import (
@@ -167,6 +167,9 @@ def test_410_gone_lists_again(api: FakeApiServer, cache: KubeCache) -> None:
     objects = cache.read(LOADED)
     assert [p.name for p in objects.pods] == ["train-1"] and objects.findings == ()
     assert len(_lists(api, "/api/v1/pods")) == 2  # the reflector's list, none by the read
+    # The metrics count that list as a relist after 410 Gone, and the throttled watches as none.
+    assert pods.status().relists == {"gone": 1, "watch-failed": 0, "stale": 0, "policy": 0}
+    assert _reflector(cache, "nodes").status().relists == dict.fromkeys(RELIST_REASONS, 0)
 
 
 def test_a_broken_watch_is_a_finding_and_a_fresh_list_before_the_snapshot(
@@ -194,6 +197,10 @@ def test_a_broken_watch_is_a_finding_and_a_fresh_list_before_the_snapshot(
     assert len(_lists(api, "/api/v1/pods")) > listed  # the read's own list
     assert pods.staleness() is not None  # still no watch: the next read lists again
     assert [f.kind for f in cache.read(LOADED).findings] == [STALE_CLUSTER_CACHE]
+    # The reflector's lists after failed watches, and the two reads' own, each counted by why.
+    relists = pods.status().relists
+    assert relists["stale"] == 2 and relists["watch-failed"] >= 1
+    assert relists["gone"] == relists["policy"] == 0
 
 
 def test_a_broken_watch_whose_list_fails_too_fails_the_read(api: FakeApiServer, cache: KubeCache) -> None:
@@ -261,6 +268,45 @@ def test_a_policy_that_translates_pods_differently_lists_them_again(
     assert {p.name: p.gang for p in cache.read(gangs).pods} == {"train-0": None, "w-0": "ml/big"}
     assert len(_lists(api, "/api/v1/pods")) == 2
     assert len(_lists(api, "/api/v1/nodes")) == 1
+    assert _reflector(cache, "pods").status().relists["policy"] == 1
+
+
+def test_status_says_how_long_since_each_list_was_heard_from_and_its_relists(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    """What the daemon's metrics export: per list, seconds since the API server last said anything about
+    it (the age that makes it stale), on the cache's monotonic clock, and no relist after the first sync."""
+    _cluster(api)
+    clock = [1000.0]
+    cache = KubeCache(api_client, backoff=lambda attempt: 0.1, monotonic=lambda: clock[0])
+    try:
+        assert cache.status() == ()  # nothing before the first sync
+        cache.read(LOADED)
+        status = {one.what: one for one in cache.status()}
+        assert {what: one.kind for what, one in status.items()} == {
+            "nodes": "Node",
+            "pods": "Pod",
+            "poddisruptionbudgets": "PodDisruptionBudget",
+        }
+        assert all(one.relists == dict.fromkeys(RELIST_REASONS, 0) for one in status.values())
+        eventually(lambda: len(_watches(api, "/api/v1/pods")) == 1)
+        pods = _reflector(cache, "pods")
+
+        def grows() -> bool:  # nothing heard while the clock moves: the age follows it
+            before = pods.status().age_seconds
+            clock[0] += 42
+            after = pods.status().age_seconds
+            return before is not None and after is not None and after - before == 42
+
+        eventually(grows)
+        clock[0] += 200  # past the 180 s bound: the same age makes the kind stale
+        age = pods.status().age_seconds
+        assert age is not None and age > 200
+        assert f"nothing heard from the API server for {age:.0f}s" in (pods.staleness() or "")
+        api.add(pod_json("train-1", "gpu-2"))  # an event: heard from just now
+        eventually(lambda: pods.status().age_seconds == 0)
+    finally:
+        cache.stop()
 
 
 def test_namespaced_caches_watch_each_namespace(api: FakeApiServer, api_client: client.ApiClient) -> None:

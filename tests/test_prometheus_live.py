@@ -2,7 +2,8 @@
 
 - equivalence: one DCGM history read from a snapshot directory and from Prometheus gives the same
   GpuTelemetry rows (MIG instances, time-sliced GPUs, exported_* and relabelled node labels, stale and
-  late series, samples after `now`) and the same idle-gpu decisions, at several `now`s and windows;
+  late series, a deleted pod's quiet series in the group of its GPU's fresh one, samples after `now`)
+  and the same idle-gpu decisions, at several `now`s and windows;
 - realistic series: the Alibaba GenAI duty-cycle trace as DCGM_FI_DEV_GPU_UTIL for its 143 containers;
   idle-gpu flags exactly the containers the raw CSV says stayed below the threshold;
 - faults a real server can produce: stopped mid-run, NaN samples, missing labels, deleted pods;
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
@@ -36,6 +38,7 @@ from rebalancer.policy import (
     parse_policy,
 )
 from rebalancer.registry import StrategyArgs, StrategyContext
+from rebalancer.sources import prometheus_plan
 from rebalancer.sources.files import load_snapshot_dir
 from rebalancer.sources.kube import KubeSource
 from rebalancer.sources.prometheus import PrometheusTelemetrySource
@@ -155,6 +158,9 @@ def history() -> list[Gpu]:
         Gpu(on_a(1, "idle-0"), idle, 20480, jitter_ms=905),
         # VRAM held with no pod attached: leaked.
         Gpu(on_a(2, ""), lambda _r: 0.0, 30000),
+        # ... by a pod deleted 10 minutes ago: its series (quiet beyond the lookback) and the GPU's own
+        # are one group, whose newest sample and framebuffer are the GPU's fresh ones.
+        Gpu(on_a(2, "old-0"), busy, 25000, stop=600, jitter_ms=250),
         # MIG: two instances of one A100, each its own pod.
         Gpu({**mig, "GPU_I_ID": "1", **exported("mig-busy")}, busy, 30001, jitter_ms=1),
         Gpu({**mig, "GPU_I_ID": "2", **exported("mig-idle")}, idle, 9000, jitter_ms=2),
@@ -348,6 +354,18 @@ def test_snapshot_file_and_live_prometheus_agree(
     assert decisions(idle_gpu(live, IDLE, ctx)) == decisions(idle_gpu(from_file, IDLE, ctx))
 
 
+def test_a_fleet_of_quiet_exporters_is_looked_up_cluster_wide_to_the_same_rows(
+    dcgm_server: PrometheusServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past LATE_SELECT_LIMIT quiet GPUs the late query selects every series, stepping by the lookback:
+    the same rows (exact for series without a staleness marker, as a backfill has none)."""
+    monkeypatch.setattr(prometheus_plan, "LATE_SELECT_LIMIT", 0)
+    loaded = loaded_policy()
+    from_file = load_snapshot_dir(write_snapshot(tmp_path, openmetrics(history(), NOW), NOW), loaded)
+    telemetry, _ = live_source(dcgm_server).telemetry(NOW, {p.key: p for p in from_file.pods})
+    assert_same_telemetry(from_file.telemetry, telemetry)
+
+
 def test_decisions_at_now_are_the_expected_ones(dcgm_server: PrometheusServer, tmp_path: Path) -> None:
     snapshot = load_snapshot_dir(write_snapshot(tmp_path, openmetrics(history(), NOW), NOW), loaded_policy())
     telemetry, findings = live_source(dcgm_server).telemetry(NOW, {p.key: p for p in snapshot.pods})
@@ -408,6 +426,15 @@ def test_nan_samples_never_make_a_gpu_idle(dcgm_server: PrometheusServer) -> Non
     assert [f.kind for f in result.findings] == ["stale-telemetry"]
 
 
+def has_late_series(samples: Mapping[str, list[tuple[float, float]]], now: datetime, window: int) -> bool:
+    """Whether a series has samples in the window but none within the 5m lookback."""
+    at = now.timestamp()
+    return any(
+        any(at - window <= t < at - 300 for t, _ in rows) and not any(at - 300 <= t <= at for t, _ in rows)
+        for rows in samples.values()
+    )
+
+
 def test_query_count_does_not_grow_with_the_cluster(dcgm_server: PrometheusServer, genai: GenAi) -> None:
     source = live_source(dcgm_server, frozenset({1800}))
     counts = []
@@ -419,7 +446,48 @@ def test_query_count_does_not_grow_with_the_cluster(dcgm_server: PrometheusServe
     small, large = (telemetry_rows(source, now) for now in (NOW, genai.now))
     assert small < 20
     assert large >= 100
-    assert counts == [len(source.plan), len(source.plan)]
+    # The plan, and one more query when some series went quiet within the window (NOW: gone-0 and
+    # stalled-0), however many GPUs there are.
+    late = has_late_series(genai.samples, genai.now, 1800)
+    assert counts == [len(source.plan) + 1, len(source.plan) + late]
+
+
+def test_only_the_gpus_of_late_series_are_looked_up_beyond_the_lookback(
+    dcgm_server: PrometheusServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    snapshot = load_snapshot_dir(write_snapshot(tmp_path, openmetrics(history(), NOW), NOW), loaded_policy())
+    pods = {p.key: p for p in snapshot.pods}
+    asked: list[str] = []
+    real_query = PrometheusHttp.query_vector
+
+    def record(http: PrometheusHttp, expr: str, time_param: str) -> object:
+        asked.append(expr)
+        return real_query(http, expr, time_param)
+
+    monkeypatch.setattr(PrometheusHttp, "query_vector", record)
+    source = live_source(dcgm_server)
+    telemetry, _ = source.telemetry(NOW, pods)
+    assert telemetry.available
+    assert asked[: len(source.plan)] == [q.expr for q in source.plan]
+    (late,) = asked[len(source.plan) :]
+    # gone-0 (12 minutes quiet) and stalled-0 (8 minutes): every other group was heard from within 5m,
+    # old-0's too (deleted 10 minutes ago, its GPU's own series is fresh).
+    assert set(re.findall(r"GPU-[0-9a-f-]+", late.replace("\\", ""))) == {
+        "GPU-bbbbbbbb-0000-4000-8000-000000000002",
+        "GPU-bbbbbbbb-0000-4000-8000-000000000003",
+    }
+    window = telemetry.window(1800)
+    assert window is not None
+    newest = {row.pod_name: row.newest_sample for row in window.gpus}
+    assert NOW - newest["stalled-0"] < timedelta(minutes=8, seconds=STEP)
+    assert NOW - newest["stalled-0"] >= timedelta(minutes=8)
+
+    # Windows within the lookback need nothing beyond the plan.
+    asked.clear()
+    short = live_source(dcgm_server, frozenset({120, 300}))
+    telemetry, _ = short.telemetry(NOW, pods)
+    assert telemetry.available
+    assert asked == [q.expr for q in short.plan]
 
 
 def telemetry_rows(source: PrometheusTelemetrySource, now: datetime) -> int:
@@ -442,7 +510,7 @@ def test_prometheus_stopped_mid_run(
     assert telemetry.available and findings == ()
 
     asked: list[str] = []
-    real_query = PrometheusHttp.query
+    real_query = PrometheusHttp.query_vector
 
     def stop_after_three(http: PrometheusHttp, expr: str, time_param: str) -> object:
         asked.append(expr)
@@ -450,7 +518,7 @@ def test_prometheus_stopped_mid_run(
             server.stop()
         return real_query(http, expr, time_param)
 
-    monkeypatch.setattr(PrometheusHttp, "query", stop_after_three)
+    monkeypatch.setattr(PrometheusHttp, "query_vector", stop_after_three)
     telemetry, findings = source.telemetry(NOW)
     assert not telemetry.available
     assert len(asked) == 3  # the third query finds the server gone; nothing after it is asked

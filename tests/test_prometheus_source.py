@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import ssl
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,11 +34,13 @@ from rebalancer.policy import (
 )
 from rebalancer.sources.prometheus import PrometheusTelemetrySource, query_plan
 from rebalancer.sources.prometheus_http import SERVICE_ACCOUNT_TOKEN
+from rebalancer.sources.prometheus_plan import LATE_SELECT_LIMIT, late_query
 from rebalancer.telemetry.exposition import Sample, Series, parse_exposition, render_openmetrics
 from rebalancer.telemetry.identity import PRESETS, resolve_preset
 from rebalancer.telemetry.windows import aggregate
 from tests.builders import NOW, pod
 from tests.fake_apiserver import FakeApiServer
+from tests.prometheus_answers import USED, UTIL, Answer, plan_responder, vector
 
 if TYPE_CHECKING:
     from tests.prometheus_server import StubFactory, StubPrometheus
@@ -65,52 +68,62 @@ def unavailable(result: tuple[Telemetry, tuple[Finding, ...]]) -> str:
     return telemetry.problem
 
 
-Answer = tuple[int, bytes]
-
-
-def vector(samples: list[tuple[dict[str, str], float]]) -> Answer:
-    """A 200 instant-vector answer at NOW, with NaN written the way Prometheus writes it."""
-    result = [
-        {"metric": labels, "value": [NOW.timestamp(), "NaN" if math.isnan(v) else repr(v)]}
-        for labels, v in samples
-    ]
-    return 200, json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
-
-
-def by_query(answers: dict[str, list[tuple[dict[str, str], float]]]) -> Callable[[dict[str, str]], Answer]:
-    """A responder whose answer depends on the PromQL (prefix match); an empty vector otherwise."""
-
-    def respond(params: dict[str, str]) -> Answer:
-        query = params.get("query", "")
-        for prefix, samples in answers.items():
-            if query.startswith(prefix):
-                return vector(samples)
-        return vector([])
-
-    return respond
-
-
 # --------------------------------------------------------------------------- the query plan
 
 
-def test_plan_is_one_query_per_metric_and_aggregate() -> None:
+# Every label the default mapping reads, sorted: what every answer is aggregated by.
+BY = (
+    "by (GPU_I_ID, GPU_I_PROFILE, Hostname, UUID, exported_namespace, exported_pod, gpu, hostname, "
+    "kubernetes_node, modelName, namespace, node, pod, uuid)"
+)
+
+
+def test_plan_is_one_query_per_metric_and_aggregate_by_the_labels_attribution_reads() -> None:
     plan = query_plan(TelemetryConfig(), [1800, 120])
     exprs = [q.expr for q in plan]
     assert len(exprs) == len(set(exprs))
-    assert "sum_over_time(DCGM_FI_DEV_GPU_UTIL[1800s])" in exprs
-    assert "count_over_time(DCGM_FI_DEV_GPU_UTIL[120s])" in exprs
-    assert "max_over_time(DCGM_FI_DEV_FB_USED[1800s])" in exprs
-    assert "DCGM_FI_DEV_FB_FREE" in exprs
-    assert "timestamp(DCGM_FI_DEV_FB_USED)" in exprs
-    # Windows longer than the 5m lookback find their newest sample with a lookback-stepped subquery.
-    assert (
-        "(timestamp(DCGM_FI_DEV_GPU_UTIL) or max_over_time(timestamp(DCGM_FI_DEV_GPU_UTIL)[1800s:300s])) "
-        "and count_over_time(DCGM_FI_DEV_GPU_UTIL[1800s])"
-    ) in exprs
-    assert "timestamp(DCGM_FI_DEV_GPU_UTIL) and count_over_time(DCGM_FI_DEV_GPU_UTIL[120s])" in exprs
-    # 2 instant queries per framebuffer metric, 4 utilisation/fb aggregates and 3 newest per window.
-    assert len(plan) == 2 * 2 + 2 * (4 + 3)
+    assert f"sum {BY} (sum_over_time(DCGM_FI_DEV_GPU_UTIL[1800s]))" in exprs
+    assert f"sum {BY} (count_over_time(DCGM_FI_DEV_GPU_UTIL[120s]))" in exprs
+    assert f"max {BY} (max_over_time(DCGM_FI_DEV_GPU_UTIL[120s]))" in exprs
+    assert f"max {BY} (max_over_time(DCGM_FI_DEV_FB_USED[1800s]))" in exprs
+    # Freshness: each metric's newest sample within the lookback, exactly, at `now`.
+    assert f"max {BY} (timestamp(DCGM_FI_DEV_FB_FREE))" in exprs
+    assert f"max {BY} (timestamp(DCGM_FI_DEV_GPU_UTIL))" in exprs
+    # The framebuffer's newest value over the widest window (the instant value when fresh).
+    assert f"max {BY} (last_over_time(DCGM_FI_DEV_FB_USED[1800s]))" in exprs
+    # How many series each label set holds, for the per-series sample bound.
+    assert f"count {BY} (count_over_time(DCGM_FI_DEV_GPU_UTIL[1800s]))" in exprs
+    # No subquery over the cluster: it cost seconds per metric and window (prometheus_plan).
+    assert not [e for e in exprs if re.search(r"\[\d+s:\d+s\]", e)]
+    # A timestamp, and for the framebuffer a newest value, per metric; 4 aggregates per window; 1.
+    assert len(plan) == 3 + 2 + 2 * 4 + 1
     assert all(q.window in (None, 120, 1800) for q in plan)
+    # The mapping's labels and nothing else: a label the policy maps is kept, any other one is not.
+    own = TelemetryConfig(labels=LabelMapping(node=("kubernetes_node",), pod=("pod",), namespace=("ns",)))
+    exprs = [q.expr for q in query_plan(own, [600])]
+    assert all(
+        "by (GPU_I_ID, GPU_I_PROFILE, UUID, gpu, kubernetes_node, modelName, ns, pod, uuid)" in e
+        for e in exprs
+    )
+
+
+def test_the_late_query_asks_only_for_the_given_gpus_stepping_by_the_scrape_interval() -> None:
+    cfg = TelemetryConfig(scrape_interval=30)
+    expr = late_query(cfg, [1800, 3600], {"UUID": {"GPU-b", "GPU-a.1"}, "uuid": {'G"x'}})
+    parts = expr.split(" or ")
+    assert len(parts) == 3 * 2  # per metric, per UUID label name
+    # Regex metacharacters escaped for RE2, then the PromQL string's backslashes and quotes.
+    selector = r'DCGM_FI_DEV_GPU_UTIL{UUID=~"GPU\\-a\\.1|GPU\\-b"}'
+    assert parts[0] == (
+        f"label_replace(max {BY} (max_over_time(timestamp({selector})[3600s:30s])), "
+        '"rebalancer_metric", "DCGM_FI_DEV_GPU_UTIL", "", "")'
+    )
+    assert r'DCGM_FI_DEV_FB_FREE{uuid=~"G\"x"}' in parts[-1]
+    # An exporter fleet gone quiet: no list of thousands of UUIDs, every series at the lookback's step.
+    many = {"UUID": {f"GPU-{n}" for n in range(LATE_SELECT_LIMIT + 1)}}
+    parts = late_query(cfg, [1800, 3600], many).split(" or ")
+    assert [p.split("(timestamp(")[1].split(")")[0] for p in parts] == [UTIL, USED, "DCGM_FI_DEV_FB_FREE"]
+    assert all("[3600s:300s]" in p for p in parts)
 
 
 def test_every_query_is_evaluated_at_now_with_a_server_side_timeout(stub_prometheus: StubFactory) -> None:
@@ -120,6 +133,7 @@ def test_every_query_is_evaluated_at_now_with_a_server_side_timeout(stub_prometh
     assert len(stub.requests) == len(src.plan)
     assert {r["time"] for r in stub.requests} == {f"{int(NOW.timestamp())}.123"}
     assert {r["timeout"] for r in stub.requests} == {"3s"}
+    assert {h["accept-encoding"] for h in stub.headers} == {"identity"}  # 9 MB answers: no gzip CPU
     # An empty answer is no data, and no data is never idle.
     assert not telemetry.available
 
@@ -185,14 +199,14 @@ def test_policy_preset_reaches_both_sources() -> None:
 def test_a_nan_utilisation_sum_makes_the_gpu_unusable_never_idle(stub_prometheus: StubFactory) -> None:
     t0 = NOW.timestamp()
     stub = stub_prometheus(
-        responder=by_query(
+        responder=plan_responder(
             {
-                "count_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 30.0)],
-                "sum_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, math.nan)],
-                "max_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 3.0)],
-                "(timestamp(DCGM_FI_DEV_GPU_UTIL)": [(LABELS, t0)],
-                "DCGM_FI_DEV_FB_USED": [(LABELS, 100.0)],
-                "timestamp(DCGM_FI_DEV_FB_USED)": [(LABELS, t0)],
+                ("count", UTIL): [(LABELS, 30.0)],
+                ("sum", UTIL): [(LABELS, math.nan)],
+                ("max", UTIL): [(LABELS, 3.0)],
+                ("ts", UTIL): [(LABELS, t0)],
+                ("last", USED): [(LABELS, 100.0)],
+                ("ts", USED): [(LABELS, t0)],
             }
         )
     )
@@ -205,6 +219,55 @@ def test_a_nan_utilisation_sum_makes_the_gpu_unusable_never_idle(stub_prometheus
     assert (bad.node, bad.gpu, bad.pod) == ("gpu-a-1", UUID, "p")
     assert "DCGM_FI_DEV_GPU_UTIL" in bad.detail and "over 30m" in bad.detail
     assert "sum nan is NaN" in bad.detail
+
+
+def test_an_infinite_sum_makes_the_gpu_unusable_never_idle(stub_prometheus: StubFactory) -> None:
+    """Prometheus writes infinities as "+Inf" and "-Inf": read as numbers, and refused as aggregates."""
+    t0 = NOW.timestamp()
+    table = {
+        ("count", UTIL): [(LABELS, 30.0)],
+        ("sum", UTIL): [(LABELS, math.inf)],
+        ("max", UTIL): [(LABELS, 3.0)],
+        ("ts", UTIL): [(LABELS, t0)],
+    }
+    stub = stub_prometheus(responder=plan_responder(table))
+    (asks_sum,) = [q.expr for q in query_plan(TelemetryConfig(), [1800]) if q.aggregate == "sum"]
+    assert b'"+Inf"' in plan_responder(table)({"query": asks_sum})[1]  # as Prometheus writes it
+    telemetry, findings = source(stub.url).telemetry(NOW, PODS)
+    window = telemetry.window(1800)
+    assert window is not None and window.gpus == ()
+    (bad,) = findings
+    assert bad.kind == "bad-telemetry" and "sum inf is NaN, infinite" in bad.detail
+
+
+def test_label_sets_quiet_beyond_the_lookback_are_looked_up_in_one_post(stub_prometheus: StubFactory) -> None:
+    """A hundred GPUs whose exporter went quiet 10 minutes ago: one more query, for those GPUs only, too
+    long for a URL, so sent as a form-encoded POST; their rows' newest sample is its answer."""
+    t0 = NOW.timestamp()
+    quiet = [{**LABELS, "UUID": f"GPU-{n:08d}-2222-3333-4444-555555555555", "gpu": "0"} for n in range(100)]
+    table = {
+        ("count", UTIL): [(labels, 20.0) for labels in quiet],
+        ("sum", UTIL): [(labels, 40.0) for labels in quiet],
+        ("max", UTIL): [(labels, 3.0) for labels in quiet],
+    }
+    answers = plan_responder(table)
+
+    def respond(params: dict[str, str]) -> Answer:
+        if params["query"].startswith("label_replace("):  # the late query
+            return vector([({**labels, "rebalancer_metric": UTIL}, t0 - 600) for labels in quiet])
+        return answers(params)
+
+    stub = stub_prometheus(responder=respond)
+    src = source(stub.url)
+    telemetry, _ = src.telemetry(NOW, None)
+    assert stub.methods == ["GET"] * len(src.plan) + ["POST"]
+    late = stub.requests[-1]
+    assert late["time"] == stub.requests[0]["time"]
+    # Each quiet GPU by its UUID (regex-escaped, in a PromQL string), in every metric's part.
+    assert all(late["query"].count(labels["UUID"].replace("-", r"\\-")) == 3 for labels in quiet)
+    window = telemetry.window(1800)
+    assert window is not None and len(window.gpus) == 100
+    assert {row.newest_sample for row in window.gpus} == {NOW - timedelta(minutes=10)}
 
 
 def test_a_scalar_answer_is_unavailable(stub_prometheus: StubFactory) -> None:
@@ -220,12 +283,12 @@ def test_series_without_node_or_uuid_label_are_reported_and_ignored(stub_prometh
     no_uuid = {k: v for k, v in LABELS.items() if k != "UUID"}
     no_node = {k: v for k, v in LABELS.items() if k != "Hostname"}
     stub = stub_prometheus(
-        responder=by_query(
+        responder=plan_responder(
             {
-                "count_over_time(DCGM_FI_DEV_GPU_UTIL": [(no_uuid, 30.0), (no_node, 30.0)],
-                "sum_over_time(DCGM_FI_DEV_GPU_UTIL": [(no_uuid, 1.0), (no_node, 1.0)],
-                "max_over_time(DCGM_FI_DEV_GPU_UTIL": [(no_uuid, 1.0), (no_node, 1.0)],
-                "(timestamp(DCGM_FI_DEV_GPU_UTIL)": [(no_uuid, t0), (no_node, t0)],
+                ("count", UTIL): [(no_uuid, 30.0), (no_node, 30.0)],
+                ("sum", UTIL): [(no_uuid, 1.0), (no_node, 1.0)],
+                ("max", UTIL): [(no_uuid, 1.0), (no_node, 1.0)],
+                ("ts", UTIL): [(no_uuid, t0), (no_node, t0)],
             }
         )
     )
@@ -429,7 +492,7 @@ def test_a_partial_answer_makes_the_whole_cycle_unavailable(
         partial_once["n"] += 1
         if partial_once["n"] == 3:  # one query of the cycle, not the first
             return envelope(**extra)(params)
-        return by_query({"DCGM_FI_DEV_FB_USED": [(LABELS, 100.0)]})(params)
+        return plan_responder({("last", USED): [(LABELS, 100.0)]})(params)
 
     stub = stub_prometheus(responder=respond)
     problem = unavailable(source(stub.url).telemetry(NOW, PODS))
@@ -441,12 +504,12 @@ def test_a_partial_answer_makes_the_whole_cycle_unavailable(
 def test_infos_that_do_not_say_partial_and_empty_warnings_are_fine(stub_prometheus: StubFactory) -> None:
     info = "PromQL info: metric might not be a counter, name does not end in _total"
     t0 = NOW.timestamp()
-    answers = by_query(
+    answers = plan_responder(
         {
-            "count_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 30.0)],
-            "sum_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 60.0)],
-            "max_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 3.0)],
-            "(timestamp(DCGM_FI_DEV_GPU_UTIL)": [(LABELS, t0)],
+            ("count", UTIL): [(LABELS, 30.0)],
+            ("sum", UTIL): [(LABELS, 60.0)],
+            ("max", UTIL): [(LABELS, 3.0)],
+            ("ts", UTIL): [(LABELS, t0)],
         }
     )
 
@@ -550,7 +613,7 @@ def test_a_trickling_answer_ends_at_the_cycle_deadline(trickle: TrickleServer) -
 def test_a_slow_but_valid_prometheus_is_cut_at_the_deadline_never_partial(
     stub_prometheus: StubFactory,
 ) -> None:
-    stub = stub_prometheus(responder=by_query({"DCGM_FI_DEV_FB_USED": [(LABELS, 100.0)]}), delay=0.4)
+    stub = stub_prometheus(responder=plan_responder({("last", USED): [(LABELS, 100.0)]}), delay=0.4)
     src = source(stub.url, timeout="5s", deadline="2s")
     started = time.monotonic()
     problem = unavailable(src.telemetry(NOW, PODS))

@@ -37,6 +37,7 @@ from rebalancer.sinks.webhook import (
     sign,
     webhook_body,
 )
+from rebalancer.sources.kube_cache import RELIST_REASONS, ListStatus
 from tests.builders import A100, H100, NOW
 from tests.http_receiver import HttpReceiver, http_receiver
 
@@ -537,6 +538,38 @@ def test_metrics_of_a_cycle_use_the_contract_names_and_no_pod_labels() -> None:
     samples = _samples(metrics)
     assert not any(name == "gpu_rebalancer_nodes_freeable" for name, _ in samples)
     assert samples[("gpu_rebalancer_estimated_savings_per_hour", ())] == 0.0
+
+
+def test_the_watch_cache_is_exported_by_kind_its_oldest_list_and_all_relists() -> None:
+    """Two namespaces watched: the pods' age is the older list's, their relists are summed by reason;
+    the status is read at each scrape."""
+    metrics = DaemonMetrics()
+    assert not [name for name, _ in _samples(metrics) if "cluster_cache" in name]  # no cache yet
+    lists = [
+        ListStatus("Node", "nodes", 12.5, {"gone": 0, "watch-failed": 0, "stale": 0, "policy": 0}),
+        ListStatus("Pod", "pods in ml", 3.0, {"gone": 1, "watch-failed": 2, "stale": 0, "policy": 0}),
+        ListStatus("Pod", "pods in web", 95.0, {"gone": 0, "watch-failed": 1, "stale": 1, "policy": 0}),
+        ListStatus(
+            "PodDisruptionBudget", "poddisruptionbudgets in ml", None, dict.fromkeys(RELIST_REASONS, 0)
+        ),
+    ]
+    metrics.watch_cache(lambda: lists)
+    samples = _samples(metrics)
+    age = "gpu_rebalancer_cluster_cache_age_seconds"
+    assert {labels: value for (name, labels), value in samples.items() if name == age} == {
+        (("kind", "Node"),): 12.5,
+        (("kind", "Pod"),): 95.0,  # the older of the two lists; the never-listed PDBs have no age
+    }
+    relists = "gpu_rebalancer_cluster_cache_relists_total"
+    assert samples[(relists, (("kind", "Pod"), ("reason", "watch-failed")))] == 3
+    assert samples[(relists, (("kind", "Pod"), ("reason", "gone")))] == 1
+    assert samples[(relists, (("kind", "Pod"), ("reason", "stale")))] == 1
+    assert samples[(relists, (("kind", "Node"), ("reason", "policy")))] == 0
+    assert samples[(relists, (("kind", "PodDisruptionBudget"), ("reason", "gone")))] == 0
+    lists[0] = ListStatus("Node", "nodes", 0.5, {"gone": 1, "watch-failed": 0, "stale": 0, "policy": 0})
+    samples = _samples(metrics)
+    assert samples[(age, (("kind", "Node"),))] == 0.5
+    assert samples[(relists, (("kind", "Node"), ("reason", "gone")))] == 1
 
 
 def test_openmetrics_is_served_when_asked_for() -> None:

@@ -6,7 +6,6 @@ strategies on what the source gives: no idle-gpu finding or eviction, no consoli
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -21,6 +20,7 @@ from rebalancer.telemetry.sanity import ALIGNMENT_SLACK, max_samples, utilisatio
 from strategies.gpu_consolidation import GpuConsolidationArgs, gpu_consolidation
 from strategies.idle_gpu import IdleGpuArgs, idle_gpu
 from tests.builders import NOW, node, pod, snapshot
+from tests.prometheus_answers import USED, UTIL, Answer, Samples, plan_responder
 
 if TYPE_CHECKING:
     from tests.prometheus_server import StubFactory
@@ -32,11 +32,10 @@ OTHER = "GPU-99999999-2222-3333-4444-555555555555"
 LABELS = {"Hostname": "gpu-a-1", "UUID": UUID, "gpu": "0", "exported_namespace": "ml", "exported_pod": "p"}
 OTHER_LABELS = {**LABELS, "UUID": OTHER, "gpu": "1", "exported_pod": "q"}
 WINDOW = 1800
-Answer = tuple[int, bytes]
 
 
 def check(count: float | None, total: float | None, peak: float | None, **kw: float) -> str | None:
-    options: dict[str, float] = {"window": WINDOW, "scrape_interval": 30, "scale": 1.0, **kw}
+    options: dict[str, float] = {"window": WINDOW, "scrape_interval": 30, "scale": 1.0, "series": 1, **kw}
     return utilisation_problem(
         count,
         total,
@@ -44,6 +43,7 @@ def check(count: float | None, total: float | None, peak: float | None, **kw: fl
         window=int(options["window"]),
         scrape_interval=int(options["scrape_interval"]),
         scale=options["scale"],
+        series=options["series"],
     )
 
 
@@ -97,6 +97,18 @@ def test_impossible_answers_say_what_is_wrong(
     assert said in problem
 
 
+def test_a_sum_of_several_series_is_held_to_that_many_series_bound() -> None:
+    bound = max_samples(WINDOW, 30)
+    assert check(2 * bound, 0, 0, series=2) is None
+    problem = check(2 * bound + 1, 0, 0, series=2)
+    assert problem is not None
+    assert f"more than the {2 * bound} samples 2 series scraped every 30s" in problem
+    assert check(bound + 1, 0, 0) is not None  # one series: the bound alone
+    for series in (0, 1.5, math.nan, -1):
+        problem = check(10, 5, 1, series=series)
+        assert problem is not None and "series count" in problem
+
+
 def test_the_scale_applies_before_the_percent_bounds() -> None:
     problem = check(10, 5, 2, scale=100.0)  # a ratio of 2 is 200 %
     assert problem is not None and "200%" in problem
@@ -113,29 +125,18 @@ def test_scrape_interval_is_a_telemetry_setting_with_the_exporter_charts_default
 # --------------------------------------------------------------------------- through the live source
 
 
-def vector(samples: list[tuple[dict[str, str], float]]) -> Answer:
-    result = [{"metric": labels, "value": [NOW.timestamp(), repr(v)]} for labels, v in samples]
-    return 200, json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
-
-
-def answers(util: dict[str, list[tuple[dict[str, str], float]]]) -> Callable[[dict[str, str]], Answer]:
+def answers(util: dict[tuple[str, str], Samples]) -> Callable[[dict[str, str]], Answer]:
     """A responder: the given utilisation aggregates, and fresh framebuffer data for both GPUs."""
     t0 = NOW.timestamp()
-    table = {
-        **util,
-        "(timestamp(DCGM_FI_DEV_GPU_UTIL)": [(LABELS, t0), (OTHER_LABELS, t0)],
-        "DCGM_FI_DEV_FB_USED": [(LABELS, 100.0), (OTHER_LABELS, 100.0)],
-        "timestamp(DCGM_FI_DEV_FB_USED)": [(LABELS, t0), (OTHER_LABELS, t0)],
-    }
-
-    def respond(params: dict[str, str]) -> Answer:
-        query = params.get("query", "")
-        for prefix, samples in table.items():
-            if query.startswith(prefix):
-                return vector(samples)
-        return vector([])
-
-    return respond
+    return plan_responder(
+        {
+            **util,
+            ("ts", UTIL): [(LABELS, t0), (OTHER_LABELS, t0)],
+            ("last", USED): [(LABELS, 100.0), (OTHER_LABELS, 100.0)],
+            ("ts", USED): [(LABELS, t0), (OTHER_LABELS, t0)],
+        },
+        windows=(WINDOW,),
+    )
 
 
 PODS = {("ml", "p"): pod("p", "gpu-a-1"), ("ml", "q"): pod("q", "gpu-a-1")}
@@ -150,9 +151,9 @@ def test_a_count_of_a_billion_makes_that_gpu_unusable_with_a_finding(stub_promet
     stub = stub_prometheus(
         responder=answers(
             {
-                "count_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 1e9), (OTHER_LABELS, 60.0)],
-                "sum_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 60.0), (OTHER_LABELS, 3000.0)],
-                "max_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 1.0), (OTHER_LABELS, 70.0)],
+                ("count", UTIL): [(LABELS, 1e9), (OTHER_LABELS, 60.0)],
+                ("sum", UTIL): [(LABELS, 60.0), (OTHER_LABELS, 3000.0)],
+                ("max", UTIL): [(LABELS, 1.0), (OTHER_LABELS, 70.0)],
             }
         )
     )
@@ -181,9 +182,9 @@ def test_a_count_of_a_billion_makes_that_gpu_unusable_with_a_finding(stub_promet
 
 def test_the_bound_uses_the_policys_scrape_interval(stub_prometheus: StubFactory) -> None:
     util = {
-        "count_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 360.0)],  # a 5s scrape over 30m
-        "sum_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 720.0)],
-        "max_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 4.0)],
+        ("count", UTIL): [(LABELS, 360.0)],  # a 5s scrape over 30m
+        ("sum", UTIL): [(LABELS, 720.0)],
+        ("max", UTIL): [(LABELS, 4.0)],
     }
     stub = stub_prometheus(responder=answers(util))
     telemetry, findings = read(stub.url)
@@ -198,13 +199,38 @@ def test_the_bound_uses_the_policys_scrape_interval(stub_prometheus: StubFactory
     assert not [f for f in findings if f.kind == "bad-telemetry"]
 
 
+def test_a_label_set_of_two_series_may_hold_two_series_samples(stub_prometheus: StubFactory) -> None:
+    """Two scrape jobs of one exporter: Prometheus answers one label set (the labels the mapping reads)
+    with the samples of both, and says it holds two series."""
+    bound = max_samples(WINDOW, 15)
+    util = {
+        ("count", UTIL): [(LABELS, 2.0 * bound)],
+        ("sum", UTIL): [(LABELS, 4.0 * bound)],
+        ("max", UTIL): [(LABELS, 3.0)],
+    }
+    stub = stub_prometheus(responder=answers({**util, ("series", UTIL): [(LABELS, 2.0)]}))
+    telemetry, findings = read(stub.url)
+    window = telemetry.window(WINDOW)
+    assert window is not None
+    (row,) = [g for g in window.gpus if g.uuid == UUID]
+    assert (row.util_samples, row.util_avg_percent) == (2 * bound, 2.0)
+    assert not [f for f in findings if f.kind == "bad-telemetry"]
+    # The same count said to be of one series is impossible.
+    stub = stub_prometheus(responder=answers({**util, ("series", UTIL): [(LABELS, 1.0)]}))
+    telemetry, findings = read(stub.url)
+    window = telemetry.window(WINDOW)
+    assert window is not None and UUID not in {g.uuid for g in window.gpus}
+    (bad,) = [f for f in findings if f.kind == "bad-telemetry"]
+    assert f"more than the {bound} samples a series" in bad.detail
+
+
 def test_a_mean_above_the_maximum_and_a_half_answer_are_unusable(stub_prometheus: StubFactory) -> None:
     stub = stub_prometheus(
         responder=answers(
             {
-                "count_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 10.0)],  # OTHER: sum and max, no count
-                "sum_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 400.0), (OTHER_LABELS, 10.0)],
-                "max_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 20.0), (OTHER_LABELS, 1.0)],
+                ("count", UTIL): [(LABELS, 10.0)],  # OTHER: sum and max, no count
+                ("sum", UTIL): [(LABELS, 400.0), (OTHER_LABELS, 10.0)],
+                ("max", UTIL): [(LABELS, 20.0), (OTHER_LABELS, 1.0)],
             }
         )
     )
@@ -218,9 +244,9 @@ def test_a_mean_above_the_maximum_and_a_half_answer_are_unusable(stub_prometheus
 
 def test_a_scaled_metric_is_judged_in_percent(stub_prometheus: StubFactory) -> None:
     util = {
-        "count_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 10.0)],
-        "sum_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 5.0)],  # a 0-1 ratio: mean 50 %
-        "max_over_time(DCGM_FI_DEV_GPU_UTIL": [(LABELS, 0.9)],
+        ("count", UTIL): [(LABELS, 10.0)],
+        ("sum", UTIL): [(LABELS, 5.0)],  # a 0-1 ratio: mean 50 %
+        ("max", UTIL): [(LABELS, 0.9)],
     }
     stub = stub_prometheus(responder=answers(util))
     scaled = MetricConfig(name="DCGM_FI_DEV_GPU_UTIL", scale=100.0)

@@ -9,7 +9,10 @@ Owns running over time:
   (`now`), build the Snapshot (the injected `SnapshotSource`), then `run_cycle` with the dry-run
   evictor or the live one (behind a `GatedEvictor`) and the memory of earlier cycles, and publish the
   report to the log sink, the extra sinks (Events) and the notifiers; count it in the metrics and keep
-  it for `/report`;
+  it for `/report`. The cyclic garbage collector is paused for the whole cycle (`rebalancer.gcpause`),
+  as the one-shot commands run without it: a cycle at 5,000 nodes allocates millions of objects that
+  are not garbage before it ends, and each full collection walks them and the watch cache's objects
+  (seconds of CPU a cycle, bench/README.md); what a cycle leaves behind is collected between cycles;
 - stopping writes: the GatedEvictor checks *between* decisions the stop flag (SIGTERM / SIGINT),
   leadership (`holds(leader_margin)`) and the live edge's write fence; the fence (rebalancer.fence) is
   also asked by the evictor before *every* write, so a replica that cannot renew stops writing, even
@@ -52,6 +55,7 @@ from rebalancer.daemon.reload import PolicyWatcher
 from rebalancer.errors import Problems
 from rebalancer.evictor import DryRunEvictor, Evictor
 from rebalancer.fence import FenceLost, WriteFence
+from rebalancer.gcpause import collector_paused
 from rebalancer.history import Memory
 from rebalancer.model import NOT_ATTEMPTED, Decision, Finding, Mode, Outcome, Snapshot
 from rebalancer.policy import LoadedPolicy, NotifyConfig, format_duration
@@ -310,7 +314,8 @@ class Daemon:
             self._not_run("skipped")
             return None
         try:
-            return self._cycle(raise_errors)
+            with collector_paused():
+                return self._cycle(raise_errors)
         finally:
             self._cycle_lock.release()
 

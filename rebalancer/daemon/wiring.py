@@ -13,7 +13,8 @@ and nothing else:
   of the Lease's namespace, or `--state-file`; none when forced dry with `--dry-run`) and the Events
   sink; a server-side dry run gets a plain KubeEvictor and an in-process memory; `once` a plain
   KubeEvictor;
-- the Lease elector, the notifiers (one worker per Slack / webhook sink), the metrics, the HTTP servers
+- the Lease elector, the notifiers (one worker per Slack / webhook sink), the metrics (with the watch
+  cache's age and relists), the HTTP servers
   (`/metrics` `/healthz` `/readyz` on `--listen`, `/report` `/report.html` on `--report-listen`, or on
   `--listen` too when both name the same address, or nowhere with `off`);
 - running: `run_command` serves until SIGTERM / SIGINT, then exits 0 after the decision in flight;
@@ -431,6 +432,7 @@ def run_command(args: argparse.Namespace) -> int:
             raise InputError([str(exc)]) from None
         leadership = Leadership(elector, args.leader_margin)
     cache = KubeCache(api_client, namespaces=args.namespaces)
+    metrics.watch_cache(cache.status)
     live, extra_sinks = live_edge(
         api_client,
         loaded,

@@ -23,7 +23,13 @@ names) into counter increments and per-cycle gauges; the daemon adds the cycles 
   per-GPU `idle-gpu` findings, and the GPUs of each idle workload's), `leaked_vram_bytes{node}`,
   `estimated_savings_per_hour` (absent when the policy has no prices),
   `rightsizing_savings_per_hour{namespace}` (what the gpu-rightsizing findings' changes would save an
-  hour, at the policy's prices, by the workload's namespace).
+  hour, at the policy's prices, by the workload's namespace);
+- the daemon's watch cache of nodes, pods and PDBs, read at scrape time from what `watch_cache` was
+  given (`KubeCache.status`): `cluster_cache_age_seconds{kind}` (seconds since the API server was last
+  heard from about the kind: a list, a watch, an event or bookmark; the oldest of its lists when the
+  daemon watches several namespaces; past the cache's bound, 180 s, the kind is stale) and
+  `cluster_cache_relists_total{kind,reason}` (lists made again after the first sync: `gone` after a
+  410, `watch-failed`, `stale`, `policy`). No samples before the first sync, nor on a standby.
 
 It must not use the process-global registry, label anything by pod name, or read the wall clock (the
 daemon passes the timestamps). It never fails a cycle: it only counts.
@@ -34,12 +40,13 @@ from __future__ import annotations
 import platform
 import threading
 from collections import Counter as Tally
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
@@ -49,6 +56,7 @@ from rebalancer.cycle_report import CycleReport
 __all__ = [
     "CYCLE_RESULTS",
     "PREFIX",
+    "CacheStatus",
     "CycleState",
     "DaemonMetrics",
     "cycle_state",
@@ -216,6 +224,58 @@ class _CycleStateCollector(Collector):
         return list(self._families(state))
 
 
+class CacheStatus(Protocol):
+    """One list of the watch cache, as `sources.kube_cache.ListStatus` says it."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def age_seconds(self) -> float | None: ...
+    @property
+    def relists(self) -> Mapping[str, int]: ...
+
+
+class _CacheCollector(Collector):
+    """The watch cache's age and relists per kind, read from its status at scrape time."""
+
+    def __init__(self) -> None:
+        self.status: Callable[[], Iterable[CacheStatus]] | None = None
+
+    def _families(self, lists: Iterable[CacheStatus]) -> Iterator[Metric]:
+        age = _gauge(
+            "cluster_cache_age_seconds",
+            "Seconds since the API server was last heard from about the kind in the watch cache (a list, "
+            "watch, event or bookmark); the oldest of its lists. Stale past the cache's bound (180 s).",
+            ["kind"],
+        )
+        relists = CounterMetricFamily(
+            f"{PREFIX}cluster_cache_relists",
+            "Lists of a kind made again after the watch cache's first sync, by reason (gone: 410 Gone, "
+            "watch-failed, stale, policy: pods translated under a changed policy).",
+            labels=["kind", "reason"],
+        )
+        oldest: dict[str, float] = {}
+        counts: dict[tuple[str, str], int] = {}
+        for one in lists:
+            if one.age_seconds is not None:
+                oldest[one.kind] = max(oldest.get(one.kind, 0.0), one.age_seconds)
+            for reason, count in one.relists.items():
+                counts[(one.kind, reason)] = counts.get((one.kind, reason), 0) + count
+        for kind, seconds in sorted(oldest.items()):
+            age.add_metric([kind], seconds)
+        for (kind, reason), count in sorted(counts.items()):
+            relists.add_metric([kind, reason], count)
+        yield age
+        yield relists
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families(()))
+
+    def collect(self) -> Iterable[Metric]:
+        status = self.status
+        return list(self._families(status() if status is not None else ()))
+
+
 class DaemonMetrics:
     """Every metric of the daemon, registered on its own registry (`registry`)."""
 
@@ -303,12 +363,18 @@ class DaemonMetrics:
         )
         self._state = _CycleStateCollector()
         reg.register(self._state)
+        self._cache = _CacheCollector()
+        reg.register(self._cache)
         self._last_now: datetime | None = None
 
         self.build_info.labels(version=__version__, python=platform.python_version()).set(1)
         self.policy_valid.set(1)
         for result in CYCLE_RESULTS:
             self.cycles.labels(result=result)
+
+    def watch_cache(self, status: Callable[[], Iterable[CacheStatus]]) -> None:
+        """Export the watch cache whose lists `status` describes (`KubeCache.status`), read at scrape time."""
+        self._cache.status = status
 
     # ---- one cycle
 

@@ -9,7 +9,13 @@ Owns keeping the objects a snapshot needs current between cycles, and saying whe
   arrive (decoded the same way: each event's object kept as its JSON until the store decodes it into its
   kind's Struct), the resourceVersion of every event and bookmark kept for the next watch;
 - `KubeCache.read(loaded)`: the `kube.ClusterReader` the daemon's KubeSource builds each snapshot from.
-  The first read lists every kind in the caller's thread (the initial sync) and starts the watches.
+  The first read lists every kind in the caller's thread (the initial sync) and starts the watches;
+- `KubeCache.status()`: per list call, for the daemon's metrics, how long ago the API server was last
+  heard from about it (a list, a watch served, an event or bookmark, a stream ending on time: the age
+  that makes it stale) and how many times it was listed again since the first sync, by why
+  (`RELIST_REASONS`: `gone`, a watch answered 410 Gone; `watch-failed`, a watch the API server did not
+  serve or ended with an error; `stale`, the reading cycle found it stale; `policy`, pods translated
+  under a changed policy); a relist counts once its list succeeded.
 
 Never a decision on stale data: a kind is stale when its watch is broken (the last watch request
 failed, until one succeeds), or nothing has been heard from the API server for it (an answer, an event,
@@ -48,6 +54,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import msgspec
@@ -74,7 +81,15 @@ from rebalancer.sources.kube_lists import (
     head_of,
 )
 
-__all__ = ["DEFAULT_STALE_AFTER", "STALE_CLUSTER_CACHE", "KubeCache", "Reflector"]
+__all__ = [
+    "DEFAULT_STALE_AFTER",
+    "RELIST_REASONS",
+    "STALE_CLUSTER_CACHE",
+    "KubeCache",
+    "ListStatus",
+    "Reflector",
+    "RelistReason",
+]
 
 # The finding of a snapshot whose cache of a kind was stale and listed again before it was built.
 STALE_CLUSTER_CACHE = "stale-cluster-cache"
@@ -89,6 +104,19 @@ log = structlog.get_logger("rebalancer.kube_cache")
 
 JsonObj = Mapping[str, Any]
 _Ended = Literal["ended", "dropped", "expired", "superseded", "stopped"]
+RelistReason = Literal["gone", "watch-failed", "stale", "policy"]
+RELIST_REASONS: tuple[RelistReason, ...] = ("gone", "watch-failed", "stale", "policy")
+
+
+@dataclass(frozen=True)
+class ListStatus:
+    """One list call's cache as the metrics show it: its kind, how long since the API server was last
+    heard from about it (None before its first list) and its relists since the first sync, by reason."""
+
+    kind: str
+    what: str
+    age_seconds: float | None
+    relists: Mapping[str, int]
 
 
 class _WatchFailed(Exception):
@@ -145,6 +173,7 @@ class Reflector:
         self._broken: str | None = None  # why the last watch request failed, until one succeeds
         self._broken_since = 0.0
         self._response: urllib3.BaseHTTPResponse | None = None
+        self._relists: dict[RelistReason, int] = dict.fromkeys(RELIST_REASONS, 0)
 
     # ---- what the reading cycle asks
 
@@ -174,6 +203,14 @@ class Reflector:
                 )
             return None
 
+    def status(self) -> ListStatus:
+        """How long since the API server was last heard from about this call, and its relists."""
+        now = self._monotonic()
+        with self._lock:
+            age = now - self._heard if self._synced else None
+            relists: dict[str, int] = dict(self._relists.items())
+            return ListStatus(self.call.kind, self.call.what, age, relists)
+
     def store(self) -> KindStore:
         """A copy of the decoded objects as they are now."""
         with self._lock:
@@ -182,10 +219,18 @@ class Reflector:
             copy.problems = dict(self._store.problems)
             return copy
 
-    def relist(self, decoding: Decoding | None = None, *, unless_listed_since: int | None = None) -> None:
+    def relist(
+        self,
+        decoding: Decoding | None = None,
+        *,
+        unless_listed_since: int | None = None,
+        reason: RelistReason | None = None,
+    ) -> None:
         """List now, in the caller's thread, and watch on from the new list (a watch of the old one stops
         applying events). `unless_listed_since`: skip when another list completed since that
-        generation. Raises KubeSourceError when the list fails; the objects held stay as they were."""
+        generation. `reason`: why a synced cache is listed again (counted once the list succeeded;
+        None: the first sync). Raises KubeSourceError when the list fails; the objects held stay as
+        they were."""
         with self._list_lock:
             with self._lock:
                 if unless_listed_since is not None and self._generation != unless_listed_since:
@@ -198,6 +243,8 @@ class Reflector:
                 self._generation += 1
                 self._synced = True
                 self._heard = self._monotonic()
+                if reason is not None:
+                    self._relists[reason] += 1
 
     # ---- the watch thread
 
@@ -205,32 +252,32 @@ class Reflector:
         """Watch until `stop` is set: again after each stream ends; a list after 410 Gone and, after a
         backoff, after a failed watch (only a backoff when the connection was refused or throttled)."""
         failures = 0
-        relist = False
+        relist: RelistReason | None = None
         while not stop.is_set():
             with self._lock:
                 rv, generation = self._rv, self._generation
-            if relist:
+            if relist is not None:
                 try:
-                    self.relist(unless_listed_since=generation)
+                    self.relist(unless_listed_since=generation, reason=relist)
                 except KubeSourceError as exc:
                     self._mark_broken("; ".join(exc.problems))
                     stop.wait(self._backoff(failures))
                     failures += 1
                     continue
-                relist = False
+                relist = None
                 continue
             started = self._monotonic()
             try:
                 ended, events = self._watch(rv, generation, stop)
             except _WatchFailed as failed:
                 self._mark_broken(str(failed))
-                relist = failed.relist
+                relist = "watch-failed" if failed.relist else None
                 stop.wait(self._backoff(failures))
                 failures += 1
                 continue
             if ended == "expired":
                 log.info("watch expired: listing again", what=self.call.what, resource_version=rv)
-                relist = True
+                relist = "gone"
                 continue
             if ended in ("ended", "dropped") and not events and self._monotonic() - started < _SHORT_WATCH:
                 stop.wait(self._backoff(failures))
@@ -394,14 +441,14 @@ class KubeCache:
             findings: list[Finding] = []
             for reflector in self._reflectors:
                 if reflector.call.kind == "Pod" and reflector.decoding != decoding:
-                    reflector.relist(decoding)  # pods translated under the new policy
+                    reflector.relist(decoding, reason="policy")  # pods translated under the new policy
                     continue
                 why = reflector.staleness()
                 if why is None:
                     continue
                 what = reflector.call.what
                 try:
-                    reflector.relist()
+                    reflector.relist(reason="stale")
                 except KubeSourceError as exc:
                     raise KubeSourceError(
                         [f"{what}: the watch cache is stale ({why}) and listing again failed", *exc.problems]
@@ -418,6 +465,10 @@ class KubeCache:
                     )
                 )
             return assemble([reflector.store() for reflector in self._reflectors], findings)
+
+    def status(self) -> tuple[ListStatus, ...]:
+        """Each list call's age and relists (nothing before the first read)."""
+        return tuple(reflector.status() for reflector in self.reflectors)
 
     def _start(self, decoding: Decoding) -> list[Reflector]:
         reflectors = [

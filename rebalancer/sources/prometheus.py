@@ -5,22 +5,21 @@ Owns talking to Prometheus (its HTTP API through requests, `prometheus_http`: pr
 
 - `PrometheusTelemetrySource.telemetry(now, pods)`: the same `Telemetry` (one GpuTelemetry per node, GPU
   UUID, MIG instance and pod, per window) that `telemetry.windows.aggregate` computes from a snapshot
-  directory, but from aggregates Prometheus evaluates at `now` (`time=`). The query set depends only on
-  the policy's metrics and windows, one query per metric per aggregate for the whole cluster, never per
-  node or pod
-  (`query_plan`): `count_over_time`, `sum_over_time` and `max_over_time` of utilisation per window (the
-  mean is sum / count, exact for DCGM's integer percentages and exact across several series of one
-  group, where `avg_over_time`'s running mean drifts in the last digits), the newest sample's timestamp
-  per window, the last framebuffer used / free (instant) and the framebuffer used maximum per window.
-  Results go through the same path from series to rows as a snapshot's (`telemetry.windows.Grouping`
-  and `row`), so MIG instances and time-sliced GPUs land on the same rows as in a snapshot;
+  directory, but from aggregates Prometheus evaluates at `now` (`time=`): the queries of
+  `prometheus_plan.query_plan` (one per metric and aggregate for the whole cluster, aggregated by the
+  labels attribution reads, never per node or pod), then, only when some label sets have samples in a
+  window but none within the lookback, the one `prometheus_plan.late_query` for their newest samples
+  (`prometheus_plan` says why freshness is asked that way). Each answer's label sets are decoded once
+  (`_Labels`), and the rows are read by `prometheus_rows.Rows`, which goes through the same path from
+  series to rows as a snapshot (`telemetry.windows.Grouping` and `row`), so MIG instances and
+  time-sliced GPUs land on the same rows as in a snapshot;
 - connection settings, through `sources.prometheus_http`: bearer token from a file or an env var (never
   the pod's own service-account token unless `allow_service_account_token`), CA bundle / TLS
   verification, a total timeout per request and a deadline for the whole read, bounded retries;
-- plausibility of the utilisation answers (`telemetry.sanity`): a series whose count, sum and maximum
-  cannot be true (more samples than the scrape interval allows, a mean above 100 % or above the
-  maximum, a negative or non-finite value, one of the three missing) makes its GPU's telemetry
-  unusable: a `bad-telemetry` finding, and no row for that GPU in any window;
+- plausibility of the utilisation answers (`telemetry.sanity`): a label set whose count, sum and
+  maximum cannot be true (more samples than its series can hold at the scrape interval, a mean above
+  100 % or above the maximum, a negative or non-finite value, one of the three missing) makes its GPU's
+  telemetry unusable: a `bad-telemetry` finding, and no row for that GPU in any window;
 - `PrometheusTelemetrySource.history(now, window)`: the raw samples of the policy's metrics over a window
   (range selectors, so timestamps are the scrapes' own) for `rebalancer snapshot`, which writes them
   with `telemetry.exposition.render_openmetrics`;
@@ -52,19 +51,17 @@ the snapshot aggregation does.
 
 from __future__ import annotations
 
-import math
 import os
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+import msgspec
 import requests
 
-from rebalancer.model import Finding, Pod, Telemetry, TelemetryWindow
+from rebalancer.model import Finding, Pod, Telemetry
 from rebalancer.period import Period
 from rebalancer.policy import PrometheusConfig, TelemetryConfig, format_duration
 from rebalancer.redaction import redact, redact_url
@@ -74,28 +71,16 @@ from rebalancer.sources.prometheus_http import (
     Deadline,
     PrometheusError,
     PrometheusHttp,
+    VectorSample,
     bearer_headers,
 )
+from rebalancer.sources.prometheus_plan import LATE_LABEL, Query, late_query, query_plan
+from rebalancer.sources.prometheus_rows import Rows, Vector
 from rebalancer.sources.prometheus_steps import idle_steps_query, steps_of
 from rebalancer.sources.prometheus_usage import usage_of, usage_query
 from rebalancer.telemetry.exposition import Sample, Series
-from rebalancer.telemetry.identity import (
-    GroupKey,
-    SeriesIdentity,
-    bad_telemetry_finding,
-    format_labels,
-    is_valid_value,
-    resolve_preset,
-)
-from rebalancer.telemetry.sanity import unusable_gpu_finding, utilisation_problem
-from rebalancer.telemetry.windows import (
-    LOOKBACK_SECONDS,
-    Grouping,
-    datetime_from_ms,
-    epoch_ms,
-    row,
-    seconds_to_ms,
-)
+from rebalancer.telemetry.identity import resolve_preset
+from rebalancer.telemetry.windows import LOOKBACK_SECONDS, epoch_ms
 from rebalancer.usage import LabelKey, MetricUsage, SeriesUsage, series_usage, usage_metrics
 from rebalancer.waste import SeriesSteps
 
@@ -108,57 +93,6 @@ __all__ = [
 ]
 
 UNAVAILABLE = "telemetry-unavailable"
-
-Aggregate = Literal["count", "sum", "max", "last", "last_ts", "newest"]
-Vector = dict[LabelKey, float]
-
-
-# --------------------------------------------------------------------------- queries
-
-
-@dataclass(frozen=True, slots=True)
-class Query:
-    """One PromQL expression of the plan: `aggregate` of `metric` over `window` seconds (None: instant)."""
-
-    metric: str
-    aggregate: Aggregate
-    window: int | None
-    expr: str
-
-
-def _newest_expr(metric: str, window: int) -> str:
-    """Timestamp of the newest sample in `[now - window, now]`, for series with a sample there.
-
-    `timestamp(m)` sees the newest sample within the 5m lookback; for longer windows a subquery stepping
-    by the lookback covers the rest of the window, and `and count_over_time` keeps only series that do have
-    a sample in the window (the subquery's first step may look up to 5m before it).
-    """
-    ts = f"timestamp({metric})"
-    if window > LOOKBACK_SECONDS:
-        ts = f"({ts} or max_over_time({ts}[{window}s:{LOOKBACK_SECONDS}s]))"
-    return f"{ts} and count_over_time({metric}[{window}s])"
-
-
-def query_plan(cfg: TelemetryConfig, windows: Iterable[int]) -> tuple[Query, ...]:
-    """Every query one `telemetry()` call issues: fixed by the metrics and windows, never by the cluster."""
-    cfg = resolve_preset(cfg)
-    util, used, free = cfg.utilization.name, cfg.fb_used.name, cfg.fb_free.name
-    plan: dict[str, Query] = {}
-
-    def add(metric: str, aggregate: Aggregate, window: int | None, expr: str) -> None:
-        plan.setdefault(expr, Query(metric=metric, aggregate=aggregate, window=window, expr=expr))
-
-    for metric in dict.fromkeys((used, free)):
-        add(metric, "last", None, metric)
-        add(metric, "last_ts", None, f"timestamp({metric})")
-    for window in sorted(set(windows)):
-        add(util, "count", window, f"count_over_time({util}[{window}s])")
-        add(util, "sum", window, f"sum_over_time({util}[{window}s])")
-        add(util, "max", window, f"max_over_time({util}[{window}s])")
-        add(used, "max", window, f"max_over_time({used}[{window}s])")
-        for metric in dict.fromkeys((util, used, free)):
-            add(metric, "newest", window, _newest_expr(metric, window))
-    return tuple(plan.values())
 
 
 # --------------------------------------------------------------------------- parsing answers
@@ -183,10 +117,11 @@ def _point(raw: object) -> tuple[float, float]:
         raise PrometheusError(f"malformed sample: {raw!r}") from None
 
 
-def _vector(result: object, expr: str) -> Vector:
+def _vector(result: object, expr: str) -> dict[LabelKey, float]:
+    """An instant vector given as plain JSON values (`waste`'s and `advise`'s answers)."""
     if not isinstance(result, list):
         raise PrometheusError(f"{expr}: expected an instant vector, got {type(result).__name__}")
-    vector: Vector = {}
+    vector: dict[LabelKey, float] = {}
     for item in result:
         if not isinstance(item, Mapping) or "value" not in item:
             raise PrometheusError(f"{expr}: expected an instant vector, got {str(result)[:200]}")
@@ -199,52 +134,43 @@ def _time_param(moment: datetime) -> str:
     return f"{ms // 1000}.{ms % 1000:03d}"
 
 
-# --------------------------------------------------------------------------- grouping
+class _Labels:
+    """Label sets of answers, each decoded once and known by a small integer id (`keys[id]`).
 
+    Prometheus writes a label set the same way in every answer, so after the first answer that holds
+    it, a series costs one dictionary lookup of its raw bytes, and every later join is on an integer."""
 
-@dataclass
-class _Group:
-    """Aggregates of every series of one (node, UUID, MIG instance, pod) group over one window."""
+    def __init__(self) -> None:
+        self._ids: dict[bytes, int] = {}
+        self._by_key: dict[LabelKey, int] = {}
+        self.keys: list[LabelKey] = []
 
-    identity: SeriesIdentity
-    util: list[tuple[float, int]] = field(default_factory=list)  # (sum, count) per series
-    util_max: float | None = None
-    used_max: float | None = None
-    used_last: tuple[int, float] | None = None
-    free_last: tuple[int, float] | None = None
-    newest: int | None = None
+    def id(self, raw: msgspec.Raw) -> int:
+        text = bytes(raw)
+        found = self._ids.get(text)
+        if found is None:
+            try:
+                labels = msgspec.json.decode(text, type=dict[str, str])
+            except msgspec.DecodeError:
+                raise PrometheusError(f"malformed series labels: {text[:200]!r}") from None
+            key = tuple(sorted((k, v) for k, v in labels.items() if k != "__name__"))
+            found = self._ids[text] = self.id_of(key)
+        return found
 
-    def seen(self, ms: int | None) -> None:
-        if ms is not None and (self.newest is None or ms > self.newest):
-            self.newest = ms
+    def id_of(self, key: LabelKey) -> int:
+        found = self._by_key.get(key)
+        if found is None:
+            found = self._by_key[key] = len(self.keys)
+            self.keys.append(key)
+        return found
 
-    def util_avg(self) -> float | None:
-        """The mean of every sample of the group, as `telemetry.windows.aggregate` computes it."""
-        if not self.util:
-            return None
-        return math.fsum(total for total, _ in self.util) / sum(count for _, count in self.util)
-
-
-@dataclass(frozen=True, slots=True)
-class _Unusable:
-    """The first impossible utilisation answer about a GPU: which series, over which window, and why."""
-
-    identity: SeriesIdentity
-    window: int
-    problem: str
-
-
-def _newer(current: tuple[int, float] | None, candidate: tuple[int, float]) -> tuple[int, float]:
-    """The newest sample of a group; between series with the same timestamp, the largest value."""
-    if current is None or candidate[0] > current[0]:
-        return candidate
-    if candidate[0] == current[0]:
-        return (current[0], max(current[1], candidate[1]))
-    return current
-
-
-def _max(current: float | None, value: float) -> float:
-    return value if current is None else max(current, value)
+    def vector(self, samples: list[VectorSample]) -> Vector:
+        vector: Vector = {}
+        ids = self._ids
+        for sample in samples:
+            key = ids.get(bytes(sample.metric))
+            vector[self.id(sample.metric) if key is None else key] = sample.value[1]
+        return vector
 
 
 # --------------------------------------------------------------------------- the source
@@ -331,7 +257,7 @@ class PrometheusTelemetrySource:
         which pod labels count, as in the snapshot source.
         """
         try:
-            return self._build(self._run(now), now, pods)
+            return self._run(now, pods)
         except PrometheusError as exc:
             return self._unavailable(f"Prometheus at {self._where()}: {exc}")
         except Exception as exc:  # the telemetry edge must never take a cycle down
@@ -342,166 +268,36 @@ class PrometheusTelemetrySource:
         finding = Finding(kind=UNAVAILABLE, detail=f"{problem}; telemetry-dependent strategies skip")
         return Telemetry(available=False, problem=problem), (finding,)
 
-    def _run(self, now: datetime) -> dict[str, Vector]:
-        results: dict[str, Vector] = {}
-        with self._connect() as client:
-            for query in self._plan:
-                results[query.expr] = _vector(client.query(query.expr, _time_param(now)), query.expr)
-        return results
-
-    def _build(
-        self, results: Mapping[str, Vector], now: datetime, pods: Mapping[tuple[str, str], Pod] | None
+    def _run(
+        self, now: datetime, pods: Mapping[tuple[str, str], Pod] | None
     ) -> tuple[Telemetry, tuple[Finding, ...]]:
-        cfg = self._cfg
-        now_ms = epoch_ms(now)
-        by_metric: dict[str, set[LabelKey]] = defaultdict(set)
-        for query in self._plan:
-            by_metric[query.metric].update(results[query.expr])
-        metric_names = ", ".join(by_metric)
-        if not any(by_metric.values()):
-            return self._unavailable(
-                f"Prometheus at {self._where()} has no samples of {metric_names} in the last "
-                f"{format_duration(max((*self._windows, LOOKBACK_SECONDS)))} before {now.isoformat()}"
+        cfg, at = self._cfg, _time_param(now)
+        labels = _Labels()
+        with self._connect() as client:
+            answers = {q: labels.vector(client.query_vector(q.expr, at)) for q in self._plan}
+            rows = Rows(
+                cfg, self._windows, answers, labels.keys, now_ms=epoch_ms(now), pods=pods, where=self._where()
             )
-
-        grouping: Grouping[_Group] = Grouping(cfg, pods, _Group)
-        identities: dict[tuple[str, LabelKey], SeriesIdentity] = {}
-        for metric, keys in by_metric.items():
-            for key in sorted(keys):
-                identity = grouping.identify(metric, dict(key))
-                if identity is not None:
-                    identities[(metric, key)] = identity
-        findings = grouping.unusable_findings()
-        if not identities:
-            telemetry, unavailable = self._unavailable(grouping.no_identity_problem(metric_names))
-            return telemetry, (*unavailable, *findings)
-
-        bad: dict[tuple[str, LabelKey], str] = {}
-        unusable: dict[tuple[str, str], _Unusable] = {}
-        windows: dict[int, TelemetryWindow] = {}
-        for window in self._windows:
-            ordered = self._window_groups(results, identities, window, pods, bad=bad, unusable=unusable)
-            rows = tuple(
-                row(
-                    group.identity,
-                    cfg,
-                    util_avg=group.util_avg(),
-                    util_max=group.util_max,
-                    util_samples=sum(count for _, count in group.util),
-                    fb_used=group.used_last[1] if group.used_last is not None else None,
-                    fb_used_max=group.used_max,
-                    fb_free=group.free_last[1] if group.free_last is not None else None,
-                    newest_sample=datetime_from_ms(group.newest),
+            metric_names = ", ".join(rows.by_metric)
+            if not any(rows.by_metric.values()):
+                return self._unavailable(
+                    f"Prometheus at {self._where()} has no samples of {metric_names} in the last "
+                    f"{format_duration(max((*self._windows, LOOKBACK_SECONDS)))} before {now.isoformat()}"
                 )
-                for group in ordered
-                if group.newest is not None
-            )
-            windows[window] = TelemetryWindow(window_seconds=window, gpus=rows)
-        if unusable:
-            # An impossible answer about a GPU discredits all of its telemetry: no row of it anywhere.
-            windows = {
-                w: replace(tw, gpus=tuple(g for g in tw.gpus if (g.node, g.uuid) not in unusable))
-                for w, tw in windows.items()
-            }
-            findings.extend(
-                unusable_gpu_finding(u.identity, cfg.utilization.name, u.window, self._where(), u.problem)
-                for _, u in sorted(unusable.items())
-            )
-
-        for (metric, key), what in sorted(bad.items()):
-            identity = identities[(metric, key)]
-            findings.append(
-                bad_telemetry_finding(
-                    identity,
-                    f"{metric}{format_labels(key)} from {self._where()}: {what} is NaN, infinite, "
-                    "negative or a DCGM blank value; ignored",
-                )
-            )
-        telemetry = Telemetry(available=True, windows=windows)
-        findings.extend(_stale_findings(telemetry, grouping.claimed, pods, now_ms, cfg.max_age))
+            if not rows.identified:
+                telemetry, unavailable = self._unavailable(rows.grouping.no_identity_problem(metric_names))
+                return telemetry, (*unavailable, *rows.grouping.unusable_findings())
+            late = rows.late_uuids()
+            if late:
+                expr = late_query(cfg, self._windows, late)
+                for sample in client.query_vector(expr, at):
+                    key = labels.keys[labels.id(sample.metric)]
+                    metric = dict(key).get(LATE_LABEL)
+                    if metric is not None:
+                        own = labels.id_of(tuple(kv for kv in key if kv[0] != LATE_LABEL))
+                        rows.add_late(metric, own, sample.value[1])
+        telemetry, findings = rows.build()
         return telemetry, tuple(findings)
-
-    def _window_groups(
-        self,
-        results: Mapping[str, Vector],
-        identities: Mapping[tuple[str, LabelKey], SeriesIdentity],
-        window: int,
-        pods: Mapping[tuple[str, str], Pod] | None,
-        *,
-        bad: dict[tuple[str, LabelKey], str],
-        unusable: dict[tuple[str, str], _Unusable],
-    ) -> list[_Group]:
-        cfg = self._cfg
-        plan = {(q.metric, q.aggregate, q.window): results[q.expr] for q in self._plan}
-        grouping: Grouping[_Group] = Grouping(cfg, pods, _Group)
-
-        def group(metric: str, key: LabelKey) -> _Group | None:
-            identity = identities.get((metric, key))
-            return grouping.group(identity) if identity is not None else None
-
-        def valid(metric: str, key: LabelKey, value: float | None, what: str) -> bool:
-            if value is None:
-                return False
-            if not is_valid_value(value):
-                bad.setdefault((metric, key), what)
-                return False
-            return True
-
-        util, used, free = cfg.utilization.name, cfg.fb_used.name, cfg.fb_free.name
-        newest = {m: plan.get((m, "newest", window), {}) for m in (util, used, free)}
-
-        counts = plan.get((util, "count", window), {})
-        sums = plan.get((util, "sum", window), {})
-        maxes = plan.get((util, "max", window), {})
-        for key in sorted({*counts, *sums, *maxes}):
-            count, total, peak = counts.get(key), sums.get(key), maxes.get(key)
-            problem = utilisation_problem(
-                count,
-                total,
-                peak,
-                window=window,
-                scrape_interval=cfg.scrape_interval,
-                scale=cfg.utilization.scale,
-            )
-            if problem is not None:
-                if (identity := identities.get((util, key))) is not None:
-                    unusable.setdefault((identity.node, identity.uuid), _Unusable(identity, window, problem))
-                continue
-            assert count is not None and total is not None and peak is not None
-            if (target := group(util, key)) is None:
-                continue
-            target.util.append((total, int(count)))
-            target.util_max = _max(target.util_max, peak)
-            target.seen(seconds_to_ms(newest[util][key]) if key in newest[util] else None)
-
-        for key, peak in plan.get((used, "max", window), {}).items():
-            if not valid(used, key, peak, f"its {format_duration(window)} maximum"):
-                continue
-            if (target := group(used, key)) is None:
-                continue
-            target.used_max = _max(target.used_max, peak)
-            target.seen(seconds_to_ms(newest[used][key]) if key in newest[used] else None)
-
-        if free != used:
-            for key, ts in newest[free].items():
-                if (target := group(free, key)) is not None:
-                    target.seen(seconds_to_ms(ts))
-
-        for metric, role in ((used, "used"), (free, "free")):
-            stamps = plan.get((metric, "last_ts", None), {})
-            for key, value in plan.get((metric, "last", None), {}).items():
-                stamp = stamps.get(key)
-                if stamp is None or not valid(metric, key, value, "its newest sample"):
-                    continue
-                if (target := group(metric, key)) is None:
-                    continue
-                sample = (seconds_to_ms(stamp), value)
-                if role == "used":
-                    target.used_last = _newer(target.used_last, sample)
-                else:
-                    target.free_last = _newer(target.free_last, sample)
-                target.seen(sample[0])
-        return grouping.ordered()
 
     # ---- raw history, for `rebalancer snapshot`
 
@@ -553,47 +349,3 @@ class PrometheusTelemetrySource:
                     _vector(client.query(expr, _time_param(window.end)), expr), metric, expr
                 )
         return series_usage(answers, self._cfg)
-
-
-def _stale_findings(
-    telemetry: Telemetry,
-    claimed: Mapping[GroupKey, set[tuple[str, str]]],
-    pods: Mapping[tuple[str, str], Pod] | None,
-    now_ms: int,
-    max_age: int,
-) -> list[Finding]:
-    """Series no current pod holds whose newest sample is older than `max_age` (deleted pods, mostly)."""
-    if not telemetry.windows:
-        return []
-    widest = telemetry.windows[max(telemetry.windows)]
-    findings: list[Finding] = []
-    for gpu in widest.gpus:
-        if gpu.pod_key is not None or gpu.newest_sample is None:
-            continue
-        age_ms = now_ms - epoch_ms(gpu.newest_sample)
-        if age_ms <= max_age * 1000:
-            continue
-        gone: list[tuple[str | None, str | None]] = sorted(
-            claimed.get((gpu.node, gpu.uuid, gpu.mig_instance, None, None), ())
-        )
-        for namespace, name in gone or [(None, None)]:
-            if name is None:
-                whose = "no pod"
-            elif pods is not None and (namespace, name) in pods:
-                whose = f"pod {namespace}/{name}, which holds no GPU"
-            else:
-                whose = f"pod {namespace}/{name}, which no longer exists"
-            findings.append(
-                Finding(
-                    kind="stale-telemetry",
-                    node=gpu.node,
-                    gpu=gpu.uuid,
-                    namespace=namespace,
-                    pod=name,
-                    detail=(
-                        f"newest sample of the series of {whose} on this GPU is "
-                        f"{format_duration(age_ms // 1000)} old (max {format_duration(max_age)}); ignored"
-                    ),
-                )
-            )
-    return findings

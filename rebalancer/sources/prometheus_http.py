@@ -12,10 +12,14 @@ answers mean):
   cannot stretch a request past its timeout or the deadline (one read returns as soon as any bytes
   arrive). The status line and headers are read by requests with the request's timeout per read;
   a server trickling those byte by byte is bounded only per read;
-- the answer's envelope (Prometheus HTTP API): `status` must be `success`; `warnings`, an `infos`
-  entry that says partial, or `isPartial: true` (Thanos / VictoriaMetrics style partial responses)
-  make the answer unusable: part of the data is missing, and one partial query corrupts the joins of
-  the others;
+- the answer's envelope (Prometheus HTTP API), decoded with msgspec: `status` must be `success`;
+  `warnings`, an `infos` entry that says partial, or `isPartial: true` (Thanos / VictoriaMetrics style
+  partial responses) make the answer unusable: part of the data is missing, and one partial query
+  corrupts the joins of the others. `query` gives `data.result` as plain JSON values; `query_vector`
+  an instant vector as typed samples, each series' labels left as the raw JSON of its `metric` object
+  (the caller decodes each distinct label set once, however many answers repeat it);
+- a query longer than `POST_ABOVE` characters is sent as a form-encoded POST, as the API allows, so
+  that no proxy refuses a long URL; answers are asked for uncompressed (`Accept-Encoding: identity`);
 - `bearer_headers`: the bearer token from `bearer_token_file` (read on every call, so rotated tokens
   work) or `bearer_token_env`, refusing to send the pod's own service-account token (the file, or a
   token equal to its content) unless the daemon runs with `--allow-service-account-token`: whoever
@@ -36,6 +40,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import requests
 import urllib3
 
@@ -50,6 +55,7 @@ __all__ = [
     "DeadlinePassed",
     "PrometheusError",
     "PrometheusHttp",
+    "VectorSample",
     "bearer_headers",
 ]
 
@@ -60,7 +66,47 @@ RETRY_BACKOFF_MAX_SECONDS = 2.0
 # Where the kubelet mounts a pod's service-account token.
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 ALLOW_FLAG = "--allow-service-account-token"
-_CHUNK = 64 * 1024
+_CHUNK = 1024 * 1024
+# Queries longer than this (characters of PromQL) go in a POST body rather than the URL.
+POST_ABOVE = 4000
+
+
+class VectorSample(msgspec.Struct, gc=False):
+    """One series of an instant vector: its labels as raw JSON, and `[time, value]`."""
+
+    metric: msgspec.Raw
+    value: tuple[float, float]
+
+
+class _VectorData(msgspec.Struct, gc=False):
+    resultType: str = ""
+    result: list[VectorSample] = []
+
+
+class _TextSample(msgspec.Struct, gc=False):
+    metric: msgspec.Raw
+    value: tuple[float, str]
+
+
+class _TextVectorData(msgspec.Struct, gc=False):
+    resultType: str = ""
+    result: list[_TextSample] = []
+
+
+# Sample values are strings ("0.5", "NaN", "+Inf"): the first decoder reads them as numbers directly
+# (lax mode), but for "+Inf", which Python's float() reads and it does not; the second one keeps them
+# as text, for answers holding a "+Inf".
+_VECTOR = msgspec.json.Decoder(_VectorData, strict=False)
+_TEXT_VECTOR = msgspec.json.Decoder(_TextVectorData)
+
+
+class _Envelope(msgspec.Struct):
+    status: Any = None
+    data: msgspec.Raw = msgspec.Raw()
+    error: Any = None
+    warnings: Any = None
+    infos: Any = None
+    isPartial: Any = None
 
 
 class PrometheusError(Exception):
@@ -143,18 +189,18 @@ def _error_detail(body: bytes) -> str:
     return body[:200].decode("utf-8", errors="replace").strip()
 
 
-def _partial(envelope: Mapping[str, Any]) -> str | None:
+def _partial(envelope: _Envelope) -> str | None:
     """Why an answer is partial (warnings, an info that says partial, isPartial), or None."""
-    warnings = envelope.get("warnings")
+    warnings = envelope.warnings
     if warnings:
         shown = "; ".join(str(w) for w in warnings[:3]) if isinstance(warnings, list) else str(warnings)
         return f"warnings: {shown}"
-    infos = envelope.get("infos")
+    infos = envelope.infos
     if isinstance(infos, list):
         partial = [str(i) for i in infos if "partial" in str(i).lower()]
         if partial:
             return f"infos: {'; '.join(partial[:3])}"
-    if envelope.get("isPartial") is True:
+    if envelope.isPartial is True:
         return "isPartial: true"
     return None
 
@@ -170,7 +216,9 @@ class PrometheusHttp:
         session: requests.Session,
     ) -> None:
         self._conn = conn
-        self._headers = dict(headers)
+        # Uncompressed: an answer of 40,000 GPUs is some 9 MB, and gzip would cost Prometheus and this
+        # process more CPU (30 ms here per answer) than the bytes cost on a cluster network.
+        self._headers = {"Accept-Encoding": "identity", **headers}
         self._deadline = deadline
         self._session = session
         self._base = conn.url.rstrip("/")
@@ -178,6 +226,40 @@ class PrometheusHttp:
 
     def query(self, expr: str, time_param: str) -> object:
         """`data.result` of the instant query `expr` at `time_param`. Raises PrometheusError."""
+        data = self._data(expr, self._fetch(expr, time_param))
+        try:
+            parsed = msgspec.json.decode(data)
+        except msgspec.DecodeError as exc:
+            raise PrometheusError(
+                redact(f"query {expr!r} failed: invalid response ({type(exc).__name__}: {exc})")[:300]
+            ) from None
+        if not isinstance(parsed, dict) or "result" not in parsed:
+            raise PrometheusError(f"query {expr!r}: invalid response (no data.result)")
+        return parsed["result"]
+
+    def query_vector(self, expr: str, time_param: str) -> list[VectorSample]:
+        """The instant vector `expr` answers at `time_param`. Raises PrometheusError, also when the
+        answer is not an instant vector."""
+        data = self._data(expr, self._fetch(expr, time_param))
+        vector: _VectorData | None
+        try:
+            vector = _VECTOR.decode(data)
+        except msgspec.DecodeError:
+            vector = _text_vector(data, expr)
+        if vector is None or vector.resultType != "vector":
+            try:
+                got = msgspec.json.decode(data)
+            except msgspec.DecodeError:
+                got = None
+            if not isinstance(got, dict) or "result" not in got:
+                raise PrometheusError(f"query {expr!r}: invalid response (no data.result)")
+            kind = got.get("resultType")
+            shown = repr(kind) if isinstance(kind, str) else str(got["result"])[:200]
+            raise PrometheusError(f"{expr}: expected an instant vector, got {shown}")
+        return vector.result
+
+    def _fetch(self, expr: str, time_param: str) -> bytes:
+        """The body of the answer to `expr`, with the retry rule. Raises PrometheusError."""
         conn = self._conn
 
         def sleep(seconds: float) -> None:
@@ -199,7 +281,7 @@ class PrometheusHttp:
             if isinstance(exc, requests.exceptions.Timeout) and self._deadline.remaining() <= 0:
                 raise self._deadline.passed(f"waiting for {expr!r}") from None
             raise PrometheusError(f"query {expr!r} failed: {_describe(exc)}") from None
-        return self._result(expr, body)
+        return body
 
     def _attempt(self, expr: str, time_param: str) -> bytes:
         remaining = self._deadline.remaining()
@@ -208,9 +290,12 @@ class PrometheusHttp:
         timeout = min(float(max(self._conn.timeout, 1)), remaining)
         end = self._deadline.now() + timeout
         params = {"query": expr, "time": time_param, "timeout": _seconds_param(timeout)}
-        with self._session.get(
+        long = len(expr) > POST_ABOVE
+        with self._session.request(
+            "POST" if long else "GET",
             f"{self._base}/api/v1/query",
-            params=params,
+            params=None if long else params,
+            data=params if long else None,
             headers=self._headers,
             timeout=timeout,
             stream=True,
@@ -244,17 +329,18 @@ class PrometheusHttp:
                 return b"".join(chunks)
             chunks.append(chunk)
 
-    def _result(self, expr: str, body: bytes) -> object:
+    def _data(self, expr: str, body: bytes) -> bytes:
+        """The raw `data` of a successful, complete answer. Raises PrometheusError."""
         try:
-            envelope = json.loads(body)
-        except ValueError as exc:
+            envelope = msgspec.json.decode(body, type=_Envelope)
+        except msgspec.ValidationError:
+            raise PrometheusError(f"query {expr!r}: invalid response (not a JSON object)") from None
+        except msgspec.DecodeError as exc:
             raise PrometheusError(
                 redact(f"query {expr!r} failed: invalid response ({type(exc).__name__}: {exc})")[:300]
             ) from None
-        if not isinstance(envelope, dict):
-            raise PrometheusError(f"query {expr!r}: invalid response (not a JSON object)")
-        if envelope.get("status") != "success":
-            detail = envelope.get("error") or envelope.get("status")
+        if envelope.status != "success":
+            detail = envelope.error or envelope.status
             raise PrometheusError(redact(f"query {expr!r} failed: Prometheus answered {detail!r}")[:300])
         partial = _partial(envelope)
         if partial is not None:
@@ -264,10 +350,27 @@ class PrometheusHttp:
                     "unusable, as one partial query corrupts the joins of the others"
                 )[:500]
             )
-        data = envelope.get("data")
-        if not isinstance(data, dict) or "result" not in data:
+        data = bytes(envelope.data)
+        if not data:
             raise PrometheusError(f"query {expr!r}: invalid response (no data.result)")
-        return data["result"]
+        return data
+
+
+def _text_vector(data: bytes, expr: str) -> _VectorData | None:
+    """An instant vector whose values the lax decoder refused (a "+Inf"), read with float(); None when
+    `data` is no instant vector at all."""
+    try:
+        text = _TEXT_VECTOR.decode(data)
+    except msgspec.DecodeError:
+        return None
+    samples = []
+    for sample in text.result:
+        try:
+            value = float(sample.value[1])
+        except ValueError:
+            raise PrometheusError(f"{expr}: malformed sample value {sample.value[1]!r}") from None
+        samples.append(VectorSample(sample.metric, (sample.value[0], value)))
+    return _VectorData(text.resultType, samples)
 
 
 # --------------------------------------------------------------------------- credentials

@@ -6,7 +6,9 @@ count a whole number of at least 1 and at most what the scrape interval allows
 (`max_samples`: window / scrape_interval + `ALIGNMENT_SLACK`), the mean and the maximum within
 0-100 % once the metric's scale is applied, and the mean not above the maximum (so the sum is at most
 count * 100 % and count * max). A series with one of the three and not the others is a partial
-answer, not a reading. `utilisation_problem` says what is wrong (None: plausible);
+answer, not a reading. The same rules hold for the sums and maximum of several series answered as one
+(`series`, as the live source aggregates the series of one label set): the count is then bounded by
+that many series' samples. `utilisation_problem` says what is wrong (None: plausible);
 `unusable_gpu_finding` is the `bad-telemetry` finding that names the GPU, metric and window.
 
 The caller treats a GPU with an impossible aggregate as having no telemetry at all: no strategy may
@@ -47,27 +49,31 @@ def utilisation_problem(
     window: int,
     scrape_interval: int,
     scale: float,
+    series: float = 1,
 ) -> str | None:
     """What makes one series' utilisation (count, sum, max) over `window` impossible; None when plausible.
 
-    `total` and `peak` are in the exporter's unit; `scale` turns them into percent.
+    `total` and `peak` are in the exporter's unit; `scale` turns them into percent. `series`: how many
+    series the count and sum add up (and the maximum is of), each held to the per-series bound.
     """
-    given = {"count": count, "sum": total, "max": peak}
-    missing = [name for name, value in given.items() if value is None]
-    if missing:
+    if count is None or total is None or peak is None:
+        given = {"count": count, "sum": total, "max": peak}
+        missing = [name for name, value in given.items() if value is None]
         present = [name for name, value in given.items() if value is not None]
         return f"the answer has its {', '.join(present)} but no {', '.join(missing)} (a partial answer)"
-    assert count is not None and total is not None and peak is not None
-    for name, value in given.items():
-        if value is None or not is_valid_value(value):
-            return f"its {name} {_number(value or math.nan)} is NaN, infinite, negative or a DCGM blank value"
+    for name, value in (("count", count), ("sum", total), ("max", peak)):
+        if not is_valid_value(value):
+            return f"its {name} {_number(value)} is NaN, infinite, negative or a DCGM blank value"
     if count != math.floor(count) or count < 1:
         return f"its count {_number(count)} is not a whole number of samples"
+    if not math.isfinite(series) or series != math.floor(series) or series < 1:
+        return f"its series count {_number(series)} is not a whole number of series"
     bound = max_samples(window, scrape_interval)
-    if count > bound:
+    if count > bound * series:
+        held = "a series" if series == 1 else f"{_number(series)} series"
         return (
-            f"its count {_number(count)} is more than the {bound} samples a series scraped every "
-            f"{format_duration(scrape_interval)} can hold (telemetry.scrape_interval)"
+            f"its count {_number(count)} is more than the {_number(bound * series)} samples {held} "
+            f"scraped every {format_duration(scrape_interval)} can hold (telemetry.scrape_interval)"
         )
     mean, top = total / count * scale, peak * scale
     if top > 100 * (1 + _EPSILON):

@@ -23,7 +23,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from operator import itemgetter
 from typing import Generic, Literal, Protocol, TypeVar
@@ -183,8 +183,15 @@ def row(
     newest_sample: datetime | None = None,
 ) -> GpuTelemetry:
     """The identity's row with raw (exporter-unit) aggregates, each metric's `scale` applied."""
-    return replace(
-        identity,
+    return GpuTelemetry(  # not `replace`: built for every group and window, and replace is slow
+        node=identity.node,
+        uuid=identity.uuid,
+        gpu_index=identity.gpu_index,
+        model_name=identity.model_name,
+        mig_profile=identity.mig_profile,
+        mig_instance=identity.mig_instance,
+        pod_namespace=identity.pod_namespace,
+        pod_name=identity.pod_name,
         util_avg_percent=_scaled(util_avg, cfg.utilization.scale),
         util_max_percent=_scaled(util_max, cfg.utilization.scale),
         util_samples=util_samples,

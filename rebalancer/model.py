@@ -228,7 +228,8 @@ class GpuRequest:
         return self.count > 0 and self.milli_per_device < MILLI_PER_GPU
 
 
-@dataclass(frozen=True, slots=True)
+# Weak references let `rebalancer.memo` keep what is derived from a pod exactly as long as the pod lives.
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Pod:
     namespace: str
     name: str

@@ -1,0 +1,151 @@
+"""Values derived from immutable model objects, kept while those very objects are in use: what lets a
+cycle skip the work an earlier cycle (or an earlier strategy of the same cycle) did on the same objects.
+
+A source that keeps its objects from one cycle to the next (the watch cache, the trace replay's
+snapshot builder) hands the same `Pod` and `Node` objects cycle after cycle for everything that did
+not change, and they are immutable: what was derived from them still holds. Owns two caches, both
+deterministic (a value is a pure function of the objects it is keyed on, matched by identity, never by
+equality, so two equal objects never share a value by accident) and bounded:
+
+- `ObjectMemo`: one value per object (a Pod), computed at its first use and forgotten when the object
+  is freed (a weak reference: the memo never keeps an object alive). A value must not refer to its
+  object, or the object would never be freed.
+- `NodeMemo`: one value per node, derived from the Node and the pods on it in a snapshot, reused in
+  the next snapshot while the node and each of its pods, in order, are the very same objects. It
+  holds the objects of the last two snapshots it was asked about, no more.
+
+A source that builds new objects every cycle simply never hits. This module must not do I/O, read the
+clock, or know what the values mean; callers own what they derive and must derive it from the keyed
+objects alone (nothing of the snapshot's time, telemetry or policy unless it is part of the key).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from operator import is_
+from typing import Any, Generic, TypeVar
+
+from rebalancer.model import Node, Pod, Snapshot
+
+__all__ = ["MISSING", "NodeMemo", "ObjectMemo", "same_objects"]
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _Missing:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+"""What `ObjectMemo.get` returns for an object it holds no value for."""
+
+
+class _Ref(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference that remembers the id its object was tracked under."""
+
+    __slots__ = ("key",)
+    key: int
+
+
+# One weak reference per tracked object, shared by every memo, and every memo's values by object id.
+# An object's values go, in every memo at once, when it is freed: CPython calls the callback before the
+# object's memory (and so its id) can be reused, so a value found under an id belongs to the live
+# object that has it.
+_TRACKED: dict[int, _Ref] = {}
+_TABLES: list[dict[int, Any]] = []
+
+
+def _forget(ref: _Ref) -> None:
+    key = ref.key
+    if _TRACKED.get(key) is ref:
+        del _TRACKED[key]
+        for table in _TABLES:
+            table.pop(key, None)
+
+
+def _track(obj: object) -> int:
+    key = id(obj)
+    if key not in _TRACKED:
+        ref = _Ref(obj, _forget)
+        ref.key = key
+        _TRACKED[key] = ref
+    return key
+
+
+class ObjectMemo(Generic[K, V]):
+    """One value per live object, by identity. `memo(obj)` derives it at the first call (with the
+    `derive` given); `get` / `put` serve values that depend on something besides the object, which the
+    caller then stores beside the value and checks itself. The object must support weak references."""
+
+    __slots__ = ("_derive", "_values")
+
+    def __init__(self, derive: Callable[[K], V] | None = None) -> None:
+        self._derive = derive
+        self._values: dict[int, V] = {}
+        _TABLES.append(self._values)
+
+    def __call__(self, obj: K) -> V:
+        try:
+            return self._values[id(obj)]
+        except KeyError:
+            if self._derive is None:
+                raise TypeError("this ObjectMemo has no derive function: use get and put") from None
+            value = self._derive(obj)
+            self._values[_track(obj)] = value
+            return value
+
+    def get(self, obj: K) -> V:
+        """The value held for `obj`, or `MISSING`."""
+        value: V = self._values.get(id(obj), MISSING)
+        return value
+
+    def put(self, obj: K, value: V) -> None:
+        self._values[_track(obj)] = value
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+def same_objects(first: tuple[object, ...], second: tuple[object, ...]) -> bool:
+    """Whether two tuples hold the very same objects in the same order."""
+    return len(first) == len(second) and all(map(is_, first, second))
+
+
+class NodeMemo(Generic[V]):
+    """One value per node name, derived from the snapshot's Node and the pods on it
+    (`Snapshot.pods_on`), reused across snapshots while both are the same objects.
+
+    Entries used for the current snapshot are kept, and those of the one before it; a node not asked
+    about for two snapshots is forgotten. Not made for several threads at once: they would only
+    recompute, never get a wrong value, since every entry is checked against the objects it was
+    derived from.
+    """
+
+    __slots__ = ("_current", "_derive", "_previous", "_snapshot")
+
+    def __init__(self, derive: Callable[[Node, tuple[Pod, ...]], V]) -> None:
+        self._derive = derive
+        self._snapshot: weakref.ref[Snapshot] | None = None
+        self._current: dict[str, tuple[Node, tuple[Pod, ...], V]] = {}
+        self._previous: dict[str, tuple[Node, tuple[Pod, ...], V]] = {}
+
+    def __call__(self, snapshot: Snapshot, name: str) -> V:
+        """The value for node `name` of `snapshot` (KeyError when the snapshot has no such node)."""
+        if self._snapshot is None or self._snapshot() is not snapshot:
+            self._previous = self._current
+            self._current = {}
+            self._snapshot = weakref.ref(snapshot)
+        node = snapshot.nodes[name]
+        pods = snapshot.pods_on(name)
+        entry = self._current.get(name) or self._previous.get(name)
+        if entry is not None and entry[0] is node and same_objects(entry[1], pods):
+            value = entry[2]
+        else:
+            value = self._derive(node, pods)
+        self._current[name] = (node, pods, value)
+        return value

@@ -1,7 +1,7 @@
 """Per-node accounting for the scheduling simulation: what a pod asks for, what a node holds, and how one
 node judges and scores one pod.
 
-Owns `Demand` (a pod's requests, GPU devices and non-zero cpu / memory, computed once per pod),
+Owns `Demand` (a pod's requests, GPU devices and non-zero cpu / memory, computed once per pod object),
 `Holding` (what a placed pod takes on its node), `NodeState` (a node's free capacity, devices and
 accounted pods, cloned copy-on-write by `placement.ClusterState`), the devices a running pod's
 annotation says it was given (`assigned_devices`) and the per-node rules: static
@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from rebalancer.gpu_devices import has_devices
+from rebalancer.memo import ObjectMemo
 from rebalancer.model import (
     GPU_RESOURCE,
     MILLI_PER_GPU,
@@ -73,6 +74,11 @@ COUNTED_APART = frozenset({GPU_RESOURCE, PODS_RESOURCE})
 
 
 def demand_of(pod: Pod) -> Demand:
+    """What the pod takes from a node (computed once per pod object, `rebalancer.memo`)."""
+    return _DEMANDS(pod)
+
+
+def _demand(pod: Pod) -> Demand:
     requests = pod.requests
     whole = requests.get(GPU_RESOURCE, 0)
     if pod.gpu.count > 0:
@@ -87,6 +93,9 @@ def demand_of(pod: Pod) -> Demand:
             scalar.append((name, amount))
     score_cpu, score_memory = nonzero_cpu_memory(requests)
     return Demand(tuple(scalar), gpu_count, gpu_milli, score_cpu, score_memory, score_requests(requests))
+
+
+_DEMANDS: ObjectMemo[Pod, Demand] = ObjectMemo(_demand)
 
 
 class Holding(NamedTuple):

@@ -32,7 +32,11 @@ Speed: copies are copy-on-write per node (a `copy()` costs one dictionary copy);
 snapshot share its accounting, done once. Nodes are ranked as built once per kind of pod (same
 constraints and requests), shared by every copy; a call re-examines only the nodes the state changed
 (a pod with preferred node affinity is scored on every feasible node: NodeAffinity is normalised over
-them). A ClusterState is not safe to use from several threads at once.
+them). The accounting of a snapshot starts from the one built before it: a node whose Node and pods
+are the very objects it was built from (a watch cache and the trace replay hand the same objects for
+what did not change) keeps its state, and the candidate nodes and rankings of each kind of pod are the
+previous ones with only the changed nodes judged again. A ClusterState is not safe to use from several
+threads at once.
 """
 
 from __future__ import annotations
@@ -42,8 +46,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rebalancer.gpu_devices import best_fit_devices, devices_for_existing, gpu_device_count
+from rebalancer.memo import same_objects
 from rebalancer.model import (
     MILLI_PER_GPU,
+    Node,
     Pod,
     Snapshot,
 )
@@ -94,69 +100,141 @@ FITS = FitResult(ok=True)
 class _Built:
     """What every copy of one ClusterState shares: the nodes as built and what is derived from them.
 
-    The node states here are never written: a ClusterState clones a node before its first change.
+    The node states here are never written: a ClusterState clones a node before its first change. A
+    build made after another (`previous`) takes over the node states of every node whose Node and pods
+    are the same objects as then, and derives its candidates and rankings from the previous ones,
+    re-examining only the nodes that changed.
     """
 
-    __slots__ = ("home", "nodes", "rankings", "static_candidates")
+    __slots__ = (
+        "changed_nodes",
+        "home",
+        "keys",
+        "nodes",
+        "pods",
+        "previous",
+        "rankings",
+        "rebuilt",
+        "static_candidates",
+    )
 
-    def __init__(self, nodes: Mapping[str, NodeState], home: Mapping[PodKey, str]) -> None:
+    def __init__(
+        self,
+        nodes: Mapping[str, NodeState],
+        home: Mapping[PodKey, str],
+        pods: Mapping[str, tuple[Pod, ...]],
+        keys: Mapping[str, tuple[PodKey, ...]],
+        *,
+        previous: _Built | None = None,
+        rebuilt: frozenset[str] = frozenset(),
+        changed_nodes: frozenset[str] = frozenset(),
+    ) -> None:
         self.nodes = nodes
         self.home = home  # the node each pod was accounted on when built
+        self.pods = pods  # the pods each node state was built from
+        self.keys = keys  # their keys, in the order they were accounted
+        # The build before, and since it: the nodes (or names gone) whose state was rebuilt, and those
+        # whose Node object changed (a subset). None: no build to derive from.
+        self.previous = previous
+        self.rebuilt = rebuilt
+        self.changed_nodes = changed_nodes
         # Nodes whose labels, taints and allocatable admit a kind of pod (cordons aside).
         self.static_candidates: dict[StaticKey, frozenset[str]] = {}
         # The rank of every node a kind of pod fits on as built, best first.
         self.rankings: dict[RankingKey, tuple[Rank, ...]] = {}
 
 
-def _build(snapshot: Snapshot) -> _Built:
-    """Every active pod accounted against its node, as the snapshot shows them."""
+def _node_state(node: Node, pods: Sequence[Pod]) -> tuple[NodeState, tuple[PodKey, ...]]:
+    """The node with every active pod on it accounted, as the snapshot shows them, and the pods' keys in
+    the order they were accounted."""
+    state = NodeState(node, dict(node.allocatable), [MILLI_PER_GPU] * gpu_device_count(node), {})
+    keys: list[PodKey] = []
+    gpu_pods: list[tuple[Demand, Pod]] = []
+    for pod in pods:
+        demand = demand_of(pod)
+        if demand.gpu_count:
+            gpu_pods.append((demand, pod))
+        else:
+            key = (pod.namespace, pod.name)
+            state.take(key, Holding(demand, ()))
+            keys.append(key)
+    inferred: list[tuple[Demand, Pod]] = []
+    for demand, pod in gpu_pods:
+        devices = assigned_devices(pod, demand, len(state.devices))
+        if devices is None:
+            inferred.append((demand, pod))
+            continue
+        key = (pod.namespace, pod.name)
+        state.take(key, Holding(demand, devices))
+        keys.append(key)
+    inferred.sort(key=existing_order)
+    for demand, pod in inferred:
+        key = (pod.namespace, pod.name)
+        devices = devices_for_existing(state.devices, demand.gpu_count, demand.gpu_milli)
+        state.take(key, Holding(demand, devices))
+        keys.append(key)
+    return state, tuple(keys)
+
+
+def _build(snapshot: Snapshot, previous: _Built | None = None) -> _Built:
+    """Every active pod accounted against its node, as the snapshot shows them. With `previous`, the
+    state of a node whose Node and pods are the very objects it was built from is taken over (node
+    states are never written, and a pure function of those objects)."""
     nodes: dict[str, NodeState] = {}
     home: dict[PodKey, str] = {}
+    sources: dict[str, tuple[Pod, ...]] = {}
+    keys: dict[str, tuple[PodKey, ...]] = {}
+    rebuilt: set[str] = set()
+    changed_nodes: set[str] = set()
     pods_by_node = snapshot.pods_by_node
     for name, node in snapshot.nodes.items():
-        state = NodeState(node, dict(node.allocatable), [MILLI_PER_GPU] * gpu_device_count(node), {})
-        nodes[name] = state
-        gpu_pods: list[tuple[Demand, Pod]] = []
-        for pod in pods_by_node.get(name, ()):
-            demand = demand_of(pod)
-            if demand.gpu_count:
-                gpu_pods.append((demand, pod))
-            else:
-                key = (pod.namespace, pod.name)
-                state.take(key, Holding(demand, ()))
-                home[key] = name
-        inferred: list[tuple[Demand, Pod]] = []
-        for demand, pod in gpu_pods:
-            devices = assigned_devices(pod, demand, len(state.devices))
-            if devices is None:
-                inferred.append((demand, pod))
+        pods = pods_by_node.get(name, ())
+        old = previous.nodes.get(name) if previous is not None else None
+        if old is not None and old.node is node and previous is not None:
+            old_pods = previous.pods[name]
+            if same_objects(old_pods, pods):
+                nodes[name], sources[name], keys[name] = old, old_pods, previous.keys[name]
+                home.update(dict.fromkeys(keys[name], name))
                 continue
-            key = (pod.namespace, pod.name)
-            state.take(key, Holding(demand, devices))
-            home[key] = name
-        inferred.sort(key=existing_order)
-        for demand, pod in inferred:
-            key = (pod.namespace, pod.name)
-            devices = devices_for_existing(state.devices, demand.gpu_count, demand.gpu_milli)
-            state.take(key, Holding(demand, devices))
-            home[key] = name
-    return _Built(nodes, home)
+        elif previous is not None:
+            changed_nodes.add(name)
+        nodes[name], keys[name] = _node_state(node, pods)
+        sources[name] = pods
+        home.update(dict.fromkeys(keys[name], name))
+        rebuilt.add(name)
+    if previous is None:
+        return _Built(nodes, home, sources, keys)
+    gone = previous.nodes.keys() - nodes.keys()
+    # The previous build's own predecessor is of no use any more: let it go.
+    previous.previous = None
+    return _Built(
+        nodes,
+        home,
+        sources,
+        keys,
+        previous=previous,
+        rebuilt=frozenset(rebuilt | gone),
+        changed_nodes=frozenset(changed_nodes | gone),
+    )
 
 
 class _LastBuilt:
-    """The `_Built` of the snapshot that states were last built from, held only as long as it lives."""
+    """The `_Built` of the snapshot that states were last built from, held only as long as it lives, and
+    the last build of all, which the next one starts from."""
 
-    __slots__ = ("_entry",)
+    __slots__ = ("_entry", "_last")
 
     def __init__(self) -> None:
         self._entry: tuple[weakref.ref[Snapshot], _Built] | None = None
+        self._last: _Built | None = None
 
     def get(self, snapshot: Snapshot) -> _Built:
         entry = self._entry
         if entry is not None and entry[0]() is snapshot:
             return entry[1]
-        built = _build(snapshot)
+        built = _build(snapshot, self._last)
         self._entry = (weakref.ref(snapshot, self._forget), built)
+        self._last = built
         return built
 
     def _forget(self, ref: weakref.ref[Snapshot]) -> None:
@@ -318,28 +396,51 @@ class ClusterState:
         return chosen, names
 
     def _static_candidates(self, key: StaticKey, pod: Pod, demand: Demand) -> frozenset[str]:
-        """Nodes whose labels, taints and allocatable admit the pod, whatever is free (cached)."""
-        candidates = self._built.static_candidates.get(key)
+        """Nodes whose labels, taints and allocatable admit the pod, whatever is free (cached, and
+        derived from the previous build's when there is one: only nodes whose Node object changed are
+        judged again)."""
+        built = self._built
+        candidates = built.static_candidates.get(key)
         if candidates is None:
-            candidates = frozenset(
+            nodes = built.nodes
+            before = built.previous.static_candidates.get(key) if built.previous is not None else None
+            if before is not None:
+                judged: Iterable[str] = built.changed_nodes
+                kept = before - built.changed_nodes
+            else:
+                judged, kept = nodes, frozenset()
+            candidates = kept | {
                 name
-                for name, state in self._built.nodes.items()
-                if could_ever_hold(demand, state) and static_misfit(pod, state.node) is None
-            )
-            self._built.static_candidates[key] = candidates
+                for name in judged
+                if (state := nodes.get(name)) is not None
+                and could_ever_hold(demand, state)
+                and static_misfit(pod, state.node) is None
+            }
+            built.static_candidates[key] = candidates
         return candidates
 
     def _ranking(
         self, kind: StaticKey, candidates: frozenset[str], pod: Pod, demand: Demand
     ) -> tuple[Rank, ...]:
-        """The rank of every node the pod fits on as built, best first (cached per kind of pod)."""
+        """The rank of every node the pod fits on as built, best first (cached per kind of pod, and
+        derived from the previous build's when there is one: only rebuilt nodes are ranked again)."""
         key = (kind, demand)
-        ranking = self._built.rankings.get(key)
+        built = self._built
+        ranking = built.rankings.get(key)
         if ranking is None:
-            nodes = self._built.nodes
-            ranks = [node_rank(demand, name, nodes[name]) for name in candidates]
-            ranking = tuple(sorted(rank for rank in ranks if rank is not None))
-            self._built.rankings[key] = ranking
+            nodes = built.nodes
+            before = built.previous.rankings.get(key) if built.previous is not None else None
+            if before is not None:
+                rebuilt = built.rebuilt
+                ranked: Iterable[str] = (name for name in rebuilt if name in candidates)
+                ranks = [rank for rank in before if rank[1] not in rebuilt]
+            else:
+                ranked, ranks = candidates, []
+            ranks.extend(
+                rank for name in ranked if (rank := node_rank(demand, name, nodes[name])) is not None
+            )
+            ranking = tuple(sorted(ranks))
+            built.rankings[key] = ranking
         return ranking
 
     def _misfit(self, demand: Demand, pod: Pod, name: str, state: NodeState) -> str | None:

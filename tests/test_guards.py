@@ -327,6 +327,23 @@ def test_zero_min_age_disables_the_guard() -> None:
     assert refuse(Pod(namespace="ml", name="x", owner=OwnerRef(kind="Job", name="j")), cfg) is None
 
 
+def test_the_same_pod_object_is_judged_anew_as_time_passes_and_policies_change() -> None:
+    """What is kept per pod object (`rebalancer.memo`) never freezes a verdict that depends on the
+    snapshot's time or the policy: one pod object, young, then old enough, then under other guards."""
+    p = pod("x", "gpu-a-1", age=timedelta(minutes=5))
+    young = refuse(p)
+    assert young == Refusal("min-pod-age", "pod is 5m old, younger than the minimum age 10m")
+    later = snapshot([node("gpu-a-1")], now=NOW + timedelta(minutes=5))
+    assert pod_refusal(p, later, DEFAULT) is None
+    assert refuse(p) == young
+    stricter = GuardsConfig(namespaces=NamespaceFilter(exclude=("ml",)))
+    assert refuse(p, stricter) == Refusal("namespace", "namespace ml is excluded by the policy")
+    assert pod_refusal(p, later, DEFAULT) is None
+    assert pod_refusal(p, later, GuardsConfig(min_pod_age=3600)) == Refusal(
+        "min-pod-age", "pod is 10m old, younger than the minimum age 1h"
+    )
+
+
 # --------------------------------------------------------------------------- node guard
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from itertools import count
 
 from rebalancer.cycle_report import GpuCell, GpuState, NodeGpus
+from rebalancer.memo import NodeMemo
 from rebalancer.model import Finding, GpuTelemetry, Node, Pod, Snapshot
 
 __all__ = ["IDLE_FINDING", "LEAKED_FINDING", "ZONE_LABEL", "gpu_map"]
@@ -127,14 +128,26 @@ def _node_gpus(node: Node, pods: Sequence[Pod], rows: Sequence[GpuTelemetry], fl
     )
 
 
+# A node no telemetry row names, while no finding calls a pod idle, is drawn from its Node and pods
+# alone: kept from one snapshot to the next while they are the same objects (`rebalancer.memo`).
+_NO_FLAGS = _Flags(())
+_WITHOUT_TELEMETRY: NodeMemo[NodeGpus] = NodeMemo(lambda node, pods: _node_gpus(node, pods, (), _NO_FLAGS))
+
+
 def gpu_map(snapshot: Snapshot, findings: Iterable[Finding]) -> tuple[NodeGpus, ...]:
     """Every node with whole GPUs, by name, each GPU in index order with its state at the snapshot."""
     telemetry = snapshot.telemetry
     window = telemetry.windows[min(telemetry.windows)] if telemetry.available and telemetry.windows else None
     by_node = window.by_node if window is not None else {}
     flags = _Flags(findings)
-    return tuple(
-        _node_gpus(node, snapshot.pods_on(name), by_node.get(name, ()), flags)
-        for name, node in sorted(snapshot.nodes.items())
-        if node.gpu_count > 0
-    )
+    rows: Sequence[GpuTelemetry]
+    drawn: list[NodeGpus] = []
+    for name, node in sorted(snapshot.nodes.items()):
+        if node.gpu_count <= 0:
+            continue
+        rows = by_node.get(name, ())
+        if not rows and not flags.idle_pods:
+            drawn.append(_WITHOUT_TELEMETRY(snapshot, name))
+        else:
+            drawn.append(_node_gpus(node, snapshot.pods_on(name), rows, flags))
+    return tuple(drawn)

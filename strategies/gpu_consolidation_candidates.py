@@ -23,6 +23,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from rebalancer.guards import node_refusal
+from rebalancer.memo import NodeMemo
 from rebalancer.model import Finding, Node, NotChosen, Pod, Snapshot, TelemetryWindow
 from rebalancer.policy import format_duration
 from rebalancer.registry import StrategyContext
@@ -74,6 +75,34 @@ class Candidate:
         return (len(self.pods), self.moved_gpus, -self.price, -self.capacity, self.name)
 
 
+@dataclass(frozen=True, slots=True)
+class _NodeFacts:
+    """What the node-level rules need of a node and its pods alone."""
+
+    movable: tuple[Pod, ...]  # the non-DaemonSet pods
+    capacity: float
+    allocated: float  # GPU-equivalents of every pod on the node
+    on_node: frozenset[PodKey]
+    moving: tuple[Pod, ...]  # the movable pods by key, one per key
+    in_gangs: bool  # some movable pod belongs to a gang: its members elsewhere move too
+
+
+def _facts(node: Node, pods: tuple[Pod, ...]) -> _NodeFacts:
+    movable = tuple(pod for pod in pods if not pod.is_daemonset)
+    return _NodeFacts(
+        movable=movable,
+        capacity=node_capacity_gpus(node),
+        allocated=sum(pod_gpus(pod) for pod in pods),
+        on_node=frozenset(pod.key for pod in movable),
+        moving=tuple(sorted({pod.key: pod for pod in movable}.values(), key=lambda p: p.key)),
+        in_gangs=any(pod.gang is not None for pod in movable),
+    )
+
+
+# Kept from one snapshot to the next while the node and its pods are the same objects.
+_FACTS: NodeMemo[_NodeFacts] = NodeMemo(_facts)
+
+
 def not_chosen(node: str, code: str, reason: str) -> NotChosen:
     """The record that `node` is not drained this cycle, and why."""
     return NotChosen(strategy=NAME, node=node, code=code, reason=reason)
@@ -107,14 +136,15 @@ def node_candidate(
             "too-young",
             f"not a candidate: the node is {age} old < min_node_age {format_duration(args.min_node_age)}",
         )
-    movable = [pod for pod in snapshot.pods_on(name) if not pod.is_daemonset]
+    facts = _FACTS(snapshot, name)
+    movable = facts.movable
     if not movable:
         # Nothing to move: the node is already free for the autoscaler.
         return not_chosen(name, "nothing-to-move", "not a candidate: no pod to move (already free)")
-    capacity = node_capacity_gpus(node)
+    capacity = facts.capacity
     if capacity <= 0:
         return not_chosen(name, "no-gpu-capacity", "not a candidate: no allocatable GPU")
-    allocated = sum(pod_gpus(pod) for pod in snapshot.pods_on(name))
+    allocated = facts.allocated
     share = allocated / capacity * 100
     needs_larger = share >= args.max_allocated_percent
     if needs_larger and not args.drain_onto_larger_nodes:
@@ -138,19 +168,22 @@ def node_candidate(
                 f"{format_duration(args.window)} >= threshold {format_pct(args.max_utilization_percent)}",
             )
         utilisation = measured
-    moving: dict[PodKey, Pod] = {pod.key: pod for pod in movable}
-    for pod in movable:
-        if pod.gang is not None:
-            for member in snapshot.gangs.get(pod.gang, ()):
-                moving.setdefault(member.key, member)
+    pods = facts.moving
+    if facts.in_gangs:
+        moving: dict[PodKey, Pod] = {pod.key: pod for pod in movable}
+        for pod in movable:
+            if pod.gang is not None:
+                for member in snapshot.gangs.get(pod.gang, ()):
+                    moving.setdefault(member.key, member)
+        pods = tuple(sorted(moving.values(), key=lambda p: p.key))
     price = ctx.price_per_gpu_hour(node.gpu_model) or 0.0
     return Candidate(
         node=node,
         allocated=allocated,
         capacity=capacity,
         utilisation=utilisation,
-        pods=tuple(sorted(moving.values(), key=lambda p: p.key)),
-        on_node=frozenset(pod.key for pod in movable),
+        pods=pods,
+        on_node=facts.on_node,
         price=capacity * price,
         needs_larger=needs_larger,
     )

@@ -30,6 +30,7 @@ from pydantic import (
 
 from rebalancer import yaml_input
 from rebalancer.errors import InputError
+from rebalancer.memo import ObjectMemo
 from rebalancer.policy.fields import (
     MAX_DURATION_SECONDS,
     Duration,
@@ -320,6 +321,14 @@ class PolicyError(InputError):
     """A policy that cannot be used; `problems` holds one line per problem, each naming where."""
 
 
+def _digest(policy: Policy) -> str:
+    normal = json.dumps(policy.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(normal.encode("utf-8")).hexdigest()
+
+
+_DIGESTS: ObjectMemo[Policy, str] = ObjectMemo(_digest)
+
+
 class ConfiguredStrategy(BaseModel):
     """A strategy of the policy, resolved against the registry with its arguments validated."""
 
@@ -345,9 +354,9 @@ class LoadedPolicy(BaseModel):
     def digest(self) -> str:
         """`sha256:<hex>` of the normalised policy: every value as validated, keys sorted, as JSON, so
         comments, key order, spelling of durations and defaults written out or left implicit do not
-        change it; any value that changes what runs does."""
-        normal = json.dumps(self.policy.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-        return "sha256:" + hashlib.sha256(normal.encode("utf-8")).hexdigest()
+        change it; any value that changes what runs does. Worked out once per (frozen) Policy object:
+        every cycle's report carries it."""
+        return _DIGESTS(self.policy)
 
     def telemetry_windows(self) -> frozenset[int]:
         windows: set[int] = set()

@@ -229,11 +229,20 @@ class DisruptionHistory:
         window = timedelta(seconds=guards.disruption_window if guards.max_disruptions_per_workload else 0)
         nodes = {n: t for n, t in self.nodes.items() if now - t < keep}
         workloads = {k: t for k, t in self.workloads.items() if now - t < keep}
+        # Times are in order: most workloads keep all of theirs, and their tuple as it is. A time t is
+        # kept when now - t < window, that is when t > now - window (one subtraction for all of them).
+        try:
+            since = now - window
+        except OverflowError:  # before the earliest datetime: every time is within the window
+            since = None
         disruptions = {
             k: kept
             for k, times in self.disruptions.items()
-            # Times are in order: most workloads keep all of theirs, and their tuple as it is.
-            if (kept := times if now - times[0] < window else tuple(t for t in times if now - t < window))
+            if (
+                kept := times
+                if since is None or times[0] > since
+                else tuple(t for t in times if now - t < window)
+            )
         }
         failed = {n: f for n, f in self.failed_drains.items() if now - f.last < FAILED_DRAIN_MEMORY}
         return replace(self, nodes=nodes, workloads=workloads, disruptions=disruptions, failed_drains=failed)

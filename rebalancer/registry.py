@@ -102,6 +102,7 @@ class StrategySpec(Generic[ArgsT]):
 
 
 _REGISTRY: dict[str, StrategySpec[Any]] = {}
+_LOADED: list[bool] = []  # not empty once the built-in modules were imported
 
 BUILTIN_MODULES = (
     "strategies.idle_gpu",
@@ -128,12 +129,16 @@ def strategy(
 
 
 def load_builtin_strategies() -> None:
+    """Import every built-in strategy module there is (once: every cycle looks strategies up)."""
+    if _LOADED:
+        return
     for module in BUILTIN_MODULES:
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
             if exc.name != module:
                 raise
+    _LOADED.append(True)
 
 
 def get_strategy(name: str) -> StrategySpec[Any] | None:

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from rebalancer.memo import MISSING, ObjectMemo
 from rebalancer.model import (
     DestinationRule,
     Finding,
@@ -267,6 +268,34 @@ def _gang(
     )
 
 
+def _first_look(pod: Pod, node: Node, preferred: bool) -> NotChosen | str | None:
+    """What the first pass finds of a pod on its node: what it violates (a required rule), the record
+    of a pod left alone (its node matches, or it has no rule), or None for a pod the later passes judge
+    (a gang member, a pod with preferred terms under `preferred`). Kept per pod object while its node
+    object and `preferred` are the same (`rebalancer.memo`): it depends on nothing else."""
+    kept = _FIRST_LOOK.get(pod)
+    if kept is not MISSING and kept[0] is node and kept[1] == preferred:
+        return kept[2]
+    # A pod without a nodeSelector or required affinity matches every node: skip the matching.
+    has_rule = bool(pod.node_selector or pod.required_affinity)
+    violation = _violation(pod, node) if has_rule else None
+    found: NotChosen | str | None
+    if violation is not None:
+        found = violation.what
+    elif pod.gang is not None or (preferred and pod.preferred_affinity):
+        found = None
+    elif has_rule:
+        found = _left(pod, "affinity-satisfied", _SATISFIED)
+    else:
+        no_rule = _NO_RULE_PREFERRED_OFF if not preferred else _NO_RULE
+        found = _left(pod, "no-rule", no_rule if pod.preferred_affinity else _NO_RULE)
+    _FIRST_LOOK.put(pod, (node, preferred, found))
+    return found
+
+
+_FIRST_LOOK: ObjectMemo[Pod, tuple[Node, bool, NotChosen | str | None]] = ObjectMemo()
+
+
 def _required(
     snapshot: Snapshot, args: GpuAffinityArgs, state: ClusterState, out: _Outcome
 ) -> list[tuple[Pod, Node]]:
@@ -276,19 +305,15 @@ def _required(
     preferred terms."""
     violations: list[_Violation] = []
     rest: list[tuple[Pod, Node]] = []
-    no_rule = _NO_RULE_PREFERRED_OFF if not args.preferred else _NO_RULE
     for pod, node in _placed(snapshot):
-        # A pod without a nodeSelector or required affinity matches every node: skip the matching.
-        has_rule = bool(pod.node_selector or pod.required_affinity)
-        violation = _violation(pod, node) if has_rule else None
-        if violation is None:
-            if pod.gang is not None or (args.preferred and pod.preferred_affinity):
-                rest.append((pod, node))
-            elif has_rule:
-                out.left.append(_left(pod, "affinity-satisfied", _SATISFIED))
-            else:
-                out.left.append(_left(pod, "no-rule", no_rule if pod.preferred_affinity else _NO_RULE))
+        found = _first_look(pod, node, args.preferred)
+        if found is None:
+            rest.append((pod, node))
             continue
+        if isinstance(found, NotChosen):
+            out.left.append(found)
+            continue
+        violation = _Violation(pod=pod, node=node, what=found)
         if _old_enough(pod, snapshot, args):
             violations.append(violation)
         else:

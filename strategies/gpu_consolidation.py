@@ -63,11 +63,11 @@ from strategies.gpu_consolidation_candidates import (
 )
 from strategies.gpu_consolidation_sizes import (
     Run,
-    Sizes,
     destination_rules,
     landing_of,
     may_drain_upward,
     size_rules_allow,
+    sizes_of,
     with_room_made,
 )
 from strategies.gpu_consolidation_telemetry import STALE_FINDING
@@ -310,7 +310,7 @@ def _simulate(
     """
     state = ClusterState.from_snapshot(snapshot)
     proposals: list[Proposal] = []
-    run = Run(snapshot, args, ctx, Sizes(snapshot))
+    run = Run(snapshot, args, ctx, sizes_of(snapshot))
     moved, done, sizes = run.moved, run.done, run.sizes
     receivers: set[str] = set()  # nodes predicted to receive pods in this run
     # Nodes at or above the threshold that could never be drained are no upcoming drains either.

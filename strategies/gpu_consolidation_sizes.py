@@ -28,9 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import count
 from typing import TYPE_CHECKING
 
-from rebalancer.model import DestinationRule, Pod, Snapshot
+from rebalancer.memo import MISSING, ObjectMemo
+from rebalancer.model import DestinationRule, Node, Pod, Snapshot
 from rebalancer.placement import ClusterState
 from rebalancer.registry import StrategyContext
 from rebalancer.selectors import node_selector_matches, required_affinity_matches, untolerated_taints
@@ -48,6 +50,7 @@ __all__ = [
     "landing_of",
     "may_drain_upward",
     "size_rules_allow",
+    "sizes_of",
     "with_room_made",
 ]
 
@@ -59,18 +62,22 @@ _EPSILON = 1e-9
 
 class Sizes:
     """GPUs per node (GPU-equivalents, as candidates count them), and which pods could ever run on a
-    node larger than a given size."""
+    node larger than a given size. Depends on the snapshot's nodes alone: `sizes_of` hands the same
+    Sizes to the next snapshot when its nodes are the same objects, and what it found of a pod is kept
+    per pod object for as long as that Sizes is the one handed out."""
 
-    def __init__(self, snapshot: Snapshot) -> None:
-        self._snapshot = snapshot
+    def __init__(self, nodes: Mapping[str, Node]) -> None:
+        self._nodes = nodes
+        self._generation = next(_GENERATIONS)
         self._of: dict[str, float] = {}
         self._larger: dict[tuple[object, ...], bool] = {}
         self._by_size: dict[tuple[float, bool], frozenset[str]] = {}
+        self._larger_nodes: dict[float, tuple[Node, ...]] = {}
 
     def of(self, node: str) -> float:
         size = self._of.get(node)
         if size is None:
-            size = node_capacity_gpus(self._snapshot.nodes[node])
+            size = node_capacity_gpus(self._nodes[node])
             self._of[node] = size
         return size
 
@@ -87,27 +94,74 @@ class Sizes:
         nodes = self._by_size.get(key)
         if nodes is None:
             low = size + _EPSILON if larger_only else size - _EPSILON
-            nodes = frozenset(name for name in self._snapshot.nodes if self.of(name) > low)
+            nodes = frozenset(name for name in self._nodes if self.of(name) > low)
             self._by_size[key] = nodes
+        return nodes
+
+    def _schedulable_larger(self, size: float) -> tuple[Node, ...]:
+        """The schedulable GPU nodes with more GPUs than `size` (cached)."""
+        nodes = self._larger_nodes.get(size)
+        if nodes is None:
+            nodes = tuple(
+                node
+                for name, node in self._nodes.items()
+                if node.is_gpu_node and not node.unschedulable and self.of(name) > size
+            )
+            self._larger_nodes[size] = nodes
         return nodes
 
     def could_go_larger(self, pod: Pod, size: float) -> bool:
         """Whether a schedulable node with more GPUs than `size` admits the pod by its labels, affinity
         and taints (what is free aside). A necessary condition for a placement there, nothing more."""
-        key = (pod.required_affinity, tuple(sorted(pod.node_selector.items())), pod.tolerations, size)
+        kept = _LARGER.get(pod)
+        if kept is not MISSING and kept[0] == self._generation and kept[1] == size:
+            return kept[2]
+        key = (*_constraints(pod), size)
         known = self._larger.get(key)
         if known is None:
             known = any(
-                node.is_gpu_node
-                and not node.unschedulable
-                and self.of(name) > size
-                and required_affinity_matches(pod, node)
+                required_affinity_matches(pod, node)
                 and node_selector_matches(pod, node)
                 and not untolerated_taints(pod, node)
-                for name, node in self._snapshot.nodes.items()
+                for node in self._schedulable_larger(size)
             )
             self._larger[key] = known
+        _LARGER.put(pod, (self._generation, size, known))
         return known
+
+
+_GENERATIONS = count()
+# Per pod object: the generation of the Sizes that answered `could_go_larger`, the size, the answer.
+_LARGER: ObjectMemo[Pod, tuple[int, float, bool]] = ObjectMemo()
+# Per pod object: what `could_go_larger` depends on of the pod.
+_constraints: ObjectMemo[Pod, tuple[object, ...]] = ObjectMemo(
+    lambda pod: (pod.required_affinity, tuple(sorted(pod.node_selector.items())), pod.tolerations)
+)
+
+
+class _LastSizes:
+    """The Sizes handed out last, for the next snapshot of the same node objects."""
+
+    __slots__ = ("sizes",)
+
+    def __init__(self) -> None:
+        self.sizes: Sizes | None = None
+
+
+_LAST_SIZES = _LastSizes()
+
+
+def sizes_of(snapshot: Snapshot) -> Sizes:
+    """The Sizes of the snapshot's nodes: the last one handed out when its nodes are the same objects."""
+    last = _LAST_SIZES.sizes
+    nodes = snapshot.nodes
+    if last is not None and len(last._nodes) == len(nodes):
+        before = last._nodes
+        if all(before.get(name) is node for name, node in nodes.items()):
+            return last
+    sizes = Sizes(nodes)
+    _LAST_SIZES.sizes = sizes
+    return sizes
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,9 +36,15 @@ class _NewObjects(SnapshotBuilder):
 
 def _replay(seed: int, *, reuse: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], dict[str, Any]]:
     nodes, jobs, window = random_trace(seed)
-    # Room making and young nodes: every part of the consolidation runs.
+    # The shipped strategies, nodes old enough after 10 minutes: every part of the consolidation runs.
     policy = parse_policy(
-        {"strategies": [{"name": "gpu-consolidation", "args": {"min_node_age": "10m"}}], "guards": {}},
+        {
+            "strategies": [
+                {"name": "gpu-affinity"},
+                {"name": "topology-spread"},
+                {"name": "gpu-consolidation", "args": {"min_node_age": "10m"}},
+            ]
+        },
         "<test>",
     )
     replay = Replay(nodes, jobs, window, EngineConfig(rebalancer="on", policy=policy, check_invariants=True))

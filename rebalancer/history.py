@@ -138,6 +138,29 @@ def _drain_failed(outcomes: Sequence[Outcome]) -> bool:
     )
 
 
+class _Oldest:
+    """The oldest disruption time of the last disruptions mapping asked about (mappings of a history are
+    never changed: a new history gets a new mapping), so that a cycle in which nothing expires looks at
+    no workload."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: tuple[Mapping[WorkloadKey, tuple[datetime, ...]], datetime | None] | None = None
+
+
+_OLDEST = _Oldest()
+
+
+def _oldest_disruption(disruptions: Mapping[WorkloadKey, tuple[datetime, ...]]) -> datetime | None:
+    last = _OLDEST.last
+    if last is not None and last[0] is disruptions:
+        return last[1]
+    oldest = min((times[0] for times in disruptions.values()), default=None)
+    _OLDEST.last = (disruptions, oldest)
+    return oldest
+
+
 @dataclass(frozen=True, slots=True)
 class DisruptionHistory:
     """What earlier cycles disrupted (see the module docstring)."""
@@ -230,20 +253,21 @@ class DisruptionHistory:
         nodes = {n: t for n, t in self.nodes.items() if now - t < keep}
         workloads = {k: t for k, t in self.workloads.items() if now - t < keep}
         # Times are in order: most workloads keep all of theirs, and their tuple as it is. A time t is
-        # kept when now - t < window, that is when t > now - window (one subtraction for all of them).
+        # kept when now - t < window, that is when t > now - window (one subtraction for all of them),
+        # and when every workload's oldest time is, the mapping is kept as it is.
         try:
-            since = now - window
+            since: datetime | None = now - window
         except OverflowError:  # before the earliest datetime: every time is within the window
             since = None
-        disruptions = {
-            k: kept
-            for k, times in self.disruptions.items()
-            if (
-                kept := times
-                if since is None or times[0] > since
-                else tuple(t for t in times if now - t < window)
-            )
-        }
+        oldest = _oldest_disruption(self.disruptions)
+        if since is None or oldest is None or oldest > since:
+            disruptions = self.disruptions
+        else:
+            disruptions = {
+                k: kept
+                for k, times in self.disruptions.items()
+                if (kept := times if times[0] > since else tuple(t for t in times if now - t < window))
+            }
         failed = {n: f for n, f in self.failed_drains.items() if now - f.last < FAILED_DRAIN_MEMORY}
         return replace(self, nodes=nodes, workloads=workloads, disruptions=disruptions, failed_drains=failed)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from rebalancer.gpu_devices import has_devices
-from rebalancer.memo import ObjectMemo
+from rebalancer.memo import MISSING, ObjectMemo
 from rebalancer.model import (
     GPU_RESOURCE,
     MILLI_PER_GPU,
@@ -117,9 +117,18 @@ StaticKey = tuple[
 
 
 def static_key(pod: Pod, demand: Demand) -> StaticKey:
+    """The pod's kind for the static rules (kept per pod object and demand)."""
+    kept = _STATIC_KEYS.get(pod)
+    if kept is not MISSING and kept[0] is demand:
+        return kept[1]
     selector = tuple(sorted(pod.node_selector.items())) if pod.node_selector else ()
     resources = tuple(name for name, _ in demand.requests)
-    return (pod.tolerations, selector, pod.required_affinity, resources, demand.gpu_count)
+    key = (pod.tolerations, selector, pod.required_affinity, resources, demand.gpu_count)
+    _STATIC_KEYS.put(pod, (demand, key))
+    return key
+
+
+_STATIC_KEYS: ObjectMemo[Pod, tuple[Demand, StaticKey]] = ObjectMemo()
 
 
 def static_misfit(pod: Pod, node: Node) -> str | None:
@@ -184,7 +193,19 @@ class NodeState:
 def assigned_devices(pod: Pod, demand: Demand, device_count: int) -> tuple[int, ...] | None:
     """The devices the pod's `GPU_INDEX_ANNOTATION` says it holds, in increasing order: None when the
     pod has none, or one that does not name `demand.gpu_count` distinct devices of the node (the caller
-    then infers the devices as for a pod without it)."""
+    then infers the devices as for a pod without it). Kept per pod object, demand and device count."""
+    kept = _ASSIGNED.get(pod)
+    if kept is not MISSING and kept[0] is demand and kept[1] == device_count:
+        return kept[2]
+    devices = _assigned_devices(pod, demand, device_count)
+    _ASSIGNED.put(pod, (demand, device_count, devices))
+    return devices
+
+
+_ASSIGNED: ObjectMemo[Pod, tuple[Demand, int, tuple[int, ...] | None]] = ObjectMemo()
+
+
+def _assigned_devices(pod: Pod, demand: Demand, device_count: int) -> tuple[int, ...] | None:
     text = pod.annotations.get(GPU_INDEX_ANNOTATION)
     if text is None or not demand.gpu_count:
         return None

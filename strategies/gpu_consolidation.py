@@ -39,6 +39,7 @@ from typing import Annotated, Self
 
 from pydantic import Field, model_validator
 
+from rebalancer.memo import MISSING, ObjectMemo
 from rebalancer.model import Finding, NotChosen, Pod, Proposal, Snapshot, StrategyResult, TelemetryWindow
 from rebalancer.placement import ClusterState
 from rebalancer.policy import Duration, Percent, format_duration
@@ -59,6 +60,7 @@ from strategies.gpu_consolidation_candidates import (
     has_mirror_pod,
     node_candidate,
     not_chosen,
+    order_of,
     static_block,
 )
 from strategies.gpu_consolidation_sizes import (
@@ -272,7 +274,7 @@ def gpu_consolidation(snapshot: Snapshot, args: GpuConsolidationArgs, ctx: Strat
             non_packed_nodes += 1
             continue
         drainable.append(candidate)
-    drainable.sort(key=Candidate.order)
+    drainable.sort(key=order_of)
 
     proposals = _simulate(snapshot, args, ctx, drainable, findings, left=left)
     hints = (_scheduler_hint(non_packed, non_packed_nodes, args),) if non_packed else ()
@@ -282,11 +284,20 @@ def gpu_consolidation(snapshot: Snapshot, args: GpuConsolidationArgs, ctx: Strat
 
 
 def _above_threshold(candidate: Candidate, args: GpuConsolidationArgs) -> str:
+    """Why a node at or above the threshold is not drained (kept per Candidate object and arguments)."""
+    kept = _ABOVE.get(candidate)
+    if kept is not MISSING and kept[0] is args:
+        return kept[1]
     share = candidate.allocated / candidate.capacity * 100
-    return (
+    text = (
         f"not drained: {_pct(share)} allocated >= threshold {_pct(args.max_allocated_percent)}, and its "
         "pods cannot be lifted onto nodes with more GPUs"
     )
+    _ABOVE.put(candidate, (args, text))
+    return text
+
+
+_ABOVE: ObjectMemo[Candidate, tuple[GpuConsolidationArgs, str]] = ObjectMemo()
 
 
 def _simulate(

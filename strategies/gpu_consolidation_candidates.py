@@ -18,12 +18,12 @@ clients. It must not simulate placements (the entry module does) nor apply PDBs,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from rebalancer.guards import node_refusal
-from rebalancer.memo import NodeMemo
+from rebalancer.memo import NodeMemo, ObjectMemo
 from rebalancer.model import Finding, Node, NotChosen, Pod, Snapshot, TelemetryWindow
 from rebalancer.policy import format_duration
 from rebalancer.registry import StrategyContext
@@ -40,6 +40,7 @@ __all__ = [
     "has_mirror_pod",
     "node_candidate",
     "not_chosen",
+    "order_of",
     "static_block",
 ]
 
@@ -48,7 +49,9 @@ BLOCKED_FINDING = "consolidation-blocked"
 PodKey = tuple[str, str]
 
 
-@dataclass(frozen=True, slots=True)
+# Weak references let what is derived from a candidate be kept per Candidate object (`rebalancer.memo`):
+# a node's candidate is the same object from cycle to cycle while its node and pods are.
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Candidate:
     """A node that passed the node-level rules, and everything its drain would move."""
 
@@ -79,17 +82,37 @@ class Candidate:
 class _NodeFacts:
     """What the node-level rules need of a node and its pods alone."""
 
+    gpu: bool  # a GPU node: the only ones looked at
+    record: NotChosen | None  # the record of a node that is no candidate whatever the time
     movable: tuple[Pod, ...]  # the non-DaemonSet pods
     capacity: float
     allocated: float  # GPU-equivalents of every pod on the node
     on_node: frozenset[PodKey]
     moving: tuple[Pod, ...]  # the movable pods by key, one per key
     in_gangs: bool  # some movable pod belongs to a gang: its members elsewhere move too
+    # The last verdict on a node old enough, judged without telemetry or gangs, with the arguments and
+    # the node's price it was judged with (at most one).
+    judged: list[tuple[GpuConsolidationArgs, float, Candidate | NotChosen]] = field(default_factory=list)
+
+
+def _record(node: Node) -> NotChosen | None:
+    """The record of a node that is no candidate whatever the time, in the order the rules run."""
+    name = node.name
+    if node.unschedulable:
+        return not_chosen(name, "cordoned", "not a candidate: the node is cordoned")
+    refused = node_refusal(node)
+    if refused is not None:
+        return not_chosen(name, "opted-out", f"not a candidate: {refused.reason}")
+    if node.created is None:
+        return not_chosen(name, "too-young", "not a candidate: the node's creation time is unknown")
+    return None
 
 
 def _facts(node: Node, pods: tuple[Pod, ...]) -> _NodeFacts:
     movable = tuple(pod for pod in pods if not pod.is_daemonset)
     return _NodeFacts(
+        gpu=node.is_gpu_node,
+        record=_record(node),
         movable=movable,
         capacity=node_capacity_gpus(node),
         allocated=sum(pod_gpus(pod) for pod in pods),
@@ -118,25 +141,50 @@ def node_candidate(
     findings: list[Finding],
 ) -> Candidate | NotChosen | None:
     """The node as a candidate when it passes the node-level rules (pods are judged later), else why
-    not; None for a node without GPUs (not looked at)."""
-    if not node.is_gpu_node:
+    not; None for a node without GPUs (not looked at). What depends on the node and its pods alone is
+    kept while they are the same objects, and so is the verdict on a node old enough judged without
+    telemetry and gangs (it depends on nothing else but the arguments and the node's price)."""
+    facts = _FACTS(snapshot, node.name)
+    if not facts.gpu:
         return None
+    if facts.record is not None:
+        return facts.record
     name = node.name
-    if node.unschedulable:
-        return not_chosen(name, "cordoned", "not a candidate: the node is cordoned")
-    refused = node_refusal(node)
-    if refused is not None:
-        return not_chosen(name, "opted-out", f"not a candidate: {refused.reason}")
-    if node.created is None:
+    created = node.created
+    if created is None:  # `record` said so already; kept for the type checker
         return not_chosen(name, "too-young", "not a candidate: the node's creation time is unknown")
-    if snapshot.now - node.created < timedelta(seconds=args.min_node_age):
-        age = format_duration(max(0, int((snapshot.now - node.created).total_seconds())))
+    if snapshot.now - created < timedelta(seconds=args.min_node_age):
+        age = format_duration(max(0, int((snapshot.now - created).total_seconds())))
         return not_chosen(
             name,
             "too-young",
             f"not a candidate: the node is {age} old < min_node_age {format_duration(args.min_node_age)}",
         )
-    facts = _FACTS(snapshot, name)
+    telemetry = window is not None and args.max_utilization_percent is not None
+    if telemetry or facts.in_gangs:
+        return _judged(node, facts, snapshot, args, ctx, window=window, findings=findings)
+    price = ctx.price_per_gpu_hour(node.gpu_model) or 0.0
+    judged = facts.judged
+    if judged and judged[0][0] is args and judged[0][1] == price:
+        return judged[0][2]
+    verdict = _judged(node, facts, snapshot, args, ctx, window=window, findings=findings)
+    judged[:] = [(args, price, verdict)]
+    return verdict
+
+
+def _judged(
+    node: Node,
+    facts: _NodeFacts,
+    snapshot: Snapshot,
+    args: GpuConsolidationArgs,
+    ctx: StrategyContext,
+    *,
+    window: TelemetryWindow | None,
+    findings: list[Finding],
+) -> Candidate | NotChosen:
+    """The rules that follow the node's age: pods to move, GPU capacity, the allocated share, then the
+    utilisation when telemetry is to be read."""
+    name = node.name
     movable = facts.movable
     if not movable:
         # Nothing to move: the node is already free for the autoscaler.
@@ -201,8 +249,21 @@ def static_block(candidate: Candidate, ctx: StrategyContext) -> Finding | None:
 
 
 def has_mirror_pod(candidate: Candidate) -> bool:
-    """Whether a static pod pins the node itself: it can never be freed."""
-    return any(pod.is_mirror and pod.key in candidate.on_node for pod in candidate.pods)
+    """Whether a static pod pins the node itself: it can never be freed (kept per Candidate object)."""
+    return _PINNED(candidate)
+
+
+_PINNED: ObjectMemo[Candidate, bool] = ObjectMemo(
+    lambda candidate: any(pod.is_mirror and pod.key in candidate.on_node for pod in candidate.pods)
+)
+
+
+def order_of(candidate: Candidate) -> tuple[int, float, float, float, str]:
+    """`Candidate.order`, kept per Candidate object."""
+    return _ORDER(candidate)
+
+
+_ORDER: ObjectMemo[Candidate, tuple[int, float, float, float, str]] = ObjectMemo(Candidate.order)
 
 
 def blocked(candidate: Candidate, pod: Pod | None, why: str) -> Finding:

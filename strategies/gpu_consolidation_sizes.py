@@ -26,7 +26,8 @@ which candidate to drain nor emit findings (the entry module does).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import weakref
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 from typing import TYPE_CHECKING
@@ -64,20 +65,40 @@ class Sizes:
     """GPUs per node (GPU-equivalents, as candidates count them), and which pods could ever run on a
     node larger than a given size. Depends on the snapshot's nodes alone: `sizes_of` hands the same
     Sizes to the next snapshot when its nodes are the same objects, and what it found of a pod is kept
-    per pod object for as long as that Sizes is the one handed out."""
+    per pod object for as long as that Sizes is the one handed out. A Sizes made after another one
+    (`previous`) takes over what it found, judging again only what the changed nodes could change."""
 
-    def __init__(self, nodes: Mapping[str, Node]) -> None:
+    def __init__(self, nodes: Mapping[str, Node], previous: Sizes | None = None) -> None:
         self._nodes = nodes
         self._generation = next(_GENERATIONS)
         self._of: dict[str, float] = {}
-        self._larger: dict[tuple[object, ...], bool] = {}
+        # Per kind of pod and size: a node admitting it (None: none does).
+        self._larger: dict[tuple[_Constraints, float], str | None] = {}
         self._by_size: dict[tuple[float, bool], frozenset[str]] = {}
-        self._larger_nodes: dict[float, tuple[Node, ...]] = {}
+        self._larger_nodes: dict[float, tuple[tuple[str, Node], ...]] = {}
+        # Since `previous`: the nodes new or changed (`fresh`), and those changed or gone (`gone`).
+        self._previous = previous
+        self._fresh: frozenset[str] = frozenset()
+        self._gone: frozenset[str] = frozenset()
+        if previous is not None:
+            before = previous._nodes
+            self._fresh = frozenset(name for name, node in nodes.items() if before.get(name) is not node)
+            self._gone = self._fresh | (before.keys() - nodes.keys())
+            previous._previous = None  # what it took over is its own now: let the one before it go
+
+    @property
+    def generation(self) -> int:
+        """Tells this Sizes from every other one made in the process."""
+        return self._generation
 
     def of(self, node: str) -> float:
         size = self._of.get(node)
         if size is None:
-            size = node_capacity_gpus(self._nodes[node])
+            previous = self._previous
+            if previous is not None and node in self._nodes and node not in self._fresh:
+                size = previous._of.get(node)
+            if size is None:
+                size = node_capacity_gpus(self._nodes[node])
             self._of[node] = size
         return size
 
@@ -98,14 +119,15 @@ class Sizes:
             self._by_size[key] = nodes
         return nodes
 
-    def _schedulable_larger(self, size: float) -> tuple[Node, ...]:
+    def _larger_than(self, name: str, node: Node, size: float) -> bool:
+        return node.is_gpu_node and not node.unschedulable and self.of(name) > size
+
+    def _schedulable_larger(self, size: float) -> tuple[tuple[str, Node], ...]:
         """The schedulable GPU nodes with more GPUs than `size` (cached)."""
         nodes = self._larger_nodes.get(size)
         if nodes is None:
             nodes = tuple(
-                node
-                for name, node in self._nodes.items()
-                if node.is_gpu_node and not node.unschedulable and self.of(name) > size
+                (name, node) for name, node in self._nodes.items() if self._larger_than(name, node, size)
             )
             self._larger_nodes[size] = nodes
         return nodes
@@ -116,31 +138,71 @@ class Sizes:
         kept = _LARGER.get(pod)
         if kept is not MISSING and kept[0] == self._generation and kept[1] == size:
             return kept[2]
-        key = (*_constraints(pod), size)
-        known = self._larger.get(key)
-        if known is None:
-            known = any(
-                required_affinity_matches(pod, node)
-                and node_selector_matches(pod, node)
-                and not untolerated_taints(pod, node)
-                for node in self._schedulable_larger(size)
-            )
-            self._larger[key] = known
+        key = (_CLASS(pod), size)
+        witness = self._larger.get(key, MISSING)
+        if witness is MISSING:
+            witness = self._witness(pod, key, size)
+            self._larger[key] = witness
+        known = witness is not None
         _LARGER.put(pod, (self._generation, size, known))
         return known
+
+    def _witness(self, pod: Pod, key: tuple[_Constraints, float], size: float) -> str | None:
+        """A node that admits pods of the kind of `pod`: the previous Sizes' when that node did not
+        change, none when it found none and no node that is new or changed admits them, else any."""
+        previous = self._previous
+        before = previous._larger.get(key, MISSING) if previous is not None else MISSING
+        if before is None:
+            nodes = self._nodes
+            fresh = (
+                (name, nodes[name]) for name in self._fresh if self._larger_than(name, nodes[name], size)
+            )
+            return _admitting(pod, fresh)
+        if isinstance(before, str) and before not in self._gone:
+            return before
+        return _admitting(pod, self._schedulable_larger(size))
+
+
+def _admitting(pod: Pod, nodes: Iterable[tuple[str, Node]]) -> str | None:
+    """The first of `nodes` whose labels, affinity and taints admit the pod, or None."""
+    for name, node in nodes:
+        if (
+            required_affinity_matches(pod, node)
+            and node_selector_matches(pod, node)
+            and not untolerated_taints(pod, node)
+        ):
+            return name
+    return None
+
+
+class _Constraints:
+    """Stands for one set of pod constraints that `could_go_larger` reads (required node affinity,
+    nodeSelector, tolerations): pods with equal ones share it, for as long as any of them lives."""
+
+    __slots__ = ("__weakref__",)
+
+
+_KINDS: weakref.WeakValueDictionary[tuple[object, ...], _Constraints] = weakref.WeakValueDictionary()
+
+
+def _constraints_of(pod: Pod) -> _Constraints:
+    key = (pod.required_affinity, tuple(sorted(pod.node_selector.items())), pod.tolerations)
+    kind = _KINDS.get(key)
+    if kind is None:
+        kind = _Constraints()
+        _KINDS[key] = kind
+    return kind
 
 
 _GENERATIONS = count()
 # Per pod object: the generation of the Sizes that answered `could_go_larger`, the size, the answer.
 _LARGER: ObjectMemo[Pod, tuple[int, float, bool]] = ObjectMemo()
-# Per pod object: what `could_go_larger` depends on of the pod.
-_constraints: ObjectMemo[Pod, tuple[object, ...]] = ObjectMemo(
-    lambda pod: (pod.required_affinity, tuple(sorted(pod.node_selector.items())), pod.tolerations)
-)
+# Per pod object: its kind of constraints.
+_CLASS: ObjectMemo[Pod, _Constraints] = ObjectMemo(_constraints_of)
 
 
 class _LastSizes:
-    """The Sizes handed out last, for the next snapshot of the same node objects."""
+    """The Sizes handed out last, for the next snapshot (the same one when its nodes are the same)."""
 
     __slots__ = ("sizes",)
 
@@ -152,14 +214,15 @@ _LAST_SIZES = _LastSizes()
 
 
 def sizes_of(snapshot: Snapshot) -> Sizes:
-    """The Sizes of the snapshot's nodes: the last one handed out when its nodes are the same objects."""
+    """The Sizes of the snapshot's nodes: the last one handed out when its nodes are the same objects,
+    else one made from it."""
     last = _LAST_SIZES.sizes
     nodes = snapshot.nodes
     if last is not None and len(last._nodes) == len(nodes):
         before = last._nodes
         if all(before.get(name) is node for name, node in nodes.items()):
             return last
-    sizes = Sizes(nodes)
+    sizes = Sizes(nodes, last)
     _LAST_SIZES.sizes = sizes
     return sizes
 
@@ -179,7 +242,21 @@ class Run:
 def may_drain_upward(candidate: Candidate, sizes: Sizes, args: GpuConsolidationArgs) -> bool:
     """Cheap necessary condition for a node at or above the threshold: some pod could go to a larger
     node, and the pods that cannot fit in the GPUs the node leaves free (unless room may be made on
-    its peers)."""
+    its peers). Kept per Candidate object while the Sizes and the arguments are the same."""
+    kept = _UPWARD.get(candidate)
+    if kept is not MISSING and kept[0] == sizes.generation and kept[1] is args:
+        return kept[2]
+    upward = _may_drain_upward(candidate, sizes, args)
+    _UPWARD.put(candidate, (sizes.generation, args, upward))
+    return upward
+
+
+_UPWARD: ObjectMemo[Candidate, tuple[int, GpuConsolidationArgs, bool]] = ObjectMemo()
+
+
+def _may_drain_upward(candidate: Candidate, sizes: Sizes, args: GpuConsolidationArgs) -> bool:
+    if args.peer_pods_to_make_room > 0:  # room may be made: any pod that could go larger will do
+        return any(sizes.could_go_larger(pod, candidate.capacity) for pod in candidate.pods)
     free = candidate.capacity - candidate.allocated
     stuck = 0.0
     lifts = False

@@ -11,6 +11,7 @@ the env vars or files that hold them).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -321,6 +322,12 @@ class PolicyError(InputError):
     """A policy that cannot be used; `problems` holds one line per problem, each naming where."""
 
 
+@functools.lru_cache(maxsize=64)
+def _file_name(source: str) -> str:
+    """What `LoadedPolicy.name` says of a source (every cycle's report carries it)."""
+    return Path(source).name if not source.startswith("<") else source
+
+
 def _digest(policy: Policy) -> str:
     normal = json.dumps(policy.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(normal.encode("utf-8")).hexdigest()
@@ -348,7 +355,7 @@ class LoadedPolicy(BaseModel):
     @property
     def name(self) -> str:
         """The policy's file name (`default.yaml`), or what stands for it (`<built-in default policy>`)."""
-        return Path(self.source).name if not self.source.startswith("<") else self.source
+        return _file_name(self.source)
 
     @property
     def digest(self) -> str:

@@ -10,9 +10,11 @@ decide anything: it describes.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from itertools import count
+from operator import itemgetter
 
 from rebalancer.cycle_report import GpuCell, GpuState, NodeGpus
 from rebalancer.memo import NodeMemo
@@ -48,7 +50,9 @@ def _state(pods: Sequence[str], uuid: str | None, util: float | None, flagged: _
         return "leaked"
     if not pods:
         return "free"
-    if (uuid is not None and uuid in flagged.idle_gpus) or any(p in flagged.idle_pods for p in pods):
+    if (uuid is not None and uuid in flagged.idle_gpus) or (
+        flagged.idle_pods and any(p in flagged.idle_pods for p in pods)
+    ):
         return "idle"
     return "busy" if util is not None else "unknown"
 
@@ -71,51 +75,55 @@ class _Flags:
 
 
 def _node_gpus(node: Node, pods: Sequence[Pod], rows: Sequence[GpuTelemetry], flags: _Flags) -> NodeGpus:
-    active = {pod.ref for pod in pods}
     cells: list[tuple[str, str | None, list[str], float | None, float | None]] = []
     attributed: set[str] = set()
-    for index, uuid, gpu_rows in _telemetry_cells(rows):
-        holders = sorted(
-            {
-                ref
-                for r in gpu_rows
-                if (key := r.pod_key) is not None and (ref := f"{key[0]}/{key[1]}") in active
-            }
-        )
-        attributed.update(holders)
-        cells.append(
-            (
-                index,
-                uuid,
-                holders,
-                _mean(r.util_avg_percent for r in gpu_rows),
-                _mean(r.fb_used_mib for r in gpu_rows),
+    if rows:
+        active = {pod.ref for pod in pods}
+        for index, uuid, gpu_rows in _telemetry_cells(rows):
+            holders = sorted(
+                {
+                    ref
+                    for r in gpu_rows
+                    if (key := r.pod_key) is not None and (ref := f"{key[0]}/{key[1]}") in active
+                }
             )
-        )
+            attributed.update(holders)
+            cells.append(
+                (
+                    index,
+                    uuid,
+                    holders,
+                    _mean(r.util_avg_percent for r in gpu_rows),
+                    _mean(r.fb_used_mib for r in gpu_rows),
+                )
+            )
     # Positions for GPUs the telemetry names without an index, and for those it does not name at all (no
     # exporter on the node, or fewer GPUs reported than the device plugin advertises).
     taken = {index for index, *_ in cells}
     spare = (str(i) for i in count() if str(i) not in taken)
     cells = [(index or next(spare), uuid, holders, util, fb) for index, uuid, holders, util, fb in cells]
-    while len(cells) < node.gpu_count:
+    gpu_count = node.gpu_count
+    while len(cells) < gpu_count:
         cells.append((next(spare), None, [], None, None))
     # GPU pods the telemetry does not attribute go on the GPUs no pod holds and no finding names.
-    for pod in sorted(pods, key=lambda p: p.ref):
-        if pod.gpu.count <= 0 or pod.ref in attributed:
+    for ref, pod in sorted(((pod.ref, pod) for pod in pods), key=itemgetter(0)):
+        if pod.gpu.count <= 0 or ref in attributed:
             continue
         left = pod.gpu.count
         for _, held_uuid, holders, _, _ in cells:
             if left == 0:
                 break
             if not holders and (held_uuid is None or held_uuid not in flags.leaked):
-                holders.append(pod.ref)
+                holders.append(ref)
                 left -= 1
     return NodeGpus(
         node=node.name,
         gpu_model=node.gpu_model,
         zone=node.labels.get(ZONE_LABEL),
         gpus=tuple(
-            GpuCell(
+            _free_cell(index)
+            if uuid is None and not holders and util is None and fb is None
+            else GpuCell(
                 index=index,
                 state=_state(holders, uuid, util, flags),
                 pods=tuple(holders),
@@ -126,6 +134,12 @@ def _node_gpus(node: Node, pods: Sequence[Pod], rows: Sequence[GpuTelemetry], fl
             for index, uuid, holders, util, fb in cells
         ),
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _free_cell(index: str) -> GpuCell:
+    """A GPU no pod holds and no telemetry names (one object per index: cells are immutable)."""
+    return GpuCell(index=index, state="free")
 
 
 # A node no telemetry row names, while no finding calls a pod idle, is drawn from its Node and pods

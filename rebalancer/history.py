@@ -294,6 +294,8 @@ class DisruptionHistory:
         return history._settled_evictions(snapshot, reschedule_timeout)
 
     def _settled_evictions(self, snapshot: Snapshot, reschedule_timeout: int) -> DisruptionHistory:
+        if not self.evictions:  # nothing watched: no pod to look at
+            return self
         timeout = timedelta(seconds=reschedule_timeout)
         waiting = _unplaced(snapshot)
         kept: list[EvictionRecord] = []

@@ -12,6 +12,7 @@ node at a time: choosing among nodes is `placement`'s.
 
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 from rebalancer.gpu_devices import has_devices
@@ -106,14 +107,31 @@ class Holding(NamedTuple):
 
 
 # The pod fields the static rules (unschedulable, taints, node selector, affinity) read, plus the
-# resources it needs at all: pods with equal keys have the same statically feasible nodes.
-StaticKey = tuple[
+# resources it needs at all: pods with equal fields have the same statically feasible nodes.
+StaticFields = tuple[
     tuple[Toleration, ...],
     tuple[tuple[str, str], ...],
     tuple[NodeSelectorTerm, ...],
     tuple[str, ...],
     int,
 ]
+
+
+class StaticKey:
+    """A kind of pod for the static rules: one object per distinct `StaticFields`, shared by every pod
+    with those fields for as long as any of them (or a cache keyed on it) lives, so that the caches keyed
+    on it hash and compare an identity instead of the fields (affinity terms hash field by field)."""
+
+    __slots__ = ("__weakref__", "fields")
+
+    def __init__(self, fields: StaticFields) -> None:
+        self.fields = fields
+
+    def __repr__(self) -> str:
+        return f"StaticKey({self.fields!r})"
+
+
+_KINDS: weakref.WeakValueDictionary[StaticFields, StaticKey] = weakref.WeakValueDictionary()
 
 
 def static_key(pod: Pod, demand: Demand) -> StaticKey:
@@ -123,7 +141,11 @@ def static_key(pod: Pod, demand: Demand) -> StaticKey:
         return kept[1]
     selector = tuple(sorted(pod.node_selector.items())) if pod.node_selector else ()
     resources = tuple(name for name, _ in demand.requests)
-    key = (pod.tolerations, selector, pod.required_affinity, resources, demand.gpu_count)
+    fields = (pod.tolerations, selector, pod.required_affinity, resources, demand.gpu_count)
+    key = _KINDS.get(fields)
+    if key is None:
+        key = StaticKey(fields)
+        _KINDS[fields] = key
     _STATIC_KEYS.put(pod, (demand, key))
     return key
 

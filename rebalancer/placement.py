@@ -34,13 +34,14 @@ constraints and requests), shared by every copy; a call re-examines only the nod
 (a pod with preferred node affinity is scored on every feasible node: NodeAffinity is normalised over
 them). The accounting of a snapshot starts from the one built before it: a node whose Node and pods
 are the very objects it was built from (a watch cache and the trace replay hand the same objects for
-what did not change) keeps its state, and the candidate nodes and rankings of each kind of pod are the
-previous ones with only the changed nodes judged again. A ClusterState is not safe to use from several
-threads at once.
+what did not change) keeps its state, and the candidate nodes and ranking of each kind of pod are
+those of the latest of the last builds that made them, with only the nodes changed since judged again.
+A ClusterState is not safe to use from several threads at once.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -97,22 +98,64 @@ FITS = FitResult(ok=True)
 # --------------------------------------------------------------------------- the cluster
 
 
+# How many builds back a kind of pod's candidate nodes or ranking are carried over from.
+_CARRIED_BUILDS = 16
+
+
+class _Carried:
+    """The candidate nodes and rankings of the successive builds of `_LastBuilt`, each kept with the
+    number (epoch) of the build it was made for, and what each of the last `_CARRIED_BUILDS` builds
+    changed: a build derives a kind of pod's candidates or ranking from the latest one made for an earlier
+    build, judging again only the nodes changed since. Entries no recent build can use are dropped."""
+
+    __slots__ = ("candidates", "changes", "rankings")
+
+    def __init__(self) -> None:
+        # Per build: the nodes whose state was rebuilt (or are gone) since the build before, and those
+        # whose Node object changed (or are gone), a subset.
+        self.changes: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
+        self.candidates: dict[StaticKey, tuple[int, frozenset[str]]] = {}
+        self.rankings: dict[RankingKey, tuple[int, tuple[Rank, ...]]] = {}
+
+    def since(self, epoch: int, now: int, *, node_objects: bool) -> set[str] | None:
+        """The nodes rebuilt (or, with `node_objects`, whose Node object changed) by the builds after
+        `epoch` up to `now`; None when that is more than is remembered."""
+        if now - epoch > _CARRIED_BUILDS:
+            return None
+        changed: set[str] = set()
+        for number in range(epoch + 1, now + 1):
+            found = self.changes.get(number)
+            if found is None:
+                return None
+            changed |= found[1] if node_objects else found[0]
+        return changed
+
+    def record(self, epoch: int, rebuilt: frozenset[str], changed_nodes: frozenset[str]) -> None:
+        self.changes[epoch] = (rebuilt, changed_nodes)
+        self.changes.pop(epoch - _CARRIED_BUILDS - 1, None)
+        if epoch % _CARRIED_BUILDS == 0:  # now and then, what no build can derive from any more goes
+            oldest = epoch - _CARRIED_BUILDS
+            self.candidates = {k: v for k, v in self.candidates.items() if v[0] >= oldest}
+            self.rankings = {k: v for k, v in self.rankings.items() if v[0] >= oldest}
+
+
 class _Built:
     """What every copy of one ClusterState shares: the nodes as built and what is derived from them.
 
     The node states here are never written: a ClusterState clones a node before its first change. A
-    build made after another (`previous`) takes over the node states of every node whose Node and pods
-    are the same objects as then, and derives its candidates and rankings from the previous ones,
-    re-examining only the nodes that changed.
+    build made after another takes over the node states of every node whose Node and pods are the same
+    objects as then (`rebuilt`: the others, and the names gone); one of `_LastBuilt`'s builds (numbered
+    `epoch`) derives its candidates and rankings from those of earlier builds (`carried`).
     """
 
     __slots__ = (
+        "carried",
         "changed_nodes",
+        "epoch",
         "home",
         "keys",
         "nodes",
         "pods",
-        "previous",
         "rankings",
         "rebuilt",
         "static_candidates",
@@ -125,7 +168,6 @@ class _Built:
         pods: Mapping[str, tuple[Pod, ...]],
         keys: Mapping[str, tuple[PodKey, ...]],
         *,
-        previous: _Built | None = None,
         rebuilt: frozenset[str] = frozenset(),
         changed_nodes: frozenset[str] = frozenset(),
     ) -> None:
@@ -133,11 +175,12 @@ class _Built:
         self.home = home  # the node each pod was accounted on when built
         self.pods = pods  # the pods each node state was built from
         self.keys = keys  # their keys, in the order they were accounted
-        # The build before, and since it: the nodes (or names gone) whose state was rebuilt, and those
-        # whose Node object changed (a subset). None: no build to derive from.
-        self.previous = previous
+        # Since the build it was made from: the nodes (or names gone) whose state was rebuilt, and those
+        # whose Node object changed (a subset).
         self.rebuilt = rebuilt
         self.changed_nodes = changed_nodes
+        self.carried: _Carried | None = None  # set by `_LastBuilt`, with the build's number
+        self.epoch = 0
         # Nodes whose labels, taints and allocatable admit a kind of pod (cordons aside).
         self.static_candidates: dict[StaticKey, frozenset[str]] = {}
         # The rank of every node a kind of pod fits on as built, best first.
@@ -203,38 +246,43 @@ def _build(snapshot: Snapshot, previous: _Built | None = None) -> _Built:
         home.update(dict.fromkeys(keys[name], name))
         rebuilt.add(name)
     if previous is None:
-        return _Built(nodes, home, sources, keys)
+        return _Built(nodes, home, sources, keys, rebuilt=frozenset(nodes), changed_nodes=frozenset(nodes))
     gone = previous.nodes.keys() - nodes.keys()
-    # The previous build's own predecessor is of no use any more: let it go.
-    previous.previous = None
     return _Built(
         nodes,
         home,
         sources,
         keys,
-        previous=previous,
         rebuilt=frozenset(rebuilt | gone),
         changed_nodes=frozenset(changed_nodes | gone),
     )
 
 
 class _LastBuilt:
-    """The `_Built` of the snapshot that states were last built from, held only as long as it lives, and
-    the last build of all, which the next one starts from."""
+    """The `_Built` of the snapshot that states were last built from, held only as long as it lives; the
+    last build of all, which the next one starts from; and what the builds carry over (`_Carried`)."""
 
-    __slots__ = ("_entry", "_last")
+    __slots__ = ("_carried", "_entry", "_last", "_lock")
 
     def __init__(self) -> None:
         self._entry: tuple[weakref.ref[Snapshot], _Built] | None = None
         self._last: _Built | None = None
+        self._carried = _Carried()
+        self._lock = threading.Lock()
 
     def get(self, snapshot: Snapshot) -> _Built:
         entry = self._entry
         if entry is not None and entry[0]() is snapshot:
             return entry[1]
-        built = _build(snapshot, self._last)
-        self._entry = (weakref.ref(snapshot, self._forget), built)
-        self._last = built
+        with self._lock:
+            last = self._last
+            built = _build(snapshot, last)
+            built.epoch = last.epoch + 1 if last is not None else 0
+            if last is not None:
+                self._carried.record(built.epoch, built.rebuilt, built.changed_nodes)
+            built.carried = self._carried
+            self._entry = (weakref.ref(snapshot, self._forget), built)
+            self._last = built
         return built
 
     def _forget(self, ref: weakref.ref[Snapshot]) -> None:
@@ -397,50 +445,59 @@ class ClusterState:
 
     def _static_candidates(self, key: StaticKey, pod: Pod, demand: Demand) -> frozenset[str]:
         """Nodes whose labels, taints and allocatable admit the pod, whatever is free (cached, and
-        derived from the previous build's when there is one: only nodes whose Node object changed are
-        judged again)."""
+        derived from an earlier build's when there is one: only nodes whose Node object changed since
+        are judged again)."""
         built = self._built
         candidates = built.static_candidates.get(key)
-        if candidates is None:
-            nodes = built.nodes
-            before = built.previous.static_candidates.get(key) if built.previous is not None else None
-            if before is not None:
-                judged: Iterable[str] = built.changed_nodes
-                kept = before - built.changed_nodes
-            else:
-                judged, kept = nodes, frozenset()
-            candidates = kept | {
-                name
-                for name in judged
-                if (state := nodes.get(name)) is not None
-                and could_ever_hold(demand, state)
-                and static_misfit(pod, state.node) is None
-            }
-            built.static_candidates[key] = candidates
+        if candidates is not None:
+            return candidates
+        nodes = built.nodes
+        judged: Iterable[str] = nodes
+        kept: frozenset[str] = frozenset()
+        carried = built.carried
+        before = carried.candidates.get(key) if carried is not None else None
+        if carried is not None and before is not None and before[0] <= built.epoch:
+            changed = carried.since(before[0], built.epoch, node_objects=True)
+            if changed is not None:
+                judged, kept = changed, before[1] - changed
+        candidates = kept | {
+            name
+            for name in judged
+            if (state := nodes.get(name)) is not None
+            and could_ever_hold(demand, state)
+            and static_misfit(pod, state.node) is None
+        }
+        built.static_candidates[key] = candidates
+        if carried is not None and (before is None or before[0] < built.epoch):
+            carried.candidates[key] = (built.epoch, candidates)
         return candidates
 
     def _ranking(
         self, kind: StaticKey, candidates: frozenset[str], pod: Pod, demand: Demand
     ) -> tuple[Rank, ...]:
         """The rank of every node the pod fits on as built, best first (cached per kind of pod, and
-        derived from the previous build's when there is one: only rebuilt nodes are ranked again)."""
+        derived from an earlier build's when there is one: only nodes rebuilt since are ranked again)."""
         key = (kind, demand)
         built = self._built
         ranking = built.rankings.get(key)
-        if ranking is None:
-            nodes = built.nodes
-            before = built.previous.rankings.get(key) if built.previous is not None else None
-            if before is not None:
-                rebuilt = built.rebuilt
-                ranked: Iterable[str] = (name for name in rebuilt if name in candidates)
-                ranks = [rank for rank in before if rank[1] not in rebuilt]
-            else:
-                ranked, ranks = candidates, []
-            ranks.extend(
-                rank for name in ranked if (rank := node_rank(demand, name, nodes[name])) is not None
-            )
-            ranking = tuple(sorted(ranks))
-            built.rankings[key] = ranking
+        if ranking is not None:
+            return ranking
+        nodes = built.nodes
+        ranked: Iterable[str] = candidates
+        ranks: list[Rank] = []
+        carried = built.carried
+        before = carried.rankings.get(key) if carried is not None else None
+        if carried is not None and before is not None and before[0] <= built.epoch:
+            rebuilt = carried.since(before[0], built.epoch, node_objects=False)
+            if rebuilt is not None:
+                ranked = (name for name in rebuilt if name in candidates)
+                ranks = [rank for rank in before[1] if rank[1] not in rebuilt]
+        fresh = (node_rank(demand, name, nodes[name]) for name in ranked)
+        ranks.extend(rank for rank in fresh if rank is not None)
+        ranking = tuple(sorted(ranks))
+        built.rankings[key] = ranking
+        if carried is not None and (before is None or before[0] < built.epoch):
+            carried.rankings[key] = (built.epoch, ranking)
         return ranking
 
     def _misfit(self, demand: Demand, pod: Pod, name: str, state: NodeState) -> str | None:

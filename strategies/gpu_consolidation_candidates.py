@@ -19,7 +19,7 @@ clients. It must not simulate placements (the entry module does) nor apply PDBs,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from rebalancer.guards import node_refusal
@@ -91,8 +91,10 @@ class _NodeFacts:
     moving: tuple[Pod, ...]  # the movable pods by key, one per key
     in_gangs: bool  # some movable pod belongs to a gang: its members elsewhere move too
     # The last verdict on a node old enough, judged without telemetry or gangs, with the arguments and
-    # the node's price it was judged with (at most one).
-    judged: list[tuple[GpuConsolidationArgs, float, Candidate | NotChosen]] = field(default_factory=list)
+    # the node's price it was judged with and the instant the node became old enough (at most one).
+    judged: list[tuple[GpuConsolidationArgs, float, datetime, Candidate | NotChosen]] = field(
+        default_factory=list
+    )
 
 
 def _record(node: Node) -> NotChosen | None:
@@ -149,6 +151,16 @@ def node_candidate(
         return None
     if facts.record is not None:
         return facts.record
+    telemetry = window is not None and args.max_utilization_percent is not None
+    judged = facts.judged
+    if judged and not telemetry:
+        kept_args, kept_price, old_from, verdict = judged[0]
+        if (
+            kept_args is args
+            and snapshot.now >= old_from
+            and kept_price == (ctx.price_per_gpu_hour(node.gpu_model) or 0.0)
+        ):
+            return verdict
     name = node.name
     created = node.created
     if created is None:  # `record` said so already; kept for the type checker
@@ -160,15 +172,13 @@ def node_candidate(
             "too-young",
             f"not a candidate: the node is {age} old < min_node_age {format_duration(args.min_node_age)}",
         )
-    telemetry = window is not None and args.max_utilization_percent is not None
-    if telemetry or facts.in_gangs:
-        return _judged(node, facts, snapshot, args, ctx, window=window, findings=findings)
-    price = ctx.price_per_gpu_hour(node.gpu_model) or 0.0
-    judged = facts.judged
-    if judged and judged[0][0] is args and judged[0][1] == price:
-        return judged[0][2]
     verdict = _judged(node, facts, snapshot, args, ctx, window=window, findings=findings)
-    judged[:] = [(args, price, verdict)]
+    if not telemetry and not facts.in_gangs:
+        try:
+            old_from = created + timedelta(seconds=args.min_node_age)
+        except OverflowError:
+            return verdict
+        judged[:] = [(args, ctx.price_per_gpu_hour(node.gpu_model) or 0.0, old_from, verdict)]
     return verdict
 
 

@@ -63,10 +63,11 @@ _EPSILON = 1e-9
 
 class Sizes:
     """GPUs per node (GPU-equivalents, as candidates count them), and which pods could ever run on a
-    node larger than a given size. Depends on the snapshot's nodes alone: `sizes_of` hands the same
-    Sizes to the next snapshot when its nodes are the same objects, and what it found of a pod is kept
-    per pod object for as long as that Sizes is the one handed out. A Sizes made after another one
-    (`previous`) takes over what it found, judging again only what the changed nodes could change."""
+    node larger than a given size, answered per kind of constraints (pods with equal required affinity,
+    nodeSelector and tolerations get the same answer). Depends on the snapshot's nodes alone:
+    `sizes_of` hands the same Sizes to the next snapshot when its nodes are the same objects, and a
+    Sizes made after another one (`previous`) takes over what it found, judging again only what the
+    new and changed nodes could change."""
 
     def __init__(self, nodes: Mapping[str, Node], previous: Sizes | None = None) -> None:
         self._nodes = nodes
@@ -135,17 +136,16 @@ class Sizes:
     def could_go_larger(self, pod: Pod, size: float) -> bool:
         """Whether a schedulable node with more GPUs than `size` admits the pod by its labels, affinity
         and taints (what is free aside). A necessary condition for a placement there, nothing more."""
-        kept = _LARGER.get(pod)
-        if kept is not MISSING and kept[0] == self._generation and kept[1] == size:
-            return kept[2]
-        key = (_CLASS(pod), size)
+        return self._could_go_larger(_CLASS(pod), pod, size)
+
+    def _could_go_larger(self, kind: _Constraints, pod: Pod, size: float) -> bool:
+        """`could_go_larger` for a pod of that kind (every pod of a kind gets the same answer)."""
+        key = (kind, size)
         witness = self._larger.get(key, MISSING)
         if witness is MISSING:
             witness = self._witness(pod, key, size)
             self._larger[key] = witness
-        known = witness is not None
-        _LARGER.put(pod, (self._generation, size, known))
-        return known
+        return witness is not None
 
     def _witness(self, pod: Pod, key: tuple[_Constraints, float], size: float) -> str | None:
         """A node that admits pods of the kind of `pod`: the previous Sizes' when that node did not
@@ -195,10 +195,20 @@ def _constraints_of(pod: Pod) -> _Constraints:
 
 
 _GENERATIONS = count()
-# Per pod object: the generation of the Sizes that answered `could_go_larger`, the size, the answer.
-_LARGER: ObjectMemo[Pod, tuple[int, float, bool]] = ObjectMemo()
 # Per pod object: its kind of constraints.
 _CLASS: ObjectMemo[Pod, _Constraints] = ObjectMemo(_constraints_of)
+
+
+def _kinds(candidate: Candidate) -> tuple[tuple[_Constraints, Pod], ...]:
+    """One pod of each kind of constraints among the candidate's pods, in their order."""
+    first: dict[_Constraints, Pod] = {}
+    for pod in candidate.pods:
+        first.setdefault(_CLASS(pod), pod)
+    return tuple(first.items())
+
+
+# Per Candidate object: one pod of each kind among its pods.
+_KINDS_OF: ObjectMemo[Candidate, tuple[tuple[_Constraints, Pod], ...]] = ObjectMemo(_kinds)
 
 
 class _LastSizes:
@@ -256,7 +266,8 @@ _UPWARD: ObjectMemo[Candidate, tuple[int, GpuConsolidationArgs, bool]] = ObjectM
 
 def _may_drain_upward(candidate: Candidate, sizes: Sizes, args: GpuConsolidationArgs) -> bool:
     if args.peer_pods_to_make_room > 0:  # room may be made: any pod that could go larger will do
-        return any(sizes.could_go_larger(pod, candidate.capacity) for pod in candidate.pods)
+        size = candidate.capacity
+        return any(sizes._could_go_larger(kind, pod, size) for kind, pod in _KINDS_OF(candidate))
     free = candidate.capacity - candidate.allocated
     stuck = 0.0
     lifts = False

@@ -2,11 +2,12 @@
 
 `ClusterState.from_snapshot` takes over the node states of nodes whose Node and pods are the very
 objects of the previous build, and derives the candidate nodes and rankings of each kind of pod from
-the previous build's, re-examining only what changed. Over random sequences of snapshots, in which
-each step keeps most objects and replaces, adds or removes some pods and nodes (taints, cordons,
-relabels), and the states of each step are written to (placements, removals, cordons) before the
-next, the accounting, the candidates, the rankings and the packed scheduler's choices must be those
-of a build from scratch (`placement._build` without a previous build).
+those of the latest earlier build that made them, re-examining only what changed since. Over random
+sequences of snapshots, in which each step keeps most objects and replaces, adds or removes some pods
+and nodes (taints, cordons, relabels), some kinds of pod are asked about in some steps only, and the
+states of each step are written to (placements, removals, cordons) before the next, the accounting,
+the candidates, the rankings and the packed scheduler's choices must be those of a build from scratch
+(`placement._build` without a previous build).
 """
 
 from __future__ import annotations
@@ -181,7 +182,9 @@ def test_the_accounting_built_from_the_last_one_equals_one_built_from_scratch(
         state = ClusterState.from_snapshot(snap)
         scratch = _scratch(snap)
         assert _accounting(state._built) == _accounting(scratch._built)
-        for probe in PROBES:
+        # Some kinds of pod are not asked about in every step: theirs are carried over several builds.
+        asked = data.draw(st.lists(st.sampled_from(PROBES), unique_by=lambda p: p.name, min_size=1))
+        for probe in asked:
             assert state.best_nodes(probe) == scratch.best_nodes(probe), probe.name
             assert state.best_node(probe, exclude={"n0"}) == scratch.best_node(probe, exclude={"n0"})
         built, fresh = state._built, scratch._built

@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Literal, Protocol
 
 from rebalancer import rfc3339
@@ -44,7 +45,6 @@ from rebalancer.model import (
     Mode,
     NotChosen,
     Outcome,
-    Pod,
     Proposal,
     SkippedStrategy,
     Snapshot,
@@ -52,7 +52,7 @@ from rebalancer.model import (
 )
 from rebalancer.planner import plan
 from rebalancer.policy import LoadedPolicy, Policy
-from rebalancer.registry import Refusal, StrategyContext, get_strategy
+from rebalancer.registry import StrategyContext, get_strategy
 from rebalancer.wording import plural
 from rebalancer.workloads import RESULTS, notice
 
@@ -96,14 +96,9 @@ class Evaluation:
 
 
 def strategy_context(snapshot: Snapshot, loaded: LoadedPolicy) -> StrategyContext:
-    guards = loaded.policy.guards
-
-    def refusal(pod: Pod) -> Refusal | None:
-        return pod_refusal(pod, snapshot, guards)
-
     prices = loaded.policy.prices
     return StrategyContext(
-        refusal=refusal,
+        refusal=partial(pod_refusal, snapshot=snapshot, cfg=loaded.policy.guards),
         gpu_prices=prices.per_gpu_hour,
         default_gpu_price=prices.default_per_gpu_hour,
     )

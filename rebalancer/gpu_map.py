@@ -121,8 +121,8 @@ def _node_gpus(node: Node, pods: Sequence[Pod], rows: Sequence[GpuTelemetry], fl
         gpu_model=node.gpu_model,
         zone=node.labels.get(ZONE_LABEL),
         gpus=tuple(
-            _free_cell(index)
-            if uuid is None and not holders and util is None and fb is None
+            _bare_cell(index, _state(holders, uuid, util, flags), tuple(holders))
+            if uuid is None and util is None and fb is None
             else GpuCell(
                 index=index,
                 state=_state(holders, uuid, util, flags),
@@ -136,10 +136,11 @@ def _node_gpus(node: Node, pods: Sequence[Pod], rows: Sequence[GpuTelemetry], fl
     )
 
 
-@functools.lru_cache(maxsize=256)
-def _free_cell(index: str) -> GpuCell:
-    """A GPU no pod holds and no telemetry names (one object per index: cells are immutable)."""
-    return GpuCell(index=index, state="free")
+@functools.lru_cache(maxsize=4096)
+def _bare_cell(index: str, state: GpuState, pods: tuple[str, ...]) -> GpuCell:
+    """A GPU no telemetry names (cells are immutable: one object for equal ones, as a node's cells mostly
+    stay the same when one of its pods changes)."""
+    return GpuCell(index=index, state=state, pods=pods)
 
 
 # A node no telemetry row names, while no finding calls a pod idle, is drawn from its Node and pods

@@ -321,6 +321,7 @@ def _verdict(pod: Pod, cfg: GuardsConfig) -> tuple[GuardsConfig, Refusal | None,
 
 
 _VERDICTS: ObjectMemo[Pod, tuple[GuardsConfig, Refusal | None, datetime | None]] = ObjectMemo()
+_VERDICTS_BY_ID = _VERDICTS.by_id
 
 
 def pod_refusal(pod: Pod, snapshot: Snapshot, cfg: GuardsConfig) -> Refusal | None:
@@ -328,7 +329,7 @@ def pod_refusal(pod: Pod, snapshot: Snapshot, cfg: GuardsConfig) -> Refusal | No
 
     What the guards reading only the pod and `cfg` say is worked out once per pod object and `cfg`
     (`rebalancer.memo`): a pod is judged in every cycle, by strategies and planner alike."""
-    verdict = _VERDICTS.get(pod)
+    verdict: tuple[GuardsConfig, Refusal | None, datetime | None] = _VERDICTS_BY_ID.get(id(pod), MISSING)
     if verdict is MISSING or verdict[0] is not cfg:
         verdict = _verdict(pod, cfg)
         _VERDICTS.put(pod, verdict)

@@ -171,7 +171,7 @@ def static_misfit(pod: Pod, node: Node) -> str | None:
 class NodeState:
     """Free capacity of one node. Shared between ClusterState copies until one of them writes."""
 
-    __slots__ = ("devices", "free", "holdings", "node", "score_cpu", "score_memory")
+    __slots__ = ("devices", "free", "holdings", "node", "ranks", "score_cpu", "score_memory")
 
     def __init__(
         self, node: Node, free: dict[str, int], devices: list[int], holdings: dict[PodKey, Holding]
@@ -183,6 +183,8 @@ class NodeState:
         # cpu and memory of the accounted pods as the score counts them (non-zero defaults included).
         self.score_cpu = 0
         self.score_memory = 0
+        # `node_rank` per demand since the last change (None: none kept).
+        self.ranks: dict[tuple[Demand, str], Rank | None] | None = None
 
     def clone(self) -> NodeState:
         twin = NodeState(self.node, dict(self.free), list(self.devices), dict(self.holdings))
@@ -200,6 +202,7 @@ class NodeState:
 
     def _count(self, demand: Demand, devices: tuple[int, ...], sign: int) -> None:
         """Give back (sign 1) or take (sign -1) what a pod holds."""
+        self.ranks = None
         free = self.free
         for name, amount in demand.requests:
             free[name] = free.get(name, 0) + sign * amount
@@ -312,7 +315,21 @@ RankingKey = tuple[StaticKey, Demand]
 
 
 def node_rank(demand: Demand, name: str, state: NodeState) -> Rank | None:
-    """The node's rank for a pod that its static rules admit, or None when what is free is too little."""
-    if not has_room(demand, state):
-        return None
-    return (-node_score(demand, state), name)
+    """The node's rank for a pod that its static rules admit, or None when what is free is too little.
+    Kept on the node state until it changes (at most `_RANKS_KEPT` demands): a state is ranked for the
+    same demand again and again while pods are placed elsewhere, and states as built are shared by
+    every copy and the builds after them."""
+    ranks = state.ranks
+    key = (demand, name)
+    if ranks is None:
+        ranks = state.ranks = {}
+    elif key in ranks:
+        return ranks[key]
+    elif len(ranks) >= _RANKS_KEPT:
+        ranks.clear()
+    rank = (-node_score(demand, state), name) if has_room(demand, state) else None
+    ranks[key] = rank
+    return rank
+
+
+_RANKS_KEPT = 64

@@ -155,6 +155,7 @@ class _Built:
         "home",
         "keys",
         "nodes",
+        "plain",
         "pods",
         "rankings",
         "rebuilt",
@@ -167,6 +168,7 @@ class _Built:
         home: Mapping[PodKey, str],
         pods: Mapping[str, tuple[Pod, ...]],
         keys: Mapping[str, tuple[PodKey, ...]],
+        plain: Collection[str] = frozenset(),
         *,
         rebuilt: frozenset[str] = frozenset(),
         changed_nodes: frozenset[str] = frozenset(),
@@ -175,6 +177,7 @@ class _Built:
         self.home = home  # the node each pod was accounted on when built
         self.pods = pods  # the pods each node state was built from
         self.keys = keys  # their keys, in the order they were accounted
+        self.plain = plain  # the nodes whose state is plain (`_node_state`)
         # Since the build it was made from: the nodes (or names gone) whose state was rebuilt, and those
         # whose Node object changed (a subset).
         self.rebuilt = rebuilt
@@ -187,9 +190,10 @@ class _Built:
         self.rankings: dict[RankingKey, tuple[Rank, ...]] = {}
 
 
-def _node_state(node: Node, pods: Sequence[Pod]) -> tuple[NodeState, tuple[PodKey, ...]]:
-    """The node with every active pod on it accounted, as the snapshot shows them, and the pods' keys in
-    the order they were accounted."""
+def _node_state(node: Node, pods: Sequence[Pod]) -> tuple[NodeState, tuple[PodKey, ...], bool]:
+    """The node with every active pod on it accounted, as the snapshot shows them, the pods' keys in
+    the order they were accounted, and whether the state is plain: every GPU pod on the devices its
+    annotation names (none inferred), every pod's key its own, every resource one the node declares."""
     state = NodeState(node, dict(node.allocatable), [MILLI_PER_GPU] * gpu_device_count(node), {})
     keys: list[PodKey] = []
     gpu_pods: list[tuple[Demand, Pod]] = []
@@ -216,43 +220,99 @@ def _node_state(node: Node, pods: Sequence[Pod]) -> tuple[NodeState, tuple[PodKe
         devices = devices_for_existing(state.devices, demand.gpu_count, demand.gpu_milli)
         state.take(key, Holding(demand, devices))
         keys.append(key)
-    return state, tuple(keys)
+    plain = not inferred and len(state.holdings) == len(keys) and len(state.free) == len(node.allocatable)
+    return state, tuple(keys), plain
+
+
+def _moved_on(
+    before: NodeState, before_pods: Sequence[Pod], before_keys: tuple[PodKey, ...], pods: Sequence[Pod]
+) -> tuple[NodeState, tuple[PodKey, ...]] | None:
+    """The state `_node_state` builds for a node whose plain state `before` was built from
+    `before_pods`, when `pods` are those pods, some gone, then GPU pods added after them on the devices
+    their annotations name: `before` with the gone pods given back and the new ones taken, in the order
+    a build takes them. None when the pods are not such, or the state would not stay plain."""
+    kept = 0
+    gone: list[Pod] = []
+    for pod in before_pods:
+        if kept < len(pods) and pods[kept] is pod:
+            kept += 1
+        else:
+            gone.append(pod)
+    declared = before.node.allocatable
+    state = before.clone()
+    left = set(before_keys)
+    for pod in gone:
+        key = (pod.namespace, pod.name)
+        if key not in left or any(name not in declared for name, _ in demand_of(pod).requests):
+            return None
+        left.discard(key)
+        state.give_back(key)
+    added: list[PodKey] = []
+    for pod in pods[kept:]:
+        demand = demand_of(pod)
+        key = (pod.namespace, pod.name)
+        if not demand.gpu_count or key in state.holdings:
+            return None
+        if any(name not in declared for name, _ in demand.requests):
+            return None
+        devices = assigned_devices(pod, demand, len(state.devices))
+        if devices is None:
+            return None
+        state.take(key, Holding(demand, devices))
+        added.append(key)
+    return state, (*(key for key in before_keys if key in left), *added)
 
 
 def _build(snapshot: Snapshot, previous: _Built | None = None) -> _Built:
     """Every active pod accounted against its node, as the snapshot shows them. With `previous`, the
     state of a node whose Node and pods are the very objects it was built from is taken over (node
-    states are never written, and a pure function of those objects)."""
+    states are never written, and a pure function of those objects), and that of a node whose pods
+    only lost some and gained GPU pods after them is moved on from it when it is plain (`_moved_on`)."""
     nodes: dict[str, NodeState] = {}
     home: dict[PodKey, str] = {}
     sources: dict[str, tuple[Pod, ...]] = {}
     keys: dict[str, tuple[PodKey, ...]] = {}
+    plain: set[str] = set()
     rebuilt: set[str] = set()
     changed_nodes: set[str] = set()
     pods_by_node = snapshot.pods_by_node
     for name, node in snapshot.nodes.items():
         pods = pods_by_node.get(name, ())
         old = previous.nodes.get(name) if previous is not None else None
+        moved = None
         if old is not None and old.node is node and previous is not None:
             old_pods = previous.pods[name]
             if same_objects(old_pods, pods):
                 nodes[name], sources[name], keys[name] = old, old_pods, previous.keys[name]
                 home.update(dict.fromkeys(keys[name], name))
+                if name in previous.plain:
+                    plain.add(name)
                 continue
+            if name in previous.plain:
+                moved = _moved_on(old, old_pods, previous.keys[name], pods)
         elif previous is not None:
             changed_nodes.add(name)
-        nodes[name], keys[name] = _node_state(node, pods)
+        if moved is not None:
+            nodes[name], keys[name] = moved
+            plain.add(name)
+        else:
+            nodes[name], keys[name], is_plain = _node_state(node, pods)
+            if is_plain:
+                plain.add(name)
         sources[name] = pods
         home.update(dict.fromkeys(keys[name], name))
         rebuilt.add(name)
     if previous is None:
-        return _Built(nodes, home, sources, keys, rebuilt=frozenset(nodes), changed_nodes=frozenset(nodes))
+        return _Built(
+            nodes, home, sources, keys, plain, rebuilt=frozenset(nodes), changed_nodes=frozenset(nodes)
+        )
     gone = previous.nodes.keys() - nodes.keys()
     return _Built(
         nodes,
         home,
         sources,
         keys,
+        plain,
         rebuilt=frozenset(rebuilt | gone),
         changed_nodes=frozenset(changed_nodes | gone),
     )

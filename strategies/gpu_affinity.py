@@ -25,8 +25,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from itertools import chain
 
-from rebalancer.memo import MISSING, ObjectMemo
+from rebalancer.memo import MISSING, NodeMemo, ObjectMemo, same_objects
 from rebalancer.model import (
     DestinationRule,
     Finding,
@@ -296,6 +297,52 @@ def _first_look(pod: Pod, node: Node, preferred: bool) -> NotChosen | str | None
 _FIRST_LOOK: ObjectMemo[Pod, tuple[Node, bool, NotChosen | str | None]] = ObjectMemo()
 
 
+class _NodeLooks:
+    """The first looks at the pods of one node (not terminating), in order: when none violates, the
+    records of the pods left alone and the pods the later passes judge, per `preferred` (cached)."""
+
+    __slots__ = ("_found", "node", "pods")
+
+    def __init__(self, node: Node, pods: tuple[Pod, ...]) -> None:
+        self.node = node
+        self.pods = tuple(pod for pod in pods if not pod.terminating)
+        self._found: dict[bool, tuple[tuple[NotChosen, ...], tuple[tuple[Pod, Node], ...]] | None] = {}
+
+    def without_violations(
+        self, preferred: bool
+    ) -> tuple[tuple[NotChosen, ...], tuple[tuple[Pod, Node], ...]] | None:
+        """The records and the pods left to later passes; None when some pod violates its rules."""
+        if preferred in self._found:
+            return self._found[preferred]
+        left: list[NotChosen] = []
+        rest: list[tuple[Pod, Node]] = []
+        found: tuple[tuple[NotChosen, ...], tuple[tuple[Pod, Node], ...]] | None = None
+        for pod in self.pods:
+            look = _first_look(pod, self.node, preferred)
+            if look is None:
+                rest.append((pod, self.node))
+            elif isinstance(look, NotChosen):
+                left.append(look)
+            else:
+                break
+        else:
+            found = (tuple(left), tuple(rest))
+        self._found[preferred] = found
+        return found
+
+
+# Kept from one snapshot to the next while the node and its pods are the same objects.
+_NODE_LOOKS: NodeMemo[_NodeLooks] = NodeMemo(_NodeLooks)
+
+
+def _grouped_by_node(snapshot: Snapshot) -> bool:
+    """Whether the snapshot's pods are those of its nodes, node by node in the nodes' order, all active:
+    then looking at them node by node looks at them in their order."""
+    by_node = snapshot.pods_by_node
+    in_node_order = tuple(chain.from_iterable(by_node.get(name, ()) for name in snapshot.nodes))
+    return same_objects(in_node_order, snapshot.pods)
+
+
 def _required(
     snapshot: Snapshot, args: GpuAffinityArgs, state: ClusterState, out: _Outcome
 ) -> list[tuple[Pod, Node]]:
@@ -305,19 +352,33 @@ def _required(
     preferred terms."""
     violations: list[_Violation] = []
     rest: list[tuple[Pod, Node]] = []
-    for pod, node in _placed(snapshot):
+
+    def look(pod: Pod, node: Node) -> None:
         found = _first_look(pod, node, args.preferred)
         if found is None:
             rest.append((pod, node))
-            continue
-        if isinstance(found, NotChosen):
+        elif isinstance(found, NotChosen):
             out.left.append(found)
-            continue
-        violation = _Violation(pod=pod, node=node, what=found)
-        if _old_enough(pod, snapshot, args):
-            violations.append(violation)
         else:
-            out.leave(pod, "too-young", f"{_violation_text(violation)}; {_too_young(args)}")
+            violation = _Violation(pod=pod, node=node, what=found)
+            if _old_enough(pod, snapshot, args):
+                violations.append(violation)
+            else:
+                out.leave(pod, "too-young", f"{_violation_text(violation)}; {_too_young(args)}")
+
+    if _grouped_by_node(snapshot):  # node by node: what a node's first looks found is kept with it
+        for name in snapshot.nodes:
+            looks = _NODE_LOOKS(snapshot, name)
+            found = looks.without_violations(args.preferred)
+            if found is None:
+                for pod in looks.pods:
+                    look(pod, looks.node)
+            else:
+                out.left.extend(found[0])
+                rest.extend(found[1])
+    else:
+        for pod, node in _placed(snapshot):
+            look(pod, node)
     by_gang: dict[str, list[_Violation]] = {}
     for v in violations:
         if v.pod.gang is not None:

@@ -247,6 +247,10 @@ class Run:
     sizes: Sizes
     moved: set[PodKey] = field(default_factory=set)  # pods already in a proposal of this run
     done: set[str] = field(default_factory=set)  # nodes freed in this run
+    # Per (GPU model, size): `_peers`.
+    peers: dict[tuple[str | None, float], tuple[tuple[str, tuple[Pod, ...]], ...]] = field(
+        default_factory=dict
+    )
 
 
 def may_drain_upward(candidate: Candidate, sizes: Sizes, args: GpuConsolidationArgs) -> bool:
@@ -360,30 +364,46 @@ def destination_rules(
     return rules
 
 
+def _peers(run: Run, model: str | None, size: float) -> tuple[tuple[str, tuple[Pod, ...]], ...]:
+    """The schedulable nodes of the GPU model and size, in snapshot order, each with its pods that could
+    ever make room: placed by a packed scheduler, no DaemonSet or static pod, in no gang, holding GPUs
+    (the same for every candidate of the run: cached)."""
+    found = run.peers.get((model, size))
+    if found is None:
+        packed = set(run.args.packed_schedulers)
+        found = tuple(
+            (
+                name,
+                tuple(
+                    pod
+                    for pod in run.snapshot.pods_on(name)
+                    if not pod.is_daemonset
+                    and not pod.is_mirror
+                    and pod.gang is None
+                    and pod.scheduler_name in packed
+                    and pod_gpus(pod) > 0
+                ),
+            )
+            for name, node in run.snapshot.nodes.items()
+            if not node.unschedulable and node.gpu_model == model and run.sizes.of(name) == size
+        )
+        run.peers[(model, size)] = found
+    return found
+
+
 def _room_makers(candidate: Candidate, run: Run) -> list[Pod]:
     """Pods of the candidate's peers (schedulable nodes of its GPU model and size) that could run on a
     larger node and may be moved: placed by a packed scheduler, evictable, in no gang, not yet moving."""
-    packed = set(run.args.packed_schedulers)
+    size = candidate.capacity
     makers: list[Pod] = []
-    for name, node in run.snapshot.nodes.items():
-        if (
-            name == candidate.name
-            or name in run.done
-            or node.unschedulable
-            or node.gpu_model != candidate.node.gpu_model
-            or run.sizes.of(name) != candidate.capacity
-        ):
+    for name, pods in _peers(run, candidate.node.gpu_model, size):
+        if name == candidate.name or name in run.done:
             continue
         makers.extend(
             pod
-            for pod in run.snapshot.pods_on(name)
-            if not pod.is_daemonset
-            and not pod.is_mirror
-            and pod.gang is None
-            and pod.scheduler_name in packed
-            and pod.key not in run.moved
-            and pod_gpus(pod) > 0
-            and run.sizes.could_go_larger(pod, candidate.capacity)
+            for pod in pods
+            if pod.key not in run.moved
+            and run.sizes.could_go_larger(pod, size)
             and run.ctx.refusal(pod) is None
         )
     return makers

@@ -73,7 +73,11 @@ def _new_pod(draw: st.DrawFn, name: str, on: Node) -> Pod:
     gpus = draw(st.sampled_from((0, 1, 1, 2)))
     milli = draw(st.sampled_from((1000, 1000, 300, 600))) if gpus == 1 else 1000
     annotations: dict[str, str] = {}
-    if gpus and draw(st.booleans()):  # devices as a GPU-sharing scheduler records them (maybe wrong)
+    recorded = draw(st.sampled_from(("valid",) * 6 + ("any", "none"))) if gpus else "none"
+    if recorded == "valid":  # devices as a GPU-sharing scheduler records them
+        devices = draw(st.permutations(range(on.gpu_count)))[:gpus]
+        annotations[GPU_INDEX_ANNOTATION] = "-".join(map(str, devices))
+    elif recorded == "any":  # maybe not the node's, maybe not distinct: then inferred
         devices = draw(st.lists(st.integers(0, 8), min_size=gpus, max_size=gpus))
         annotations[GPU_INDEX_ANNOTATION] = "-".join(map(str, devices))
     return pod(
@@ -148,8 +152,19 @@ def histories(draw: st.DrawFn) -> list[Snapshot]:
 
 
 def _accounting(built: Any) -> tuple[dict[str, tuple[object, ...]], dict[tuple[str, str], str]]:
+    """Everything a build holds of each node, orders included (what `free` and `holdings` list, and
+    the keys accounted), and where each pod is accounted."""
     nodes = {
-        name: (state.node, state.free, state.devices, state.holdings, state.score_cpu, state.score_memory)
+        name: (
+            state.node,
+            list(state.free.items()),
+            state.devices,
+            list(state.holdings.items()),
+            state.score_cpu,
+            state.score_memory,
+            built.keys[name],
+            name in built.plain,
+        )
         for name, state in built.nodes.items()
     }
     return nodes, dict(built.home)

@@ -12,7 +12,7 @@ equality, so two equal objects never share a value by accident) and bounded:
   object, or the object would never be freed.
 - `NodeMemo`: one value per node, derived from the Node and the pods on it in a snapshot, reused in
   the next snapshot while the node and each of its pods, in order, are the very same objects. It
-  holds the objects of the last two snapshots it was asked about, no more.
+  holds the objects of the last snapshot it was asked about, no more.
 
 A source that builds new objects every cycle simply never hits. This module must not do I/O, read the
 clock, or know what the values mean; callers own what they derive and must derive it from the keyed
@@ -119,39 +119,51 @@ class ObjectMemo(Generic[K, V]):
 
 def same_objects(first: tuple[object, ...], second: tuple[object, ...]) -> bool:
     """Whether two tuples hold the very same objects in the same order."""
-    return len(first) == len(second) and all(map(is_, first, second))
+    return first is second or (len(first) == len(second) and all(map(is_, first, second)))
+
+
+_Last = tuple[weakref.ref[Snapshot], dict[str, V], dict[str, tuple[Node, tuple[Pod, ...], V]]]
 
 
 class NodeMemo(Generic[V]):
-    """One value per node name, derived from the snapshot's Node and the pods on it
-    (`Snapshot.pods_on`), reused across snapshots while both are the same objects.
+    """One value per node of a snapshot, derived from the Node and the pods on it
+    (`Snapshot.pods_by_node`), reused across snapshots while both are the same objects.
 
-    Entries used for the current snapshot are kept, and those of the one before it; a node not asked
-    about for two snapshots is forgotten. Not made for several threads at once: they would only
-    recompute, never get a wrong value, since every entry is checked against the objects it was
-    derived from.
+    The first call with a snapshot works out the value of every node of it at once (taking over those
+    of the previous snapshot's nodes whose objects are the same); the other calls with that snapshot
+    are lookups. Only the last snapshot's values are kept. Several threads asking about different
+    snapshots only recompute, never get a wrong value: each snapshot's values are one unit.
     """
 
-    __slots__ = ("_current", "_derive", "_previous", "_snapshot")
+    __slots__ = ("_derive", "_last")
 
     def __init__(self, derive: Callable[[Node, tuple[Pod, ...]], V]) -> None:
         self._derive = derive
-        self._snapshot: weakref.ref[Snapshot] | None = None
-        self._current: dict[str, tuple[Node, tuple[Pod, ...], V]] = {}
-        self._previous: dict[str, tuple[Node, tuple[Pod, ...], V]] = {}
+        # The last snapshot asked about, its values by node, and what each was derived from.
+        self._last: (
+            tuple[weakref.ref[Snapshot], dict[str, V], dict[str, tuple[Node, tuple[Pod, ...], V]]] | None
+        )
+        self._last = None
 
     def __call__(self, snapshot: Snapshot, name: str) -> V:
         """The value for node `name` of `snapshot` (KeyError when the snapshot has no such node)."""
-        if self._snapshot is None or self._snapshot() is not snapshot:
-            self._previous = self._current
-            self._current = {}
-            self._snapshot = weakref.ref(snapshot)
-        node = snapshot.nodes[name]
-        pods = snapshot.pods_on(name)
-        entry = self._current.get(name) or self._previous.get(name)
-        if entry is not None and entry[0] is node and same_objects(entry[1], pods):
-            value = entry[2]
-        else:
-            value = self._derive(node, pods)
-        self._current[name] = (node, pods, value)
-        return value
+        last = self._last
+        if last is not None and last[0]() is snapshot:
+            return last[1][name]
+        return self._refresh(snapshot, last)[name]
+
+    def _refresh(self, snapshot: Snapshot, last: _Last[V] | None) -> dict[str, V]:
+        before = last[2] if last is not None else {}
+        values: dict[str, V] = {}
+        sources: dict[str, tuple[Node, tuple[Pod, ...], V]] = {}
+        by_node = snapshot.pods_by_node
+        derive = self._derive
+        for name, node in snapshot.nodes.items():
+            pods = by_node.get(name, ())
+            entry = before.get(name)
+            if entry is None or entry[0] is not node or not same_objects(entry[1], pods):
+                entry = (node, pods, derive(node, pods))
+            sources[name] = entry
+            values[name] = entry[2]
+        self._last = (weakref.ref(snapshot), values, sources)
+        return values

@@ -105,12 +105,17 @@ def test_node_memo_reuses_a_node_whose_node_and_pods_are_the_same_objects() -> N
     assert calls == ["n1", "n2", "n1", "n2"]
 
 
-def test_node_memo_keeps_only_the_last_two_snapshots() -> None:
+def test_node_memo_works_out_every_node_at_the_first_call_and_keeps_the_last_snapshot_only() -> None:
     memo, calls = _node_memo()
     n1, n2 = node("n1"), node("n2")
-    pods = [pod("a", "n1"), pod("b", "n2")]
-    memo(snapshot([n1, n2], pods), "n1")
-    memo(snapshot([n1, n2], pods), "n2")  # n1 is not asked about in this one
-    memo(snapshot([n1, n2], pods), "n2")
-    memo(snapshot([n1, n2], pods), "n1")  # two snapshots without n1: forgotten
+    a, b = pod("a", "n1"), pod("b", "n2")
+    first = snapshot([n1, n2], [a, b])
+    assert memo(first, "n2") == ("b",)
+    assert calls == ["n1", "n2"]  # every node, in the snapshot's order
+    assert memo(first, "n1") == ("a",)
+    assert calls == ["n1", "n2"]
+    memo(snapshot([n2], [b]), "n2")  # a snapshot without n1: n1 is forgotten
+    memo(snapshot([n1, n2], [a, b]), "n1")
     assert calls == ["n1", "n2", "n1"]
+    with pytest.raises(KeyError):
+        memo(first, "n3")

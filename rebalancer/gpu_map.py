@@ -99,12 +99,15 @@ def _node_gpus(node: Node, pods: Sequence[Pod], rows: Sequence[GpuTelemetry], fl
             )
     # Positions for GPUs the telemetry names without an index, and for those it does not name at all (no
     # exporter on the node, or fewer GPUs reported than the device plugin advertises).
-    taken = {index for index, *_ in cells}
-    spare = (str(i) for i in count() if str(i) not in taken)
-    cells = [(index or next(spare), uuid, holders, util, fb) for index, uuid, holders, util, fb in cells]
     gpu_count = node.gpu_count
-    while len(cells) < gpu_count:
-        cells.append((next(spare), None, [], None, None))
+    if cells:
+        taken = {index for index, *_ in cells}
+        spare = (str(i) for i in count() if str(i) not in taken)
+        cells = [(index or next(spare), uuid, holders, util, fb) for index, uuid, holders, util, fb in cells]
+        while len(cells) < gpu_count:
+            cells.append((next(spare), None, [], None, None))
+    else:  # no telemetry: the positions 0, 1, ... in order
+        cells = [(str(i), None, [], None, None) for i in range(gpu_count)]
     # GPU pods the telemetry does not attribute go on the GPUs no pod holds and no finding names.
     for ref, pod in sorted(((pod.ref, pod) for pod in pods), key=itemgetter(0)):
         if pod.gpu.count <= 0 or ref in attributed:

@@ -341,6 +341,24 @@ def pod_refusal(pod: Pod, snapshot: Snapshot, cfg: GuardsConfig) -> Refusal | No
     return min_pod_age(pod, snapshot, cfg)
 
 
+def first_refusal(pods: Iterable[Pod], snapshot: Snapshot, cfg: GuardsConfig) -> tuple[Pod, Refusal] | None:
+    """The first of `pods` a static guard refuses to evict, with the refusal: `pod_refusal` on each in
+    order, in one loop (a strategy asks it of every pod of every candidate node, every cycle)."""
+    now = snapshot.now
+    verdicts = _VERDICTS_BY_ID
+    for pod in pods:
+        verdict: tuple[GuardsConfig, Refusal | None, datetime | None] = verdicts.get(id(pod), MISSING)
+        if verdict is MISSING or verdict[0] is not cfg:
+            verdict = _verdict(pod, cfg)
+            _VERDICTS.put(pod, verdict)
+        refusal = verdict[1]
+        if refusal is None and (verdict[2] is None or now < verdict[2]):
+            refusal = min_pod_age(pod, snapshot, cfg)
+        if refusal is not None:
+            return pod, refusal
+    return None
+
+
 # --------------------------------------------------------------------------- node guard
 
 

@@ -262,12 +262,18 @@ class DisruptionHistory:
         oldest = _oldest_disruption(self.disruptions)
         if since is None or oldest is None or oldest > since:
             disruptions = self.disruptions
-        else:
-            disruptions = {
-                k: kept
-                for k, times in self.disruptions.items()
-                if (kept := times if times[0] > since else tuple(t for t in times if now - t < window))
-            }
+        else:  # only the workloads some time of which expires change, in place in a copy
+            disruptions = dict(self.disruptions)
+            left: datetime | None = None
+            for key, times in self.disruptions.items():
+                if times[0] > since:
+                    left = times[0] if left is None or times[0] < left else left
+                elif kept := tuple(t for t in times if now - t < window):
+                    disruptions[key] = kept
+                    left = kept[0] if left is None or kept[0] < left else left
+                else:
+                    del disruptions[key]
+            _OLDEST.last = (disruptions, left)
         failed = {n: f for n, f in self.failed_drains.items() if now - f.last < FAILED_DRAIN_MEMORY}
         return replace(self, nodes=nodes, workloads=workloads, disruptions=disruptions, failed_drains=failed)
 

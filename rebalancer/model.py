@@ -228,6 +228,10 @@ class GpuRequest:
         return self.count > 0 and self.milli_per_device < MILLI_PER_GPU
 
 
+# The phases of a pod that no longer holds its node's resources.
+_FINISHED = ("Succeeded", "Failed")
+
+
 # Weak references let `rebalancer.memo` keep what is derived from a pod exactly as long as the pod lives.
 @dataclass(frozen=True, slots=True, weakref_slot=True)
 class Pod:
@@ -277,7 +281,7 @@ class Pod:
     @property
     def is_active(self) -> bool:
         """Bound and not finished: the pod occupies resources on its node."""
-        return self.node_name is not None and self.phase not in ("Succeeded", "Failed")
+        return self.node_name is not None and self.phase not in _FINISHED
 
     @property
     def terminating(self) -> bool:
@@ -439,8 +443,9 @@ class Snapshot:
     def pods_by_node(self) -> Mapping[str, tuple[Pod, ...]]:
         grouped: dict[str, list[Pod]] = defaultdict(list)
         for pod in self.pods:
-            if pod.is_active and pod.node_name is not None:
-                grouped[pod.node_name].append(pod)
+            node = pod.node_name
+            if node is not None and pod.phase not in _FINISHED:  # `Pod.is_active`, inline
+                grouped[node].append(pod)
         return {k: tuple(v) for k, v in grouped.items()}
 
     @cached_property

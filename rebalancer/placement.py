@@ -276,20 +276,26 @@ def _build(snapshot: Snapshot, previous: _Built | None = None) -> _Built:
     rebuilt: set[str] = set()
     changed_nodes: set[str] = set()
     pods_by_node = snapshot.pods_by_node
+    before_nodes: Mapping[str, NodeState] = previous.nodes if previous is not None else {}
+    before_pods = previous.pods if previous is not None else {}
+    before_keys = previous.keys if previous is not None else {}
+    before_plain = previous.plain if previous is not None else frozenset()
     for name, node in snapshot.nodes.items():
         pods = pods_by_node.get(name, ())
-        old = previous.nodes.get(name) if previous is not None else None
+        old = before_nodes.get(name)
         moved = None
-        if old is not None and old.node is node and previous is not None:
-            old_pods = previous.pods[name]
+        if old is not None and old.node is node:
+            old_pods = before_pods[name]
             if same_objects(old_pods, pods):
-                nodes[name], sources[name], keys[name] = old, old_pods, previous.keys[name]
-                home.update(dict.fromkeys(keys[name], name))
-                if name in previous.plain:
+                nodes[name] = old
+                sources[name] = old_pods
+                keys[name] = old_keys = before_keys[name]
+                home.update(dict.fromkeys(old_keys, name))
+                if name in before_plain:
                     plain.add(name)
                 continue
-            if name in previous.plain:
-                moved = _moved_on(old, old_pods, previous.keys[name], pods)
+            if name in before_plain:
+                moved = _moved_on(old, old_pods, before_keys[name], pods)
         elif previous is not None:
             changed_nodes.add(name)
         if moved is not None:
@@ -550,10 +556,11 @@ class ClusterState:
         if carried is not None and before is not None and before[0] <= built.epoch:
             rebuilt = carried.since(before[0], built.epoch, node_objects=False)
             if rebuilt is not None:
-                ranked = (name for name in rebuilt if name in candidates)
+                ranked = rebuilt
                 ranks = [rank for rank in before[1] if rank[1] not in rebuilt]
-        fresh = (node_rank(demand, name, nodes[name]) for name in ranked)
-        ranks.extend(rank for rank in fresh if rank is not None)
+        for name in ranked:
+            if name in candidates and (rank := node_rank(demand, name, nodes[name])) is not None:
+                ranks.append(rank)
         ranking = tuple(sorted(ranks))
         built.rankings[key] = ranking
         if carried is not None and (before is None or before[0] < built.epoch):

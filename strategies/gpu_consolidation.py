@@ -300,6 +300,20 @@ def _above_threshold(candidate: Candidate, args: GpuConsolidationArgs) -> str:
 _ABOVE: ObjectMemo[Candidate, tuple[GpuConsolidationArgs, str]] = ObjectMemo()
 
 
+def _above_threshold_record(candidate: Candidate, args: GpuConsolidationArgs) -> NotChosen:
+    """The record of a node at or above the threshold that could never be drained upward (kept per
+    Candidate object and arguments)."""
+    kept = _ABOVE_RECORDS.get(candidate)
+    if kept is not MISSING and kept[0] is args:
+        return kept[1]
+    record = not_chosen(candidate.name, "allocated-above-threshold", _above_threshold(candidate, args))
+    _ABOVE_RECORDS.put(candidate, (args, record))
+    return record
+
+
+_ABOVE_RECORDS: ObjectMemo[Candidate, tuple[GpuConsolidationArgs, NotChosen]] = ObjectMemo()
+
+
 def _simulate(
     snapshot: Snapshot,
     args: GpuConsolidationArgs,
@@ -327,11 +341,7 @@ def _simulate(
     # Nodes at or above the threshold that could never be drained are no upcoming drains either.
     upward = [c for c in drainable if not c.needs_larger or may_drain_upward(c, sizes, args)]
     kept = {c.name for c in upward}
-    left.extend(
-        not_chosen(c.name, "allocated-above-threshold", _above_threshold(c, args))
-        for c in drainable
-        if c.name not in kept
-    )
+    left.extend(_above_threshold_record(c, args) for c in drainable if c.name not in kept)
     drainable = upward
     by_name = {c.name: c for c in drainable}
 

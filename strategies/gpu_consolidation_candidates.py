@@ -18,9 +18,9 @@ clients. It must not simulate placements (the entry module does) nor apply PDBs,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from rebalancer.guards import node_refusal
 from rebalancer.memo import NodeMemo, ObjectMemo
@@ -78,8 +78,7 @@ class Candidate:
         return (len(self.pods), self.moved_gpus, -self.price, -self.capacity, self.name)
 
 
-@dataclass(frozen=True, slots=True)
-class _NodeFacts:
+class _NodeFacts(NamedTuple):
     """What the node-level rules need of a node and its pods alone."""
 
     gpu: bool  # a GPU node: the only ones looked at
@@ -92,9 +91,7 @@ class _NodeFacts:
     in_gangs: bool  # some movable pod belongs to a gang: its members elsewhere move too
     # The last verdict on a node old enough, judged without telemetry or gangs, with the arguments and
     # the node's price it was judged with and the instant the node became old enough (at most one).
-    judged: list[tuple[GpuConsolidationArgs, float, datetime, Candidate | NotChosen]] = field(
-        default_factory=list
-    )
+    judged: list[tuple[GpuConsolidationArgs, float, datetime, Candidate | NotChosen]]
 
 
 def _record(node: Node) -> NotChosen | None:
@@ -121,6 +118,7 @@ def _facts(node: Node, pods: tuple[Pod, ...]) -> _NodeFacts:
         on_node=frozenset(pod.key for pod in movable),
         moving=tuple(sorted({pod.key: pod for pod in movable}.values(), key=lambda p: p.key)),
         in_gangs=any(pod.gang is not None for pod in movable),
+        judged=[],
     )
 
 
@@ -249,13 +247,13 @@ def _judged(
 
 def static_block(candidate: Candidate, ctx: StrategyContext) -> Finding | None:
     """A finding when some pod to move (a gang member elsewhere included) may never be evicted."""
-    for pod in candidate.pods:
-        if pod.is_mirror:
-            return blocked(candidate, pod, "is a static pod")
-        refusal = ctx.refusal(pod)
-        if refusal is not None:
-            return blocked(candidate, pod, f"may not be evicted ({refusal.guard}: {refusal.reason})")
-    return None
+    pods = candidate.pods
+    mirror = _FIRST_MIRROR(candidate)
+    found = ctx.first_refusal(pods[:mirror] if mirror is not None else pods)
+    if found is not None:
+        pod, refusal = found
+        return blocked(candidate, pod, f"may not be evicted ({refusal.guard}: {refusal.reason})")
+    return None if mirror is None else blocked(candidate, pods[mirror], "is a static pod")
 
 
 def has_mirror_pod(candidate: Candidate) -> bool:
@@ -265,6 +263,12 @@ def has_mirror_pod(candidate: Candidate) -> bool:
 
 _PINNED: ObjectMemo[Candidate, bool] = ObjectMemo(
     lambda candidate: any(pod.is_mirror and pod.key in candidate.on_node for pod in candidate.pods)
+)
+
+
+# Per Candidate object: the position of its first static pod, or None.
+_FIRST_MIRROR: ObjectMemo[Candidate, int | None] = ObjectMemo(
+    lambda candidate: next((i for i, pod in enumerate(candidate.pods) if pod.is_mirror), None)
 )
 
 

@@ -10,7 +10,7 @@ from rebalancer import guards
 from rebalancer.guards import GUARD_NAMES, POD_GUARD_NAMES, node_refusal, pod_refusal
 from rebalancer.model import OwnerRef, Pod, Volume
 from rebalancer.policy import GuardsConfig, LabelSelectorConfig, NamespaceFilter
-from rebalancer.registry import Refusal
+from rebalancer.registry import Refusal, StrategyContext
 from tests.builders import NOW, node, pod, snapshot
 
 SNAP = snapshot([node("gpu-a-1")])
@@ -342,6 +342,24 @@ def test_the_same_pod_object_is_judged_anew_as_time_passes_and_policies_change()
     assert pod_refusal(p, later, GuardsConfig(min_pod_age=3600)) == Refusal(
         "min-pod-age", "pod is 10m old, younger than the minimum age 1h"
     )
+
+
+@pytest.mark.parametrize("later", [timedelta(0), timedelta(minutes=6), timedelta(hours=2)])
+def test_first_refusal_is_pod_refusal_on_each_pod_in_order(later: timedelta) -> None:
+    pods = [
+        pod("old", "gpu-a-1"),
+        pod("young", "gpu-a-1", age=timedelta(minutes=5)),
+        pod("excluded", "gpu-a-1", namespace="kube-system"),
+        pod("younger", "gpu-a-1", age=timedelta(minutes=1)),
+    ]
+    snap = snapshot([node("gpu-a-1")], pods, now=NOW + later)
+    for start in range(len(pods) + 1):
+        rest = pods[start:]
+        expected = next(((p, r) for p in rest if (r := pod_refusal(p, snap, DEFAULT)) is not None), None)
+        assert guards.first_refusal(rest, snap, DEFAULT) == expected
+        # A context without the orchestrator's one-loop check asks `refusal` pod by pod: the same.
+        ctx = StrategyContext(refusal=lambda p, snap=snap: pod_refusal(p, snap, DEFAULT))
+        assert ctx.first_refusal(rest) == expected
 
 
 # --------------------------------------------------------------------------- node guard

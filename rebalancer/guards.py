@@ -14,7 +14,7 @@ spent across a cycle: PDBs, limits, gangs, cooldowns and re-placement belong to 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from rebalancer.memo import MISSING, ObjectMemo
@@ -341,22 +341,42 @@ def pod_refusal(pod: Pod, snapshot: Snapshot, cfg: GuardsConfig) -> Refusal | No
     return min_pod_age(pod, snapshot, cfg)
 
 
-def first_refusal(pods: Iterable[Pod], snapshot: Snapshot, cfg: GuardsConfig) -> tuple[Pod, Refusal] | None:
+def first_refusal(pods: Sequence[Pod], snapshot: Snapshot, cfg: GuardsConfig) -> tuple[Pod, Refusal] | None:
     """The first of `pods` a static guard refuses to evict, with the refusal: `pod_refusal` on each in
-    order, in one loop (a strategy asks it of every pod of every candidate node, every cycle)."""
+    order (a strategy asks it of every pod of every candidate node, every cycle).
+
+    When no pod is refused for its age, the answer (the first pod a pod-only guard refuses, or none)
+    holds as long as the time does not go back (pods only grow older): it is kept for the very same
+    tuple of pods and `cfg`, from the snapshot's time on."""
     now = snapshot.now
+    settled = _SETTLED.get(id(pods))
+    if settled is not None and settled[0] is pods and settled[1] is cfg and now >= settled[2]:
+        return settled[3]
     verdicts = _VERDICTS_BY_ID
+    found: tuple[Pod, Refusal] | None = None
     for pod in pods:
         verdict: tuple[GuardsConfig, Refusal | None, datetime | None] = verdicts.get(id(pod), MISSING)
         if verdict is MISSING or verdict[0] is not cfg:
             verdict = _verdict(pod, cfg)
             _VERDICTS.put(pod, verdict)
-        refusal = verdict[1]
-        if refusal is None and (verdict[2] is None or now < verdict[2]):
-            refusal = min_pod_age(pod, snapshot, cfg)
+        if verdict[1] is not None:
+            found = pod, verdict[1]
+            break
+        old_from = verdict[2]
+        if old_from is not None and now >= old_from:
+            continue
+        refusal = min_pod_age(pod, snapshot, cfg)
         if refusal is not None:
-            return pod, refusal
-    return None
+            return pod, refusal  # refused for its age, which changes with the time: nothing is kept
+    if len(_SETTLED) >= _SETTLED_KEPT:
+        _SETTLED.clear()
+    _SETTLED[id(pods)] = (pods, cfg, now, found)
+    return found
+
+
+# Settled answers of `first_refusal`, by the id of the tuple of pods asked about (which they hold).
+_SETTLED: dict[int, tuple[Sequence[Pod], GuardsConfig, datetime, tuple[Pod, Refusal] | None]] = {}
+_SETTLED_KEPT = 4096
 
 
 # --------------------------------------------------------------------------- node guard

@@ -439,6 +439,29 @@ class Snapshot:
     # (`StrategyArgs.usage_period`); None when not read.
     usage: UsageHistory | None = None
 
+    @classmethod
+    def node_by_node(
+        cls, now: datetime, nodes: Mapping[str, Node], pods_on: Mapping[str, tuple[Pod, ...]]
+    ) -> Snapshot:
+        """A snapshot of `nodes` whose pods are those of `pods_on`, node by node in the order of
+        `nodes`, each active and bound to the node it is listed under (ValueError otherwise). Its
+        `pods_by_node` holds those very tuples, so a source that keeps its objects across cycles hands
+        the same tuple for a node whose pods did not change."""
+        grouped: dict[str, tuple[Pod, ...]] = {}
+        for name in nodes:
+            held = pods_on.get(name, ())
+            if not held:
+                continue
+            for pod in held:
+                if pod.node_name != name or pod.phase in _FINISHED:
+                    raise ValueError(f"pod {pod.ref} is listed on node {name} but is not active there")
+            grouped[name] = held
+        if len(grouped) != sum(1 for held in pods_on.values() if held):
+            raise ValueError("pods are listed on nodes the snapshot does not have")
+        snapshot = cls(now=now, nodes=nodes, pods=tuple(pod for held in grouped.values() for pod in held))
+        snapshot.__dict__["pods_by_node"] = grouped  # what the cached property would work out
+        return snapshot
+
     @cached_property
     def pods_by_node(self) -> Mapping[str, tuple[Pod, ...]]:
         grouped: dict[str, list[Pod]] = defaultdict(list)

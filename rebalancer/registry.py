@@ -8,7 +8,7 @@ except through `load_builtin_strategies()`, and must not know about policies, so
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
@@ -78,9 +78,9 @@ class StrategyContext:
     gpu_prices: Mapping[str, float] = field(default_factory=dict)
     default_gpu_price: float | None = None
     # `first_refusal` as one call, when the orchestrator has a faster one than `refusal` pod by pod.
-    refusals: Callable[[Iterable[Pod]], tuple[Pod, Refusal] | None] | None = None
+    refusals: Callable[[Sequence[Pod]], tuple[Pod, Refusal] | None] | None = None
 
-    def first_refusal(self, pods: Iterable[Pod]) -> tuple[Pod, Refusal] | None:
+    def first_refusal(self, pods: Sequence[Pod]) -> tuple[Pod, Refusal] | None:
         """The first of `pods` that `refusal` refuses, with the refusal; None when it refuses none."""
         if self.refusals is not None:
             return self.refusals(pods)

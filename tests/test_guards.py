@@ -362,6 +362,24 @@ def test_first_refusal_is_pod_refusal_on_each_pod_in_order(later: timedelta) -> 
         assert ctx.first_refusal(rest) == expected
 
 
+def test_first_refusal_kept_for_a_tuple_follows_the_time_both_ways() -> None:
+    """The answer kept for the same tuple of pods holds only from its time on: later, a young pod has
+    grown old enough; earlier again, it is young again."""
+    pods = (pod("old", "gpu-a-1"), pod("young", "gpu-a-1", age=timedelta(minutes=5)), pod("x", "gpu-a-1"))
+    cfgs = (DEFAULT, GuardsConfig(namespaces=NamespaceFilter(exclude=("ml",))))
+    for cfg in cfgs:
+        for later in (
+            timedelta(0),
+            timedelta(minutes=6),
+            timedelta(hours=2),
+            timedelta(0),
+            timedelta(minutes=4),
+        ):
+            snap = snapshot([node("gpu-a-1")], pods, now=NOW + later)
+            expected = next(((p, r) for p in pods if (r := pod_refusal(p, snap, cfg)) is not None), None)
+            assert guards.first_refusal(pods, snap, cfg) == expected, (later, cfg)
+
+
 # --------------------------------------------------------------------------- node guard
 
 

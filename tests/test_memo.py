@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from rebalancer.memo import MISSING, NodeMemo, ObjectMemo, same_objects
-from rebalancer.model import Node, Pod
+from rebalancer.model import Node, Pod, Snapshot
 from tests.builders import node, pod, snapshot
 
 
@@ -119,3 +119,20 @@ def test_node_memo_works_out_every_node_at_the_first_call_and_keeps_the_last_sna
     assert calls == ["n1", "n2", "n1"]
     with pytest.raises(KeyError):
         memo(first, "n3")
+
+
+def test_a_snapshot_made_node_by_node_keeps_its_tuples_as_pods_by_node() -> None:
+    n1, n2, n3 = node("n1"), node("n2"), node("n3")
+    on_n1 = (pod("a", "n1"), pod("b", "n1"))
+    on_n2 = (pod("c", "n2"),)
+    made = Snapshot.node_by_node(snapshot([]).now, {"n1": n1, "n2": n2, "n3": n3}, {"n2": on_n2, "n1": on_n1})
+    assert made.pods == (*on_n1, *on_n2)  # in the order of the nodes
+    worked_out = snapshot([n1, n2, n3], made.pods).pods_by_node
+    assert made.pods_by_node == worked_out and list(made.pods_by_node) == list(worked_out)
+    assert made.pods_by_node["n1"] is on_n1
+    with pytest.raises(ValueError, match="not active there"):
+        Snapshot.node_by_node(made.now, {"n1": n1, "n2": n2}, {"n1": on_n2})
+    with pytest.raises(ValueError, match="not active there"):
+        Snapshot.node_by_node(made.now, {"n1": n1}, {"n1": (pod("done", "n1", phase="Succeeded"),)})
+    with pytest.raises(ValueError, match="nodes the snapshot does not have"):
+        Snapshot.node_by_node(made.now, {"n1": n1}, {"n1": on_n1, "n9": (pod("x", "n9"),)})

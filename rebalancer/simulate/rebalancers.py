@@ -246,7 +246,7 @@ class SnapshotBuilder:
     def snapshot(self, now: float, cluster: SimCluster) -> Snapshot:
         """The simulated cluster as the rebalancer sees it at `now`."""
         nodes: dict[str, Node] = {}
-        pods: list[Pod] = []
+        pods: dict[str, tuple[Pod, ...]] = {}
         built_nodes, on_node = self._nodes, self._on_node
         for name, node in cluster.nodes.items():
             built = built_nodes.get(name)
@@ -262,8 +262,8 @@ class SnapshotBuilder:
                 )
                 cached = (node, node.version, held)
                 on_node[name] = cached
-            pods.extend(cached[2])
-        return Snapshot(now=sim_datetime(now), nodes=nodes, pods=tuple(pods))
+            pods[name] = cached[2]
+        return Snapshot.node_by_node(sim_datetime(now), nodes, pods)
 
     def forget(self, job: Job) -> None:
         """Drop what is cached about a job that ended."""

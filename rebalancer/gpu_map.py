@@ -124,7 +124,10 @@ def _node_gpus(node: Node, pods: Sequence[Pod], rows: Sequence[GpuTelemetry], fl
         gpu_model=node.gpu_model,
         zone=node.labels.get(ZONE_LABEL),
         gpus=tuple(
-            _bare_cell(index, _state(holders, uuid, util, flags), tuple(holders))
+            # Without telemetry nor idle pods, a GPU is free, or held with nothing known of its use.
+            _bare_cell(index, "unknown" if holders else "free", tuple(holders))
+            if uuid is None and util is None and fb is None and not flags.idle_pods
+            else _bare_cell(index, _state(holders, uuid, util, flags), tuple(holders))
             if uuid is None and util is None and fb is None
             else GpuCell(
                 index=index,

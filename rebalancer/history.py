@@ -464,6 +464,8 @@ def open_circuits(
     snapshot: Snapshot, history: DisruptionHistory, reschedule_timeout: int
 ) -> tuple[Trip, ...]:
     """The workloads whose pods evicted `reschedule_timeout` or more ago are not placed again."""
+    if not history.evictions:
+        return ()
     timeout = timedelta(seconds=reschedule_timeout)
     waiting = _unplaced(snapshot)
     trips: list[Trip] = []
@@ -480,6 +482,8 @@ def open_circuits(
 
 def _unplaced(snapshot: Snapshot) -> dict[Workload, list[Pod]]:
     unplaced: dict[Workload, list[Pod]] = defaultdict(list)
+    if sum(map(len, snapshot.pods_by_node.values())) == len(snapshot.pods):  # every pod is bound
+        return unplaced
     for pod in snapshot.pods:
         if pod.phase == "Pending" and pod.node_name is None:
             unplaced[Workload.of(pod)].append(pod)

@@ -46,34 +46,39 @@ MISSING: Any = _Missing()
 
 
 class _Ref(weakref.ref):  # type: ignore[type-arg]
-    """A weak reference that remembers the id its object was tracked under."""
+    """A weak reference that remembers the id its object was tracked under, and the memos holding a
+    value for it."""
 
-    __slots__ = ("key",)
+    __slots__ = ("key", "tables")
     key: int
+    tables: list[dict[int, Any]]
 
 
-# One weak reference per tracked object, shared by every memo, and every memo's values by object id.
-# An object's values go, in every memo at once, when it is freed: CPython calls the callback before the
-# object's memory (and so its id) can be reused, so a value found under an id belongs to the live
-# object that has it.
+# One weak reference per tracked object, shared by every memo. An object's values go, in every memo
+# holding one, when it is freed: CPython calls the callback before the object's memory (and so its id)
+# can be reused, so a value found under an id belongs to the live object that has it.
 _TRACKED: dict[int, _Ref] = {}
-_TABLES: list[dict[int, Any]] = []
 
 
 def _forget(ref: _Ref) -> None:
     key = ref.key
     if _TRACKED.get(key) is ref:
         del _TRACKED[key]
-        for table in _TABLES:
+        for table in ref.tables:
             table.pop(key, None)
 
 
-def _track(obj: object) -> int:
+def _track(obj: object, table: dict[int, Any]) -> int:
+    """The id of `obj`, tracked, and `table` noted as holding a value for it (the caller stores it)."""
     key = id(obj)
-    if key not in _TRACKED:
+    ref = _TRACKED.get(key)
+    if ref is None:
         ref = _Ref(obj, _forget)
         ref.key = key
+        ref.tables = [table]
         _TRACKED[key] = ref
+    elif key not in table:
+        ref.tables.append(table)
     return key
 
 
@@ -87,7 +92,6 @@ class ObjectMemo(Generic[K, V]):
     def __init__(self, derive: Callable[[K], V] | None = None) -> None:
         self._derive = derive
         self._values: dict[int, V] = {}
-        _TABLES.append(self._values)
 
     def __call__(self, obj: K) -> V:
         try:
@@ -96,7 +100,7 @@ class ObjectMemo(Generic[K, V]):
             if self._derive is None:
                 raise TypeError("this ObjectMemo has no derive function: use get and put") from None
             value = self._derive(obj)
-            self._values[_track(obj)] = value
+            self._values[_track(obj, self._values)] = value
             return value
 
     def get(self, obj: K) -> V:
@@ -111,7 +115,7 @@ class ObjectMemo(Generic[K, V]):
         return self._values
 
     def put(self, obj: K, value: V) -> None:
-        self._values[_track(obj)] = value
+        self._values[_track(obj, self._values)] = value
 
     def __len__(self) -> int:
         return len(self._values)

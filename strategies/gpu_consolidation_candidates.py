@@ -109,14 +109,15 @@ def _record(node: Node) -> NotChosen | None:
 
 def _facts(node: Node, pods: tuple[Pod, ...]) -> _NodeFacts:
     movable = tuple(pod for pod in pods if not pod.is_daemonset)
+    by_key = {(pod.namespace, pod.name): pod for pod in movable}  # one pod per key, the last
     return _NodeFacts(
         gpu=node.is_gpu_node,
         record=_record(node),
         movable=movable,
         capacity=node_capacity_gpus(node),
         allocated=sum(pod_gpus(pod) for pod in pods),
-        on_node=frozenset(pod.key for pod in movable),
-        moving=tuple(sorted({pod.key: pod for pod in movable}.values(), key=lambda p: p.key)),
+        on_node=frozenset(by_key),
+        moving=tuple(by_key[key] for key in sorted(by_key)),
         in_gangs=any(pod.gang is not None for pod in movable),
         judged=[],
     )

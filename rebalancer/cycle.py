@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Literal, Protocol
 
 from rebalancer import rfc3339
@@ -28,7 +29,7 @@ from rebalancer.evictor import Evictor
 from rebalancer.gcpause import collector_paused
 from rebalancer.gpu_map import gpu_map
 from rebalancer.guards import CIRCUIT_OPEN as CIRCUIT_OPEN_FINDING
-from rebalancer.guards import pod_refusal
+from rebalancer.guards import first_refusal, pod_refusal
 from rebalancer.history import (
     NO_HISTORY,
     DisruptionHistory,
@@ -44,7 +45,6 @@ from rebalancer.model import (
     Mode,
     NotChosen,
     Outcome,
-    Pod,
     Proposal,
     SkippedStrategy,
     Snapshot,
@@ -52,7 +52,7 @@ from rebalancer.model import (
 )
 from rebalancer.planner import plan
 from rebalancer.policy import LoadedPolicy, Policy
-from rebalancer.registry import Refusal, StrategyContext, get_strategy
+from rebalancer.registry import StrategyContext, get_strategy
 from rebalancer.wording import plural
 from rebalancer.workloads import RESULTS, notice
 
@@ -96,14 +96,10 @@ class Evaluation:
 
 
 def strategy_context(snapshot: Snapshot, loaded: LoadedPolicy) -> StrategyContext:
-    guards = loaded.policy.guards
-
-    def refusal(pod: Pod) -> Refusal | None:
-        return pod_refusal(pod, snapshot, guards)
-
     prices = loaded.policy.prices
     return StrategyContext(
-        refusal=refusal,
+        refusal=partial(pod_refusal, snapshot=snapshot, cfg=loaded.policy.guards),
+        refusals=partial(first_refusal, snapshot=snapshot, cfg=loaded.policy.guards),
         gpu_prices=prices.per_gpu_hour,
         default_gpu_price=prices.default_per_gpu_hour,
     )
@@ -302,7 +298,7 @@ def assemble_report(
     summary = Summary(
         nodes=len(snapshot.nodes),
         gpus=snapshot.gpu_total,
-        pods=sum(1 for p in snapshot.pods if p.is_active),
+        pods=sum(map(len, snapshot.pods_by_node.values())),  # the active pods: those bound to a node
         proposals=len(evaluation.decisions),
         evictions=sum(1 for r in rows if r.outcome in _DONE),
         blocked=sum(1 for r in rows if r.action == "skip" or r.outcome == "blocked-by-pdb"),

@@ -10,10 +10,13 @@ decide anything: it describes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from itertools import count
+from operator import itemgetter
 
 from rebalancer.cycle_report import GpuCell, GpuState, NodeGpus
+from rebalancer.memo import NodeMemo
 from rebalancer.model import Finding, GpuTelemetry, Node, Pod, Snapshot
 
 __all__ = ["IDLE_FINDING", "LEAKED_FINDING", "ZONE_LABEL", "gpu_map"]
@@ -61,7 +64,9 @@ def _state(pods: Sequence[str], uuid: str | None, util: float | None, flagged: _
         return "leaked"
     if not pods:
         return "free"
-    if (uuid is not None and uuid in flagged.idle_gpus) or any(p in flagged.idle_pods for p in pods):
+    if (uuid is not None and uuid in flagged.idle_gpus) or (
+        flagged.idle_pods and any(p in flagged.idle_pods for p in pods)
+    ):
         return "idle"
     return "busy" if util is not None else "unknown"
 
@@ -84,53 +89,63 @@ class _Flags:
 
 
 def _node_gpus(node: Node, pods: Sequence[Pod], rows: Sequence[GpuTelemetry], flags: _Flags) -> NodeGpus:
-    active = {pod.ref for pod in pods}
     cells: list[tuple[str, str | None, list[str], float | None, float | None]] = []
     attributed: set[str] = set()
-    for index, uuid, gpu_rows in _telemetry_cells(rows):
-        if len(gpu_rows) == 1:  # most GPUs: one series, held by at most one pod
-            (row,) = gpu_rows
-            one = f"{row.pod_namespace}/{row.pod_name}" if row.pod_namespace and row.pod_name else None
-            holders = [one] if one is not None and one in active else []
-            # As `_mean` of one value (whose sum starts at 0, so -0.0 reads 0.0).
-            util = None if row.util_avg_percent is None else round(0.0 + row.util_avg_percent, 1)
-            fb = None if row.fb_used_mib is None else round(0.0 + row.fb_used_mib, 1)
-        else:
-            holders = sorted(
-                {
-                    ref
-                    for r in gpu_rows
-                    if (key := r.pod_key) is not None and (ref := f"{key[0]}/{key[1]}") in active
-                }
-            )
-            util = _mean(r.util_avg_percent for r in gpu_rows)
-            fb = _mean(r.fb_used_mib for r in gpu_rows)
-        attributed.update(holders)
-        cells.append((index, uuid, holders, util, fb))
+    if rows:
+        active = {pod.ref for pod in pods}
+        for index, uuid, gpu_rows in _telemetry_cells(rows):
+            if len(gpu_rows) == 1:  # most GPUs: one series, held by at most one pod
+                (row,) = gpu_rows
+                one = f"{row.pod_namespace}/{row.pod_name}" if row.pod_namespace and row.pod_name else None
+                holders = [one] if one is not None and one in active else []
+                # As `_mean` of one value (whose sum starts at 0, so -0.0 reads 0.0).
+                util = None if row.util_avg_percent is None else round(0.0 + row.util_avg_percent, 1)
+                fb = None if row.fb_used_mib is None else round(0.0 + row.fb_used_mib, 1)
+            else:
+                holders = sorted(
+                    {
+                        ref
+                        for r in gpu_rows
+                        if (key := r.pod_key) is not None and (ref := f"{key[0]}/{key[1]}") in active
+                    }
+                )
+                util = _mean(r.util_avg_percent for r in gpu_rows)
+                fb = _mean(r.fb_used_mib for r in gpu_rows)
+            attributed.update(holders)
+            cells.append((index, uuid, holders, util, fb))
     # Positions for GPUs the telemetry names without an index, and for those it does not name at all (no
     # exporter on the node, or fewer GPUs reported than the device plugin advertises).
-    taken = {index for index, *_ in cells}
-    spare = (str(i) for i in count() if str(i) not in taken)
-    cells = [(index or next(spare), uuid, holders, util, fb) for index, uuid, holders, util, fb in cells]
-    while len(cells) < node.gpu_count:
-        cells.append((next(spare), None, [], None, None))
+    gpu_count = node.gpu_count
+    if cells:
+        taken = {index for index, *_ in cells}
+        spare = (str(i) for i in count() if str(i) not in taken)
+        cells = [(index or next(spare), uuid, holders, util, fb) for index, uuid, holders, util, fb in cells]
+        while len(cells) < gpu_count:
+            cells.append((next(spare), None, [], None, None))
+    else:  # no telemetry: the positions 0, 1, ... in order
+        cells = [(str(i), None, [], None, None) for i in range(gpu_count)]
     # GPU pods the telemetry does not attribute go on the GPUs no pod holds and no finding names.
-    for pod in sorted(pods, key=lambda p: p.ref):
-        if pod.gpu.count <= 0 or pod.ref in attributed:
+    for ref, pod in sorted(((pod.ref, pod) for pod in pods), key=itemgetter(0)):
+        if pod.gpu.count <= 0 or ref in attributed:
             continue
         left = pod.gpu.count
         for _, held_uuid, holders, _, _ in cells:
             if left == 0:
                 break
             if not holders and (held_uuid is None or held_uuid not in flags.leaked):
-                holders.append(pod.ref)
+                holders.append(ref)
                 left -= 1
     return NodeGpus(
         node=node.name,
         gpu_model=node.gpu_model,
         zone=node.labels.get(ZONE_LABEL),
         gpus=tuple(
-            GpuCell(
+            # Without telemetry nor idle pods, a GPU is free, or held with nothing known of its use.
+            _bare_cell(index, "unknown" if holders else "free", tuple(holders))
+            if uuid is None and util is None and fb is None and not flags.idle_pods
+            else _bare_cell(index, _state(holders, uuid, util, flags), tuple(holders))
+            if uuid is None and util is None and fb is None
+            else GpuCell(
                 index=index,
                 state=_state(holders, uuid, util, flags),
                 pods=tuple(holders),
@@ -143,14 +158,33 @@ def _node_gpus(node: Node, pods: Sequence[Pod], rows: Sequence[GpuTelemetry], fl
     )
 
 
+@functools.lru_cache(maxsize=4096)
+def _bare_cell(index: str, state: GpuState, pods: tuple[str, ...]) -> GpuCell:
+    """A GPU no telemetry names (cells are immutable: one object for equal ones, as a node's cells mostly
+    stay the same when one of its pods changes)."""
+    return GpuCell(index=index, state=state, pods=pods)
+
+
+# A node no telemetry row names, while no finding calls a pod idle, is drawn from its Node and pods
+# alone: kept from one snapshot to the next while they are the same objects (`rebalancer.memo`).
+_NO_FLAGS = _Flags(())
+_WITHOUT_TELEMETRY: NodeMemo[NodeGpus] = NodeMemo(lambda node, pods: _node_gpus(node, pods, (), _NO_FLAGS))
+
+
 def gpu_map(snapshot: Snapshot, findings: Iterable[Finding]) -> tuple[NodeGpus, ...]:
     """Every node with whole GPUs, by name, each GPU in index order with its state at the snapshot."""
     telemetry = snapshot.telemetry
     window = telemetry.windows[min(telemetry.windows)] if telemetry.available and telemetry.windows else None
     by_node = window.by_node if window is not None else {}
     flags = _Flags(findings)
-    return tuple(
-        _node_gpus(node, snapshot.pods_on(name), by_node.get(name, ()), flags)
-        for name, node in sorted(snapshot.nodes.items())
-        if node.gpu_count > 0
-    )
+    rows: Sequence[GpuTelemetry]
+    drawn: list[NodeGpus] = []
+    for name, node in sorted(snapshot.nodes.items()):
+        if node.gpu_count <= 0:
+            continue
+        rows = by_node.get(name, ())
+        if not rows and not flags.idle_pods:
+            drawn.append(_WITHOUT_TELEMETRY(snapshot, name))
+        else:
+            drawn.append(_node_gpus(node, snapshot.pods_on(name), rows, flags))
+    return tuple(drawn)

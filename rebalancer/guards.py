@@ -14,9 +14,10 @@ spent across a cycle: PDBs, limits, gangs, cooldowns and re-placement belong to 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from datetime import timedelta
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
 
+from rebalancer.memo import MISSING, ObjectMemo
 from rebalancer.model import LabelRequirement, LabelSelector, Node, Pod, Snapshot
 from rebalancer.policy import GuardsConfig, LabelSelectorConfig, format_duration
 from rebalancer.registry import Refusal
@@ -274,29 +275,108 @@ def min_pod_age(pod: Pod, snapshot: Snapshot, cfg: GuardsConfig) -> Refusal | No
 
 
 PodGuard = Callable[[Pod, Snapshot, GuardsConfig], Refusal | None]
+PodOnlyGuard = Callable[[Pod, GuardsConfig], Refusal | None]
+
+# The guards that read nothing but the pod and the policy's guards, in order: their verdict on a pod
+# object is kept (`_VERDICTS`) for as long as the pod object lives. Only min-pod-age reads the
+# snapshot (its `now`), and it runs last.
+_POD_ONLY_GUARDS: tuple[tuple[str, PodOnlyGuard], ...] = (
+    (TERMINATING, lambda pod, _c: terminating(pod)),
+    (MIRROR_OR_STATIC, lambda pod, _c: mirror_or_static(pod)),
+    (DAEMONSET, lambda pod, _c: daemonset(pod)),
+    (SYSTEM_CRITICAL, system_critical),
+    (BARE_POD, bare_pod),
+    (LOCAL_STORAGE, local_storage),
+    (NAMESPACE, namespace),
+    (LABEL_SELECTOR, label_selector),
+    (OPT_OUT, lambda pod, _c: opt_out(pod)),
+)
+
+
+def _ignoring_snapshot(guard: PodOnlyGuard) -> PodGuard:
+    return lambda pod, _s, cfg: guard(pod, cfg)
+
 
 POD_GUARDS: tuple[tuple[str, PodGuard], ...] = (
-    (TERMINATING, lambda pod, _s, _c: terminating(pod)),
-    (MIRROR_OR_STATIC, lambda pod, _s, _c: mirror_or_static(pod)),
-    (DAEMONSET, lambda pod, _s, _c: daemonset(pod)),
-    (SYSTEM_CRITICAL, lambda pod, _s, cfg: system_critical(pod, cfg)),
-    (BARE_POD, lambda pod, _s, cfg: bare_pod(pod, cfg)),
-    (LOCAL_STORAGE, lambda pod, _s, cfg: local_storage(pod, cfg)),
-    (NAMESPACE, lambda pod, _s, cfg: namespace(pod, cfg)),
-    (LABEL_SELECTOR, lambda pod, _s, cfg: label_selector(pod, cfg)),
-    (OPT_OUT, lambda pod, _s, _c: opt_out(pod)),
+    *((name, _ignoring_snapshot(guard)) for name, guard in _POD_ONLY_GUARDS),
     (MIN_POD_AGE, min_pod_age),
 )
 """The static pod guards with their names, in the order `pod_refusal` runs them."""
 
 
-def pod_refusal(pod: Pod, snapshot: Snapshot, cfg: GuardsConfig) -> Refusal | None:
-    """The first static guard that refuses evicting `pod`, or None when all of them allow it."""
-    for _name, guard in POD_GUARDS:
-        refusal = guard(pod, snapshot, cfg)
+def _verdict(pod: Pod, cfg: GuardsConfig) -> tuple[GuardsConfig, Refusal | None, datetime | None]:
+    """`cfg`, the first refusal of the guards that read only the pod and `cfg`, and the instant from
+    which the pod is old enough for min-pod-age (None: checked in full each time)."""
+    for _name, guard in _POD_ONLY_GUARDS:
+        refusal = guard(pod, cfg)
         if refusal is not None:
-            return refusal
-    return None
+            return cfg, refusal, None
+    old_from: datetime | None = None
+    if cfg.min_pod_age > 0 and pod.created is not None:
+        try:
+            old_from = pod.created + timedelta(seconds=cfg.min_pod_age)
+        except OverflowError:
+            old_from = None
+    return cfg, None, old_from
+
+
+_VERDICTS: ObjectMemo[Pod, tuple[GuardsConfig, Refusal | None, datetime | None]] = ObjectMemo()
+_VERDICTS_BY_ID = _VERDICTS.by_id
+
+
+def pod_refusal(pod: Pod, snapshot: Snapshot, cfg: GuardsConfig) -> Refusal | None:
+    """The first static guard that refuses evicting `pod`, or None when all of them allow it.
+
+    What the guards reading only the pod and `cfg` say is worked out once per pod object and `cfg`
+    (`rebalancer.memo`): a pod is judged in every cycle, by strategies and planner alike."""
+    verdict: tuple[GuardsConfig, Refusal | None, datetime | None] = _VERDICTS_BY_ID.get(id(pod), MISSING)
+    if verdict is MISSING or verdict[0] is not cfg:
+        verdict = _verdict(pod, cfg)
+        _VERDICTS.put(pod, verdict)
+    if verdict[1] is not None:
+        return verdict[1]
+    old_from = verdict[2]
+    if old_from is not None and snapshot.now >= old_from:
+        return None
+    return min_pod_age(pod, snapshot, cfg)
+
+
+def first_refusal(pods: Sequence[Pod], snapshot: Snapshot, cfg: GuardsConfig) -> tuple[Pod, Refusal] | None:
+    """The first of `pods` a static guard refuses to evict, with the refusal: `pod_refusal` on each in
+    order (a strategy asks it of every pod of every candidate node, every cycle).
+
+    When no pod is refused for its age, the answer (the first pod a pod-only guard refuses, or none)
+    holds as long as the time does not go back (pods only grow older): it is kept for the very same
+    tuple of pods and `cfg`, from the snapshot's time on."""
+    now = snapshot.now
+    settled = _SETTLED.get(id(pods))
+    if settled is not None and settled[0] is pods and settled[1] is cfg and now >= settled[2]:
+        return settled[3]
+    verdicts = _VERDICTS_BY_ID
+    found: tuple[Pod, Refusal] | None = None
+    for pod in pods:
+        verdict: tuple[GuardsConfig, Refusal | None, datetime | None] = verdicts.get(id(pod), MISSING)
+        if verdict is MISSING or verdict[0] is not cfg:
+            verdict = _verdict(pod, cfg)
+            _VERDICTS.put(pod, verdict)
+        if verdict[1] is not None:
+            found = pod, verdict[1]
+            break
+        old_from = verdict[2]
+        if old_from is not None and now >= old_from:
+            continue
+        refusal = min_pod_age(pod, snapshot, cfg)
+        if refusal is not None:
+            return pod, refusal  # refused for its age, which changes with the time: nothing is kept
+    if len(_SETTLED) >= _SETTLED_KEPT:
+        _SETTLED.clear()
+    _SETTLED[id(pods)] = (pods, cfg, now, found)
+    return found
+
+
+# Settled answers of `first_refusal`, by the id of the tuple of pods asked about (which they hold).
+_SETTLED: dict[int, tuple[Sequence[Pod], GuardsConfig, datetime, tuple[Pod, Refusal] | None]] = {}
+_SETTLED_KEPT = 4096
 
 
 # --------------------------------------------------------------------------- node guard

@@ -138,6 +138,29 @@ def _drain_failed(outcomes: Sequence[Outcome]) -> bool:
     )
 
 
+class _Oldest:
+    """The oldest disruption time of the last disruptions mapping asked about (mappings of a history are
+    never changed: a new history gets a new mapping), so that a cycle in which nothing expires looks at
+    no workload."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: tuple[Mapping[WorkloadKey, tuple[datetime, ...]], datetime | None] | None = None
+
+
+_OLDEST = _Oldest()
+
+
+def _oldest_disruption(disruptions: Mapping[WorkloadKey, tuple[datetime, ...]]) -> datetime | None:
+    last = _OLDEST.last
+    if last is not None and last[0] is disruptions:
+        return last[1]
+    oldest = min((times[0] for times in disruptions.values()), default=None)
+    _OLDEST.last = (disruptions, oldest)
+    return oldest
+
+
 @dataclass(frozen=True, slots=True)
 class DisruptionHistory:
     """What earlier cycles disrupted (see the module docstring)."""
@@ -229,12 +252,28 @@ class DisruptionHistory:
         window = timedelta(seconds=guards.disruption_window if guards.max_disruptions_per_workload else 0)
         nodes = {n: t for n, t in self.nodes.items() if now - t < keep}
         workloads = {k: t for k, t in self.workloads.items() if now - t < keep}
-        disruptions = {
-            k: kept
-            for k, times in self.disruptions.items()
-            # Times are in order: most workloads keep all of theirs, and their tuple as it is.
-            if (kept := times if now - times[0] < window else tuple(t for t in times if now - t < window))
-        }
+        # Times are in order: most workloads keep all of theirs, and their tuple as it is. A time t is
+        # kept when now - t < window, that is when t > now - window (one subtraction for all of them),
+        # and when every workload's oldest time is, the mapping is kept as it is.
+        try:
+            since: datetime | None = now - window
+        except OverflowError:  # before the earliest datetime: every time is within the window
+            since = None
+        oldest = _oldest_disruption(self.disruptions)
+        if since is None or oldest is None or oldest > since:
+            disruptions = self.disruptions
+        else:  # only the workloads some time of which expires change, in place in a copy
+            disruptions = dict(self.disruptions)
+            left: datetime | None = None
+            for key, times in self.disruptions.items():
+                if times[0] > since:
+                    left = times[0] if left is None or times[0] < left else left
+                elif kept := tuple(t for t in times if now - t < window):
+                    disruptions[key] = kept
+                    left = kept[0] if left is None or kept[0] < left else left
+                else:
+                    del disruptions[key]
+            _OLDEST.last = (disruptions, left)
         failed = {n: f for n, f in self.failed_drains.items() if now - f.last < FAILED_DRAIN_MEMORY}
         return replace(self, nodes=nodes, workloads=workloads, disruptions=disruptions, failed_drains=failed)
 
@@ -261,6 +300,8 @@ class DisruptionHistory:
         return history._settled_evictions(snapshot, reschedule_timeout)
 
     def _settled_evictions(self, snapshot: Snapshot, reschedule_timeout: int) -> DisruptionHistory:
+        if not self.evictions:  # nothing watched: no pod to look at
+            return self
         timeout = timedelta(seconds=reschedule_timeout)
         waiting = _unplaced(snapshot)
         kept: list[EvictionRecord] = []
@@ -423,6 +464,8 @@ def open_circuits(
     snapshot: Snapshot, history: DisruptionHistory, reschedule_timeout: int
 ) -> tuple[Trip, ...]:
     """The workloads whose pods evicted `reschedule_timeout` or more ago are not placed again."""
+    if not history.evictions:
+        return ()
     timeout = timedelta(seconds=reschedule_timeout)
     waiting = _unplaced(snapshot)
     trips: list[Trip] = []
@@ -439,6 +482,8 @@ def open_circuits(
 
 def _unplaced(snapshot: Snapshot) -> dict[Workload, list[Pod]]:
     unplaced: dict[Workload, list[Pod]] = defaultdict(list)
+    if sum(map(len, snapshot.pods_by_node.values())) == len(snapshot.pods):  # every pod is bound
+        return unplaced
     for pod in snapshot.pods:
         if pod.phase == "Pending" and pod.node_name is None:
             unplaced[Workload.of(pod)].append(pod)

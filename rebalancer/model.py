@@ -228,7 +228,12 @@ class GpuRequest:
         return self.count > 0 and self.milli_per_device < MILLI_PER_GPU
 
 
-@dataclass(frozen=True, slots=True)
+# The phases of a pod that no longer holds its node's resources.
+_FINISHED = ("Succeeded", "Failed")
+
+
+# Weak references let `rebalancer.memo` keep what is derived from a pod exactly as long as the pod lives.
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Pod:
     namespace: str
     name: str
@@ -276,7 +281,7 @@ class Pod:
     @property
     def is_active(self) -> bool:
         """Bound and not finished: the pod occupies resources on its node."""
-        return self.node_name is not None and self.phase not in ("Succeeded", "Failed")
+        return self.node_name is not None and self.phase not in _FINISHED
 
     @property
     def terminating(self) -> bool:
@@ -434,12 +439,36 @@ class Snapshot:
     # (`StrategyArgs.usage_period`); None when not read.
     usage: UsageHistory | None = None
 
+    @classmethod
+    def node_by_node(
+        cls, now: datetime, nodes: Mapping[str, Node], pods_on: Mapping[str, tuple[Pod, ...]]
+    ) -> Snapshot:
+        """A snapshot of `nodes` whose pods are those of `pods_on`, node by node in the order of
+        `nodes`, each active and bound to the node it is listed under (ValueError otherwise). Its
+        `pods_by_node` holds those very tuples, so a source that keeps its objects across cycles hands
+        the same tuple for a node whose pods did not change."""
+        grouped: dict[str, tuple[Pod, ...]] = {}
+        for name in nodes:
+            held = pods_on.get(name, ())
+            if not held:
+                continue
+            for pod in held:
+                if pod.node_name != name or pod.phase in _FINISHED:
+                    raise ValueError(f"pod {pod.ref} is listed on node {name} but is not active there")
+            grouped[name] = held
+        if len(grouped) != sum(1 for held in pods_on.values() if held):
+            raise ValueError("pods are listed on nodes the snapshot does not have")
+        snapshot = cls(now=now, nodes=nodes, pods=tuple(pod for held in grouped.values() for pod in held))
+        snapshot.__dict__["pods_by_node"] = grouped  # what the cached property would work out
+        return snapshot
+
     @cached_property
     def pods_by_node(self) -> Mapping[str, tuple[Pod, ...]]:
         grouped: dict[str, list[Pod]] = defaultdict(list)
         for pod in self.pods:
-            if pod.is_active and pod.node_name is not None:
-                grouped[pod.node_name].append(pod)
+            node = pod.node_name
+            if node is not None and pod.phase not in _FINISHED:  # `Pod.is_active`, inline
+                grouped[node].append(pod)
         return {k: tuple(v) for k, v in grouped.items()}
 
     @cached_property

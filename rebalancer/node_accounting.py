@@ -1,7 +1,7 @@
 """Per-node accounting for the scheduling simulation: what a pod asks for, what a node holds, and how one
 node judges and scores one pod.
 
-Owns `Demand` (a pod's requests, GPU devices and non-zero cpu / memory, computed once per pod),
+Owns `Demand` (a pod's requests, GPU devices and non-zero cpu / memory, computed once per pod object),
 `Holding` (what a placed pod takes on its node), `NodeState` (a node's free capacity, devices and
 accounted pods, cloned copy-on-write by `placement.ClusterState`), the devices a running pod's
 annotation says it was given (`assigned_devices`) and the per-node rules: static
@@ -12,9 +12,11 @@ node at a time: choosing among nodes is `placement`'s.
 
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 from rebalancer.gpu_devices import has_devices
+from rebalancer.memo import MISSING, ObjectMemo
 from rebalancer.model import (
     GPU_RESOURCE,
     MILLI_PER_GPU,
@@ -73,6 +75,11 @@ COUNTED_APART = frozenset({GPU_RESOURCE, PODS_RESOURCE})
 
 
 def demand_of(pod: Pod) -> Demand:
+    """What the pod takes from a node (computed once per pod object, `rebalancer.memo`)."""
+    return _DEMANDS(pod)
+
+
+def _demand(pod: Pod) -> Demand:
     requests = pod.requests
     whole = requests.get(GPU_RESOURCE, 0)
     if pod.gpu.count > 0:
@@ -89,6 +96,9 @@ def demand_of(pod: Pod) -> Demand:
     return Demand(tuple(scalar), gpu_count, gpu_milli, score_cpu, score_memory, score_requests(requests))
 
 
+_DEMANDS: ObjectMemo[Pod, Demand] = ObjectMemo(_demand)
+
+
 class Holding(NamedTuple):
     """What one accounted pod holds on its node: its demand and the GPU devices it was given."""
 
@@ -97,8 +107,8 @@ class Holding(NamedTuple):
 
 
 # The pod fields the static rules (unschedulable, taints, node selector, affinity) read, plus the
-# resources it needs at all: pods with equal keys have the same statically feasible nodes.
-StaticKey = tuple[
+# resources it needs at all: pods with equal fields have the same statically feasible nodes.
+StaticFields = tuple[
     tuple[Toleration, ...],
     tuple[tuple[str, str], ...],
     tuple[NodeSelectorTerm, ...],
@@ -107,10 +117,40 @@ StaticKey = tuple[
 ]
 
 
+class StaticKey:
+    """A kind of pod for the static rules: one object per distinct `StaticFields`, shared by every pod
+    with those fields for as long as any of them (or a cache keyed on it) lives, so that the caches keyed
+    on it hash and compare an identity instead of the fields (affinity terms hash field by field)."""
+
+    __slots__ = ("__weakref__", "fields")
+
+    def __init__(self, fields: StaticFields) -> None:
+        self.fields = fields
+
+    def __repr__(self) -> str:
+        return f"StaticKey({self.fields!r})"
+
+
+_KINDS: weakref.WeakValueDictionary[StaticFields, StaticKey] = weakref.WeakValueDictionary()
+
+
 def static_key(pod: Pod, demand: Demand) -> StaticKey:
+    """The pod's kind for the static rules (kept per pod object and demand)."""
+    kept = _STATIC_KEYS.get(pod)
+    if kept is not MISSING and kept[0] is demand:
+        return kept[1]
     selector = tuple(sorted(pod.node_selector.items())) if pod.node_selector else ()
     resources = tuple(name for name, _ in demand.requests)
-    return (pod.tolerations, selector, pod.required_affinity, resources, demand.gpu_count)
+    fields = (pod.tolerations, selector, pod.required_affinity, resources, demand.gpu_count)
+    key = _KINDS.get(fields)
+    if key is None:
+        key = StaticKey(fields)
+        _KINDS[fields] = key
+    _STATIC_KEYS.put(pod, (demand, key))
+    return key
+
+
+_STATIC_KEYS: ObjectMemo[Pod, tuple[Demand, StaticKey]] = ObjectMemo()
 
 
 def static_misfit(pod: Pod, node: Node) -> str | None:
@@ -131,7 +171,7 @@ def static_misfit(pod: Pod, node: Node) -> str | None:
 class NodeState:
     """Free capacity of one node. Shared between ClusterState copies until one of them writes."""
 
-    __slots__ = ("devices", "free", "holdings", "node", "score_cpu", "score_memory")
+    __slots__ = ("devices", "free", "holdings", "node", "ranks", "score_cpu", "score_memory")
 
     def __init__(
         self, node: Node, free: dict[str, int], devices: list[int], holdings: dict[PodKey, Holding]
@@ -143,6 +183,8 @@ class NodeState:
         # cpu and memory of the accounted pods as the score counts them (non-zero defaults included).
         self.score_cpu = 0
         self.score_memory = 0
+        # `node_rank` per demand since the last change (None: none kept).
+        self.ranks: dict[tuple[Demand, str], Rank | None] | None = None
 
     def clone(self) -> NodeState:
         twin = NodeState(self.node, dict(self.free), list(self.devices), dict(self.holdings))
@@ -160,6 +202,7 @@ class NodeState:
 
     def _count(self, demand: Demand, devices: tuple[int, ...], sign: int) -> None:
         """Give back (sign 1) or take (sign -1) what a pod holds."""
+        self.ranks = None
         free = self.free
         for name, amount in demand.requests:
             free[name] = free.get(name, 0) + sign * amount
@@ -175,7 +218,19 @@ class NodeState:
 def assigned_devices(pod: Pod, demand: Demand, device_count: int) -> tuple[int, ...] | None:
     """The devices the pod's `GPU_INDEX_ANNOTATION` says it holds, in increasing order: None when the
     pod has none, or one that does not name `demand.gpu_count` distinct devices of the node (the caller
-    then infers the devices as for a pod without it)."""
+    then infers the devices as for a pod without it). Kept per pod object, demand and device count."""
+    kept = _ASSIGNED.get(pod)
+    if kept is not MISSING and kept[0] is demand and kept[1] == device_count:
+        return kept[2]
+    devices = _assigned_devices(pod, demand, device_count)
+    _ASSIGNED.put(pod, (demand, device_count, devices))
+    return devices
+
+
+_ASSIGNED: ObjectMemo[Pod, tuple[Demand, int, tuple[int, ...] | None]] = ObjectMemo()
+
+
+def _assigned_devices(pod: Pod, demand: Demand, device_count: int) -> tuple[int, ...] | None:
     text = pod.annotations.get(GPU_INDEX_ANNOTATION)
     if text is None or not demand.gpu_count:
         return None
@@ -260,7 +315,21 @@ RankingKey = tuple[StaticKey, Demand]
 
 
 def node_rank(demand: Demand, name: str, state: NodeState) -> Rank | None:
-    """The node's rank for a pod that its static rules admit, or None when what is free is too little."""
-    if not has_room(demand, state):
-        return None
-    return (-node_score(demand, state), name)
+    """The node's rank for a pod that its static rules admit, or None when what is free is too little.
+    Kept on the node state until it changes (at most `_RANKS_KEPT` demands): a state is ranked for the
+    same demand again and again while pods are placed elsewhere, and states as built are shared by
+    every copy and the builds after them."""
+    ranks = state.ranks
+    key = (demand, name)
+    if ranks is None:
+        ranks = state.ranks = {}
+    elif key in ranks:
+        return ranks[key]
+    elif len(ranks) >= _RANKS_KEPT:
+        ranks.clear()
+    rank = (-node_score(demand, state), name) if has_room(demand, state) else None
+    ranks[key] = rank
+    return rank
+
+
+_RANKS_KEPT = 64

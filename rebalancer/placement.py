@@ -32,18 +32,25 @@ Speed: copies are copy-on-write per node (a `copy()` costs one dictionary copy);
 snapshot share its accounting, done once. Nodes are ranked as built once per kind of pod (same
 constraints and requests), shared by every copy; a call re-examines only the nodes the state changed
 (a pod with preferred node affinity is scored on every feasible node: NodeAffinity is normalised over
-them). A ClusterState is not safe to use from several threads at once.
+them). The accounting of a snapshot starts from the one built before it: a node whose Node and pods
+are the very objects it was built from (a watch cache and the trace replay hand the same objects for
+what did not change) keeps its state, and the candidate nodes and ranking of each kind of pod are
+those of the latest of the last builds that made them, with only the nodes changed since judged again.
+A ClusterState is not safe to use from several threads at once.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rebalancer.gpu_devices import best_fit_devices, devices_for_existing, gpu_device_count
+from rebalancer.memo import same_objects
 from rebalancer.model import (
     MILLI_PER_GPU,
+    Node,
     Pod,
     Snapshot,
 )
@@ -91,72 +98,257 @@ FITS = FitResult(ok=True)
 # --------------------------------------------------------------------------- the cluster
 
 
+# How many builds back a kind of pod's candidate nodes or ranking are carried over from.
+_CARRIED_BUILDS = 16
+
+
+class _Carried:
+    """The candidate nodes and rankings of the successive builds of `_LastBuilt`, each kept with the
+    number (epoch) of the build it was made for, and what each of the last `_CARRIED_BUILDS` builds
+    changed: a build derives a kind of pod's candidates or ranking from the latest one made for an earlier
+    build, judging again only the nodes changed since. Entries no recent build can use are dropped."""
+
+    __slots__ = ("candidates", "changes", "rankings")
+
+    def __init__(self) -> None:
+        # Per build: the nodes whose state was rebuilt (or are gone) since the build before, and those
+        # whose Node object changed (or are gone), a subset.
+        self.changes: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
+        self.candidates: dict[StaticKey, tuple[int, frozenset[str]]] = {}
+        self.rankings: dict[RankingKey, tuple[int, tuple[Rank, ...]]] = {}
+
+    def since(self, epoch: int, now: int, *, node_objects: bool) -> set[str] | None:
+        """The nodes rebuilt (or, with `node_objects`, whose Node object changed) by the builds after
+        `epoch` up to `now`; None when that is more than is remembered."""
+        if now - epoch > _CARRIED_BUILDS:
+            return None
+        changed: set[str] = set()
+        for number in range(epoch + 1, now + 1):
+            found = self.changes.get(number)
+            if found is None:
+                return None
+            changed |= found[1] if node_objects else found[0]
+        return changed
+
+    def record(self, epoch: int, rebuilt: frozenset[str], changed_nodes: frozenset[str]) -> None:
+        self.changes[epoch] = (rebuilt, changed_nodes)
+        self.changes.pop(epoch - _CARRIED_BUILDS - 1, None)
+        if epoch % _CARRIED_BUILDS == 0:  # now and then, what no build can derive from any more goes
+            oldest = epoch - _CARRIED_BUILDS
+            self.candidates = {k: v for k, v in self.candidates.items() if v[0] >= oldest}
+            self.rankings = {k: v for k, v in self.rankings.items() if v[0] >= oldest}
+
+
 class _Built:
     """What every copy of one ClusterState shares: the nodes as built and what is derived from them.
 
-    The node states here are never written: a ClusterState clones a node before its first change.
+    The node states here are never written: a ClusterState clones a node before its first change. A
+    build made after another takes over the node states of every node whose Node and pods are the same
+    objects as then (`rebuilt`: the others, and the names gone); one of `_LastBuilt`'s builds (numbered
+    `epoch`) derives its candidates and rankings from those of earlier builds (`carried`).
     """
 
-    __slots__ = ("home", "nodes", "rankings", "static_candidates")
+    __slots__ = (
+        "carried",
+        "changed_nodes",
+        "epoch",
+        "home",
+        "keys",
+        "nodes",
+        "plain",
+        "pods",
+        "rankings",
+        "rebuilt",
+        "static_candidates",
+    )
 
-    def __init__(self, nodes: Mapping[str, NodeState], home: Mapping[PodKey, str]) -> None:
+    def __init__(
+        self,
+        nodes: Mapping[str, NodeState],
+        home: Mapping[PodKey, str],
+        pods: Mapping[str, tuple[Pod, ...]],
+        keys: Mapping[str, tuple[PodKey, ...]],
+        plain: Collection[str] = frozenset(),
+        *,
+        rebuilt: frozenset[str] = frozenset(),
+        changed_nodes: frozenset[str] = frozenset(),
+    ) -> None:
         self.nodes = nodes
         self.home = home  # the node each pod was accounted on when built
+        self.pods = pods  # the pods each node state was built from
+        self.keys = keys  # their keys, in the order they were accounted
+        self.plain = plain  # the nodes whose state is plain (`_node_state`)
+        # Since the build it was made from: the nodes (or names gone) whose state was rebuilt, and those
+        # whose Node object changed (a subset).
+        self.rebuilt = rebuilt
+        self.changed_nodes = changed_nodes
+        self.carried: _Carried | None = None  # set by `_LastBuilt`, with the build's number
+        self.epoch = 0
         # Nodes whose labels, taints and allocatable admit a kind of pod (cordons aside).
         self.static_candidates: dict[StaticKey, frozenset[str]] = {}
         # The rank of every node a kind of pod fits on as built, best first.
         self.rankings: dict[RankingKey, tuple[Rank, ...]] = {}
 
 
-def _build(snapshot: Snapshot) -> _Built:
-    """Every active pod accounted against its node, as the snapshot shows them."""
+def _node_state(node: Node, pods: Sequence[Pod]) -> tuple[NodeState, tuple[PodKey, ...], bool]:
+    """The node with every active pod on it accounted, as the snapshot shows them, the pods' keys in
+    the order they were accounted, and whether the state is plain: every GPU pod on the devices its
+    annotation names (none inferred), every pod's key its own, every resource one the node declares."""
+    state = NodeState(node, dict(node.allocatable), [MILLI_PER_GPU] * gpu_device_count(node), {})
+    keys: list[PodKey] = []
+    gpu_pods: list[tuple[Demand, Pod]] = []
+    for pod in pods:
+        demand = demand_of(pod)
+        if demand.gpu_count:
+            gpu_pods.append((demand, pod))
+        else:
+            key = (pod.namespace, pod.name)
+            state.take(key, Holding(demand, ()))
+            keys.append(key)
+    inferred: list[tuple[Demand, Pod]] = []
+    for demand, pod in gpu_pods:
+        devices = assigned_devices(pod, demand, len(state.devices))
+        if devices is None:
+            inferred.append((demand, pod))
+            continue
+        key = (pod.namespace, pod.name)
+        state.take(key, Holding(demand, devices))
+        keys.append(key)
+    inferred.sort(key=existing_order)
+    for demand, pod in inferred:
+        key = (pod.namespace, pod.name)
+        devices = devices_for_existing(state.devices, demand.gpu_count, demand.gpu_milli)
+        state.take(key, Holding(demand, devices))
+        keys.append(key)
+    plain = not inferred and len(state.holdings) == len(keys) and len(state.free) == len(node.allocatable)
+    return state, tuple(keys), plain
+
+
+def _moved_on(
+    before: NodeState, before_pods: Sequence[Pod], before_keys: tuple[PodKey, ...], pods: Sequence[Pod]
+) -> tuple[NodeState, tuple[PodKey, ...]] | None:
+    """The state `_node_state` builds for a node whose plain state `before` was built from
+    `before_pods`, when `pods` are those pods, some gone, then GPU pods added after them on the devices
+    their annotations name: `before` with the gone pods given back and the new ones taken, in the order
+    a build takes them. None when the pods are not such, or the state would not stay plain."""
+    kept = 0
+    gone: list[Pod] = []
+    for pod in before_pods:
+        if kept < len(pods) and pods[kept] is pod:
+            kept += 1
+        else:
+            gone.append(pod)
+    declared = before.node.allocatable
+    state = before.clone()
+    left = set(before_keys)
+    for pod in gone:
+        key = (pod.namespace, pod.name)
+        if key not in left or any(name not in declared for name, _ in demand_of(pod).requests):
+            return None
+        left.discard(key)
+        state.give_back(key)
+    added: list[PodKey] = []
+    for pod in pods[kept:]:
+        demand = demand_of(pod)
+        key = (pod.namespace, pod.name)
+        if not demand.gpu_count or key in state.holdings:
+            return None
+        if any(name not in declared for name, _ in demand.requests):
+            return None
+        devices = assigned_devices(pod, demand, len(state.devices))
+        if devices is None:
+            return None
+        state.take(key, Holding(demand, devices))
+        added.append(key)
+    return state, (*(key for key in before_keys if key in left), *added)
+
+
+def _build(snapshot: Snapshot, previous: _Built | None = None) -> _Built:
+    """Every active pod accounted against its node, as the snapshot shows them. With `previous`, the
+    state of a node whose Node and pods are the very objects it was built from is taken over (node
+    states are never written, and a pure function of those objects), and that of a node whose pods
+    only lost some and gained GPU pods after them is moved on from it when it is plain (`_moved_on`)."""
     nodes: dict[str, NodeState] = {}
     home: dict[PodKey, str] = {}
+    sources: dict[str, tuple[Pod, ...]] = {}
+    keys: dict[str, tuple[PodKey, ...]] = {}
+    plain: set[str] = set()
+    rebuilt: set[str] = set()
+    changed_nodes: set[str] = set()
     pods_by_node = snapshot.pods_by_node
+    before_nodes: Mapping[str, NodeState] = previous.nodes if previous is not None else {}
+    before_pods = previous.pods if previous is not None else {}
+    before_keys = previous.keys if previous is not None else {}
+    before_plain = previous.plain if previous is not None else frozenset()
     for name, node in snapshot.nodes.items():
-        state = NodeState(node, dict(node.allocatable), [MILLI_PER_GPU] * gpu_device_count(node), {})
-        nodes[name] = state
-        gpu_pods: list[tuple[Demand, Pod]] = []
-        for pod in pods_by_node.get(name, ()):
-            demand = demand_of(pod)
-            if demand.gpu_count:
-                gpu_pods.append((demand, pod))
-            else:
-                key = (pod.namespace, pod.name)
-                state.take(key, Holding(demand, ()))
-                home[key] = name
-        inferred: list[tuple[Demand, Pod]] = []
-        for demand, pod in gpu_pods:
-            devices = assigned_devices(pod, demand, len(state.devices))
-            if devices is None:
-                inferred.append((demand, pod))
+        pods = pods_by_node.get(name, ())
+        old = before_nodes.get(name)
+        moved = None
+        if old is not None and old.node is node:
+            old_pods = before_pods[name]
+            if same_objects(old_pods, pods):
+                nodes[name] = old
+                sources[name] = old_pods
+                keys[name] = old_keys = before_keys[name]
+                home.update(dict.fromkeys(old_keys, name))
+                if name in before_plain:
+                    plain.add(name)
                 continue
-            key = (pod.namespace, pod.name)
-            state.take(key, Holding(demand, devices))
-            home[key] = name
-        inferred.sort(key=existing_order)
-        for demand, pod in inferred:
-            key = (pod.namespace, pod.name)
-            devices = devices_for_existing(state.devices, demand.gpu_count, demand.gpu_milli)
-            state.take(key, Holding(demand, devices))
-            home[key] = name
-    return _Built(nodes, home)
+            if name in before_plain:
+                moved = _moved_on(old, old_pods, before_keys[name], pods)
+        elif previous is not None:
+            changed_nodes.add(name)
+        if moved is not None:
+            nodes[name], keys[name] = moved
+            plain.add(name)
+        else:
+            nodes[name], keys[name], is_plain = _node_state(node, pods)
+            if is_plain:
+                plain.add(name)
+        sources[name] = pods
+        home.update(dict.fromkeys(keys[name], name))
+        rebuilt.add(name)
+    if previous is None:
+        return _Built(
+            nodes, home, sources, keys, plain, rebuilt=frozenset(nodes), changed_nodes=frozenset(nodes)
+        )
+    gone = previous.nodes.keys() - nodes.keys()
+    return _Built(
+        nodes,
+        home,
+        sources,
+        keys,
+        plain,
+        rebuilt=frozenset(rebuilt | gone),
+        changed_nodes=frozenset(changed_nodes | gone),
+    )
 
 
 class _LastBuilt:
-    """The `_Built` of the snapshot that states were last built from, held only as long as it lives."""
+    """The `_Built` of the snapshot that states were last built from, held only as long as it lives; the
+    last build of all, which the next one starts from; and what the builds carry over (`_Carried`)."""
 
-    __slots__ = ("_entry",)
+    __slots__ = ("_carried", "_entry", "_last", "_lock")
 
     def __init__(self) -> None:
         self._entry: tuple[weakref.ref[Snapshot], _Built] | None = None
+        self._last: _Built | None = None
+        self._carried = _Carried()
+        self._lock = threading.Lock()
 
     def get(self, snapshot: Snapshot) -> _Built:
         entry = self._entry
         if entry is not None and entry[0]() is snapshot:
             return entry[1]
-        built = _build(snapshot)
-        self._entry = (weakref.ref(snapshot, self._forget), built)
+        with self._lock:
+            last = self._last
+            built = _build(snapshot, last)
+            built.epoch = last.epoch + 1 if last is not None else 0
+            if last is not None:
+                self._carried.record(built.epoch, built.rebuilt, built.changed_nodes)
+            built.carried = self._carried
+            self._entry = (weakref.ref(snapshot, self._forget), built)
+            self._last = built
         return built
 
     def _forget(self, ref: weakref.ref[Snapshot]) -> None:
@@ -318,28 +510,61 @@ class ClusterState:
         return chosen, names
 
     def _static_candidates(self, key: StaticKey, pod: Pod, demand: Demand) -> frozenset[str]:
-        """Nodes whose labels, taints and allocatable admit the pod, whatever is free (cached)."""
-        candidates = self._built.static_candidates.get(key)
-        if candidates is None:
-            candidates = frozenset(
-                name
-                for name, state in self._built.nodes.items()
-                if could_ever_hold(demand, state) and static_misfit(pod, state.node) is None
-            )
-            self._built.static_candidates[key] = candidates
+        """Nodes whose labels, taints and allocatable admit the pod, whatever is free (cached, and
+        derived from an earlier build's when there is one: only nodes whose Node object changed since
+        are judged again)."""
+        built = self._built
+        candidates = built.static_candidates.get(key)
+        if candidates is not None:
+            return candidates
+        nodes = built.nodes
+        judged: Iterable[str] = nodes
+        kept: frozenset[str] = frozenset()
+        carried = built.carried
+        before = carried.candidates.get(key) if carried is not None else None
+        if carried is not None and before is not None and before[0] <= built.epoch:
+            changed = carried.since(before[0], built.epoch, node_objects=True)
+            if changed is not None:
+                judged, kept = changed, before[1] - changed
+        candidates = kept | {
+            name
+            for name in judged
+            if (state := nodes.get(name)) is not None
+            and could_ever_hold(demand, state)
+            and static_misfit(pod, state.node) is None
+        }
+        built.static_candidates[key] = candidates
+        if carried is not None and (before is None or before[0] < built.epoch):
+            carried.candidates[key] = (built.epoch, candidates)
         return candidates
 
     def _ranking(
         self, kind: StaticKey, candidates: frozenset[str], pod: Pod, demand: Demand
     ) -> tuple[Rank, ...]:
-        """The rank of every node the pod fits on as built, best first (cached per kind of pod)."""
+        """The rank of every node the pod fits on as built, best first (cached per kind of pod, and
+        derived from an earlier build's when there is one: only nodes rebuilt since are ranked again)."""
         key = (kind, demand)
-        ranking = self._built.rankings.get(key)
-        if ranking is None:
-            nodes = self._built.nodes
-            ranks = [node_rank(demand, name, nodes[name]) for name in candidates]
-            ranking = tuple(sorted(rank for rank in ranks if rank is not None))
-            self._built.rankings[key] = ranking
+        built = self._built
+        ranking = built.rankings.get(key)
+        if ranking is not None:
+            return ranking
+        nodes = built.nodes
+        ranked: Iterable[str] = candidates
+        ranks: list[Rank] = []
+        carried = built.carried
+        before = carried.rankings.get(key) if carried is not None else None
+        if carried is not None and before is not None and before[0] <= built.epoch:
+            rebuilt = carried.since(before[0], built.epoch, node_objects=False)
+            if rebuilt is not None:
+                ranked = rebuilt
+                ranks = [rank for rank in before[1] if rank[1] not in rebuilt]
+        for name in ranked:
+            if name in candidates and (rank := node_rank(demand, name, nodes[name])) is not None:
+                ranks.append(rank)
+        ranking = tuple(sorted(ranks))
+        built.rankings[key] = ranking
+        if carried is not None and (before is None or before[0] < built.epoch):
+            carried.rankings[key] = (built.epoch, ranking)
         return ranking
 
     def _misfit(self, demand: Demand, pod: Pod, name: str, state: NodeState) -> str | None:

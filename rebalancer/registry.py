@@ -8,7 +8,7 @@ except through `load_builtin_strategies()`, and must not know about policies, so
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
@@ -77,6 +77,18 @@ class StrategyContext:
     refusal: PodRefusalCheck = _never_refuse
     gpu_prices: Mapping[str, float] = field(default_factory=dict)
     default_gpu_price: float | None = None
+    # `first_refusal` as one call, when the orchestrator has a faster one than `refusal` pod by pod.
+    refusals: Callable[[Sequence[Pod]], tuple[Pod, Refusal] | None] | None = None
+
+    def first_refusal(self, pods: Sequence[Pod]) -> tuple[Pod, Refusal] | None:
+        """The first of `pods` that `refusal` refuses, with the refusal; None when it refuses none."""
+        if self.refusals is not None:
+            return self.refusals(pods)
+        for pod in pods:
+            refusal = self.refusal(pod)
+            if refusal is not None:
+                return pod, refusal
+        return None
 
     def price_per_gpu_hour(self, gpu_model: str | None) -> float | None:
         if gpu_model is not None and gpu_model in self.gpu_prices:
@@ -102,6 +114,7 @@ class StrategySpec(Generic[ArgsT]):
 
 
 _REGISTRY: dict[str, StrategySpec[Any]] = {}
+_LOADED: list[bool] = []  # not empty once the built-in modules were imported
 
 BUILTIN_MODULES = (
     "strategies.idle_gpu",
@@ -128,12 +141,16 @@ def strategy(
 
 
 def load_builtin_strategies() -> None:
+    """Import every built-in strategy module there is (once: every cycle looks strategies up)."""
+    if _LOADED:
+        return
     for module in BUILTIN_MODULES:
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
             if exc.name != module:
                 raise
+    _LOADED.append(True)
 
 
 def get_strategy(name: str) -> StrategySpec[Any] | None:

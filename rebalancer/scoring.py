@@ -145,7 +145,8 @@ def most_allocated(resources: Iterable[tuple[int, int, int]]) -> int:
     for weight, requested, allocatable in resources:
         if allocatable <= 0:
             continue
-        total += resource_score(requested, allocatable) * weight
+        # resource_score, inline: this runs for every node a pod is scored on.
+        total += min(requested, allocatable) * MAX_NODE_SCORE // allocatable * weight
         weights += weight
     return total // weights if weights else 0
 

@@ -25,7 +25,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from itertools import chain
 
+from rebalancer.memo import MISSING, NodeMemo, ObjectMemo, same_objects
 from rebalancer.model import (
     DestinationRule,
     Finding,
@@ -267,6 +269,80 @@ def _gang(
     )
 
 
+def _first_look(pod: Pod, node: Node, preferred: bool) -> NotChosen | str | None:
+    """What the first pass finds of a pod on its node: what it violates (a required rule), the record
+    of a pod left alone (its node matches, or it has no rule), or None for a pod the later passes judge
+    (a gang member, a pod with preferred terms under `preferred`). Kept per pod object while its node
+    object and `preferred` are the same (`rebalancer.memo`): it depends on nothing else."""
+    kept = _FIRST_LOOK.get(pod)
+    if kept is not MISSING and kept[0] is node and kept[1] == preferred:
+        return kept[2]
+    # A pod without a nodeSelector or required affinity matches every node: skip the matching.
+    has_rule = bool(pod.node_selector or pod.required_affinity)
+    violation = _violation(pod, node) if has_rule else None
+    found: NotChosen | str | None
+    if violation is not None:
+        found = violation.what
+    elif pod.gang is not None or (preferred and pod.preferred_affinity):
+        found = None
+    elif has_rule:
+        found = _left(pod, "affinity-satisfied", _SATISFIED)
+    else:
+        no_rule = _NO_RULE_PREFERRED_OFF if not preferred else _NO_RULE
+        found = _left(pod, "no-rule", no_rule if pod.preferred_affinity else _NO_RULE)
+    _FIRST_LOOK.put(pod, (node, preferred, found))
+    return found
+
+
+_FIRST_LOOK: ObjectMemo[Pod, tuple[Node, bool, NotChosen | str | None]] = ObjectMemo()
+
+
+class _NodeLooks:
+    """The first looks at the pods of one node (not terminating), in order: when none violates, the
+    records of the pods left alone and the pods the later passes judge, per `preferred` (cached)."""
+
+    __slots__ = ("_found", "node", "pods")
+
+    def __init__(self, node: Node, pods: tuple[Pod, ...]) -> None:
+        self.node = node
+        self.pods = tuple(pod for pod in pods if not pod.terminating)
+        self._found: dict[bool, tuple[tuple[NotChosen, ...], tuple[tuple[Pod, Node], ...]] | None] = {}
+
+    def without_violations(
+        self, preferred: bool
+    ) -> tuple[tuple[NotChosen, ...], tuple[tuple[Pod, Node], ...]] | None:
+        """The records and the pods left to later passes; None when some pod violates its rules."""
+        if preferred in self._found:
+            return self._found[preferred]
+        left: list[NotChosen] = []
+        rest: list[tuple[Pod, Node]] = []
+        found: tuple[tuple[NotChosen, ...], tuple[tuple[Pod, Node], ...]] | None = None
+        for pod in self.pods:
+            look = _first_look(pod, self.node, preferred)
+            if look is None:
+                rest.append((pod, self.node))
+            elif isinstance(look, NotChosen):
+                left.append(look)
+            else:
+                break
+        else:
+            found = (tuple(left), tuple(rest))
+        self._found[preferred] = found
+        return found
+
+
+# Kept from one snapshot to the next while the node and its pods are the same objects.
+_NODE_LOOKS: NodeMemo[_NodeLooks] = NodeMemo(_NodeLooks)
+
+
+def _grouped_by_node(snapshot: Snapshot) -> bool:
+    """Whether the snapshot's pods are those of its nodes, node by node in the nodes' order, all active:
+    then looking at them node by node looks at them in their order."""
+    by_node = snapshot.pods_by_node
+    in_node_order = tuple(chain.from_iterable(by_node.get(name, ()) for name in snapshot.nodes))
+    return same_objects(in_node_order, snapshot.pods)
+
+
 def _required(
     snapshot: Snapshot, args: GpuAffinityArgs, state: ClusterState, out: _Outcome
 ) -> list[tuple[Pod, Node]]:
@@ -276,23 +352,33 @@ def _required(
     preferred terms."""
     violations: list[_Violation] = []
     rest: list[tuple[Pod, Node]] = []
-    no_rule = _NO_RULE_PREFERRED_OFF if not args.preferred else _NO_RULE
-    for pod, node in _placed(snapshot):
-        # A pod without a nodeSelector or required affinity matches every node: skip the matching.
-        has_rule = bool(pod.node_selector or pod.required_affinity)
-        violation = _violation(pod, node) if has_rule else None
-        if violation is None:
-            if pod.gang is not None or (args.preferred and pod.preferred_affinity):
-                rest.append((pod, node))
-            elif has_rule:
-                out.left.append(_left(pod, "affinity-satisfied", _SATISFIED))
-            else:
-                out.left.append(_left(pod, "no-rule", no_rule if pod.preferred_affinity else _NO_RULE))
-            continue
-        if _old_enough(pod, snapshot, args):
-            violations.append(violation)
+
+    def look(pod: Pod, node: Node) -> None:
+        found = _first_look(pod, node, args.preferred)
+        if found is None:
+            rest.append((pod, node))
+        elif isinstance(found, NotChosen):
+            out.left.append(found)
         else:
-            out.leave(pod, "too-young", f"{_violation_text(violation)}; {_too_young(args)}")
+            violation = _Violation(pod=pod, node=node, what=found)
+            if _old_enough(pod, snapshot, args):
+                violations.append(violation)
+            else:
+                out.leave(pod, "too-young", f"{_violation_text(violation)}; {_too_young(args)}")
+
+    if _grouped_by_node(snapshot):  # node by node: what a node's first looks found is kept with it
+        for name in snapshot.nodes:
+            looks = _NODE_LOOKS(snapshot, name)
+            found = looks.without_violations(args.preferred)
+            if found is None:
+                for pod in looks.pods:
+                    look(pod, looks.node)
+            else:
+                out.left.extend(found[0])
+                rest.extend(found[1])
+    else:
+        for pod, node in _placed(snapshot):
+            look(pod, node)
     by_gang: dict[str, list[_Violation]] = {}
     for v in violations:
         if v.pod.gang is not None:

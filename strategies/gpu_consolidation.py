@@ -39,6 +39,7 @@ from typing import Annotated, Self
 
 from pydantic import Field, model_validator
 
+from rebalancer.memo import MISSING, ObjectMemo
 from rebalancer.model import Finding, NotChosen, Pod, Proposal, Snapshot, StrategyResult, TelemetryWindow
 from rebalancer.placement import ClusterState
 from rebalancer.policy import Duration, Percent, format_duration
@@ -59,15 +60,16 @@ from strategies.gpu_consolidation_candidates import (
     has_mirror_pod,
     node_candidate,
     not_chosen,
+    order_of,
     static_block,
 )
 from strategies.gpu_consolidation_sizes import (
     Run,
-    Sizes,
     destination_rules,
     landing_of,
     may_drain_upward,
     size_rules_allow,
+    sizes_of,
     with_room_made,
 )
 from strategies.gpu_consolidation_telemetry import STALE_FINDING
@@ -272,7 +274,7 @@ def gpu_consolidation(snapshot: Snapshot, args: GpuConsolidationArgs, ctx: Strat
             non_packed_nodes += 1
             continue
         drainable.append(candidate)
-    drainable.sort(key=Candidate.order)
+    drainable.sort(key=order_of)
 
     proposals = _simulate(snapshot, args, ctx, drainable, findings, left=left)
     hints = (_scheduler_hint(non_packed, non_packed_nodes, args),) if non_packed else ()
@@ -282,11 +284,34 @@ def gpu_consolidation(snapshot: Snapshot, args: GpuConsolidationArgs, ctx: Strat
 
 
 def _above_threshold(candidate: Candidate, args: GpuConsolidationArgs) -> str:
+    """Why a node at or above the threshold is not drained (kept per Candidate object and arguments)."""
+    kept = _ABOVE.get(candidate)
+    if kept is not MISSING and kept[0] is args:
+        return kept[1]
     share = candidate.allocated / candidate.capacity * 100
-    return (
+    text = (
         f"not drained: {_pct(share)} allocated >= threshold {_pct(args.max_allocated_percent)}, and its "
         "pods cannot be lifted onto nodes with more GPUs"
     )
+    _ABOVE.put(candidate, (args, text))
+    return text
+
+
+_ABOVE: ObjectMemo[Candidate, tuple[GpuConsolidationArgs, str]] = ObjectMemo()
+
+
+def _above_threshold_record(candidate: Candidate, args: GpuConsolidationArgs) -> NotChosen:
+    """The record of a node at or above the threshold that could never be drained upward (kept per
+    Candidate object and arguments)."""
+    kept = _ABOVE_RECORDS.get(candidate)
+    if kept is not MISSING and kept[0] is args:
+        return kept[1]
+    record = not_chosen(candidate.name, "allocated-above-threshold", _above_threshold(candidate, args))
+    _ABOVE_RECORDS.put(candidate, (args, record))
+    return record
+
+
+_ABOVE_RECORDS: ObjectMemo[Candidate, tuple[GpuConsolidationArgs, NotChosen]] = ObjectMemo()
 
 
 def _simulate(
@@ -310,17 +335,13 @@ def _simulate(
     """
     state = ClusterState.from_snapshot(snapshot)
     proposals: list[Proposal] = []
-    run = Run(snapshot, args, ctx, Sizes(snapshot))
+    run = Run(snapshot, args, ctx, sizes_of(snapshot))
     moved, done, sizes = run.moved, run.done, run.sizes
     receivers: set[str] = set()  # nodes predicted to receive pods in this run
     # Nodes at or above the threshold that could never be drained are no upcoming drains either.
     upward = [c for c in drainable if not c.needs_larger or may_drain_upward(c, sizes, args)]
     kept = {c.name for c in upward}
-    left.extend(
-        not_chosen(c.name, "allocated-above-threshold", _above_threshold(c, args))
-        for c in drainable
-        if c.name not in kept
-    )
+    left.extend(_above_threshold_record(c, args) for c in drainable if c.name not in kept)
     drainable = upward
     by_name = {c.name: c for c in drainable}
 

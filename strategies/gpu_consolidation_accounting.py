@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterable
 
 from rebalancer.gpu_devices import gpu_device_count
+from rebalancer.memo import ObjectMemo
 from rebalancer.model import MIG_RESOURCE_PREFIX, MILLI_PER_GPU, Node, Pod
 
 __all__ = [
@@ -53,13 +54,21 @@ def node_capacity_gpus(node: Node) -> float:
 
 
 def pod_gpus(pod: Pod) -> float:
-    """GPU-equivalents a pod holds: whole GPUs and shares from `pod.gpu`, MIG instances by slices."""
+    """GPU-equivalents a pod holds: whole GPUs and shares from `pod.gpu`, MIG instances by slices
+    (worked out once per pod object, `rebalancer.memo`)."""
+    return _POD_GPUS(pod)
+
+
+def _pod_gpus(pod: Pod) -> float:
     mig = sum(
         count * _mig_gpus(res) for res, count in pod.requests.items() if res.startswith(MIG_RESOURCE_PREFIX)
     )
     if mig:
         return mig
     return pod.gpu.count * pod.gpu.milli_per_device / MILLI_PER_GPU
+
+
+_POD_GPUS: ObjectMemo[Pod, float] = ObjectMemo(_pod_gpus)
 
 
 def format_gpus(value: float) -> str:

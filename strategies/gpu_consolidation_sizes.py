@@ -26,11 +26,14 @@ which candidate to drain nor emit findings (the entry module does).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import weakref
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import count
 from typing import TYPE_CHECKING
 
-from rebalancer.model import DestinationRule, Pod, Snapshot
+from rebalancer.memo import MISSING, ObjectMemo
+from rebalancer.model import DestinationRule, Node, Pod, Snapshot
 from rebalancer.placement import ClusterState
 from rebalancer.registry import StrategyContext
 from rebalancer.selectors import node_selector_matches, required_affinity_matches, untolerated_taints
@@ -48,6 +51,7 @@ __all__ = [
     "landing_of",
     "may_drain_upward",
     "size_rules_allow",
+    "sizes_of",
     "with_room_made",
 ]
 
@@ -59,18 +63,43 @@ _EPSILON = 1e-9
 
 class Sizes:
     """GPUs per node (GPU-equivalents, as candidates count them), and which pods could ever run on a
-    node larger than a given size."""
+    node larger than a given size, answered per kind of constraints (pods with equal required affinity,
+    nodeSelector and tolerations get the same answer). Depends on the snapshot's nodes alone:
+    `sizes_of` hands the same Sizes to the next snapshot when its nodes are the same objects, and a
+    Sizes made after another one (`previous`) takes over what it found, judging again only what the
+    new and changed nodes could change."""
 
-    def __init__(self, snapshot: Snapshot) -> None:
-        self._snapshot = snapshot
+    def __init__(self, nodes: Mapping[str, Node], previous: Sizes | None = None) -> None:
+        self._nodes = nodes
+        self._generation = next(_GENERATIONS)
         self._of: dict[str, float] = {}
-        self._larger: dict[tuple[object, ...], bool] = {}
+        # Per kind of pod and size: a node admitting it (None: none does).
+        self._larger: dict[tuple[_Constraints, float], str | None] = {}
         self._by_size: dict[tuple[float, bool], frozenset[str]] = {}
+        self._larger_nodes: dict[float, tuple[tuple[str, Node], ...]] = {}
+        # Since `previous`: the nodes new or changed (`fresh`), and those changed or gone (`gone`).
+        self._previous = previous
+        self._fresh: frozenset[str] = frozenset()
+        self._gone: frozenset[str] = frozenset()
+        if previous is not None:
+            before = previous._nodes
+            self._fresh = frozenset(name for name, node in nodes.items() if before.get(name) is not node)
+            self._gone = self._fresh | (before.keys() - nodes.keys())
+            previous._previous = None  # what it took over is its own now: let the one before it go
+
+    @property
+    def generation(self) -> int:
+        """Tells this Sizes from every other one made in the process."""
+        return self._generation
 
     def of(self, node: str) -> float:
         size = self._of.get(node)
         if size is None:
-            size = node_capacity_gpus(self._snapshot.nodes[node])
+            previous = self._previous
+            if previous is not None and node in self._nodes and node not in self._fresh:
+                size = previous._of.get(node)
+            if size is None:
+                size = node_capacity_gpus(self._nodes[node])
             self._of[node] = size
         return size
 
@@ -87,27 +116,125 @@ class Sizes:
         nodes = self._by_size.get(key)
         if nodes is None:
             low = size + _EPSILON if larger_only else size - _EPSILON
-            nodes = frozenset(name for name in self._snapshot.nodes if self.of(name) > low)
+            nodes = frozenset(name for name in self._nodes if self.of(name) > low)
             self._by_size[key] = nodes
+        return nodes
+
+    def _larger_than(self, name: str, node: Node, size: float) -> bool:
+        return node.is_gpu_node and not node.unschedulable and self.of(name) > size
+
+    def _schedulable_larger(self, size: float) -> tuple[tuple[str, Node], ...]:
+        """The schedulable GPU nodes with more GPUs than `size` (cached)."""
+        nodes = self._larger_nodes.get(size)
+        if nodes is None:
+            nodes = tuple(
+                (name, node) for name, node in self._nodes.items() if self._larger_than(name, node, size)
+            )
+            self._larger_nodes[size] = nodes
         return nodes
 
     def could_go_larger(self, pod: Pod, size: float) -> bool:
         """Whether a schedulable node with more GPUs than `size` admits the pod by its labels, affinity
         and taints (what is free aside). A necessary condition for a placement there, nothing more."""
-        key = (pod.required_affinity, tuple(sorted(pod.node_selector.items())), pod.tolerations, size)
-        known = self._larger.get(key)
-        if known is None:
-            known = any(
-                node.is_gpu_node
-                and not node.unschedulable
-                and self.of(name) > size
-                and required_affinity_matches(pod, node)
-                and node_selector_matches(pod, node)
-                and not untolerated_taints(pod, node)
-                for name, node in self._snapshot.nodes.items()
+        return self._could_go_larger(_CLASS(pod), pod, size)
+
+    def _could_go_larger(self, kind: _Constraints, pod: Pod, size: float) -> bool:
+        """`could_go_larger` for a pod of that kind (every pod of a kind gets the same answer)."""
+        key = (kind, size)
+        witness = self._larger.get(key, MISSING)
+        if witness is MISSING:
+            witness = self._witness(pod, key, size)
+            self._larger[key] = witness
+        return witness is not None
+
+    def _witness(self, pod: Pod, key: tuple[_Constraints, float], size: float) -> str | None:
+        """A node that admits pods of the kind of `pod`: the previous Sizes' when that node did not
+        change, none when it found none and no node that is new or changed admits them, else any."""
+        previous = self._previous
+        before = previous._larger.get(key, MISSING) if previous is not None else MISSING
+        if before is None:
+            nodes = self._nodes
+            fresh = (
+                (name, nodes[name]) for name in self._fresh if self._larger_than(name, nodes[name], size)
             )
-            self._larger[key] = known
-        return known
+            return _admitting(pod, fresh)
+        if isinstance(before, str) and before not in self._gone:
+            return before
+        return _admitting(pod, self._schedulable_larger(size))
+
+
+def _admitting(pod: Pod, nodes: Iterable[tuple[str, Node]]) -> str | None:
+    """The first of `nodes` whose labels, affinity and taints admit the pod, or None."""
+    for name, node in nodes:
+        if (
+            required_affinity_matches(pod, node)
+            and node_selector_matches(pod, node)
+            and not untolerated_taints(pod, node)
+        ):
+            return name
+    return None
+
+
+class _Constraints:
+    """Stands for one set of pod constraints that `could_go_larger` reads (required node affinity,
+    nodeSelector, tolerations): pods with equal ones share it, for as long as any of them lives."""
+
+    __slots__ = ("__weakref__",)
+
+
+_KINDS: weakref.WeakValueDictionary[tuple[object, ...], _Constraints] = weakref.WeakValueDictionary()
+
+
+def _constraints_of(pod: Pod) -> _Constraints:
+    key = (pod.required_affinity, tuple(sorted(pod.node_selector.items())), pod.tolerations)
+    kind = _KINDS.get(key)
+    if kind is None:
+        kind = _Constraints()
+        _KINDS[key] = kind
+    return kind
+
+
+_GENERATIONS = count()
+# Per pod object: its kind of constraints.
+_CLASS: ObjectMemo[Pod, _Constraints] = ObjectMemo(_constraints_of)
+
+
+def _kinds(candidate: Candidate) -> tuple[tuple[_Constraints, Pod], ...]:
+    """One pod of each kind of constraints among the candidate's pods, in their order."""
+    first: dict[_Constraints, Pod] = {}
+    for pod in candidate.pods:
+        first.setdefault(_CLASS(pod), pod)
+    return tuple(first.items())
+
+
+# Per Candidate object: one pod of each kind among its pods.
+_KINDS_OF: ObjectMemo[Candidate, tuple[tuple[_Constraints, Pod], ...]] = ObjectMemo(_kinds)
+
+
+class _LastSizes:
+    """The Sizes handed out last, for the next snapshot (the same one when its nodes are the same)."""
+
+    __slots__ = ("sizes",)
+
+    def __init__(self) -> None:
+        self.sizes: Sizes | None = None
+
+
+_LAST_SIZES = _LastSizes()
+
+
+def sizes_of(snapshot: Snapshot) -> Sizes:
+    """The Sizes of the snapshot's nodes: the last one handed out when its nodes are the same objects,
+    else one made from it."""
+    last = _LAST_SIZES.sizes
+    nodes = snapshot.nodes
+    if last is not None and len(last._nodes) == len(nodes):
+        before = last._nodes
+        if all(before.get(name) is node for name, node in nodes.items()):
+            return last
+    sizes = Sizes(nodes, last)
+    _LAST_SIZES.sizes = sizes
+    return sizes
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,12 +247,31 @@ class Run:
     sizes: Sizes
     moved: set[PodKey] = field(default_factory=set)  # pods already in a proposal of this run
     done: set[str] = field(default_factory=set)  # nodes freed in this run
+    # Per (GPU model, size): `_peers`.
+    peers: dict[tuple[str | None, float], tuple[tuple[str, tuple[Pod, ...]], ...]] = field(
+        default_factory=dict
+    )
 
 
 def may_drain_upward(candidate: Candidate, sizes: Sizes, args: GpuConsolidationArgs) -> bool:
     """Cheap necessary condition for a node at or above the threshold: some pod could go to a larger
     node, and the pods that cannot fit in the GPUs the node leaves free (unless room may be made on
-    its peers)."""
+    its peers). Kept per Candidate object while the Sizes and the arguments are the same."""
+    kept = _UPWARD.get(candidate)
+    if kept is not MISSING and kept[0] == sizes.generation and kept[1] is args:
+        return kept[2]
+    upward = _may_drain_upward(candidate, sizes, args)
+    _UPWARD.put(candidate, (sizes.generation, args, upward))
+    return upward
+
+
+_UPWARD: ObjectMemo[Candidate, tuple[int, GpuConsolidationArgs, bool]] = ObjectMemo()
+
+
+def _may_drain_upward(candidate: Candidate, sizes: Sizes, args: GpuConsolidationArgs) -> bool:
+    if args.peer_pods_to_make_room > 0:  # room may be made: any pod that could go larger will do
+        size = candidate.capacity
+        return any(sizes._could_go_larger(kind, pod, size) for kind, pod in _KINDS_OF(candidate))
     free = candidate.capacity - candidate.allocated
     stuck = 0.0
     lifts = False
@@ -218,30 +364,46 @@ def destination_rules(
     return rules
 
 
+def _peers(run: Run, model: str | None, size: float) -> tuple[tuple[str, tuple[Pod, ...]], ...]:
+    """The schedulable nodes of the GPU model and size, in snapshot order, each with its pods that could
+    ever make room: placed by a packed scheduler, no DaemonSet or static pod, in no gang, holding GPUs
+    (the same for every candidate of the run: cached)."""
+    found = run.peers.get((model, size))
+    if found is None:
+        packed = set(run.args.packed_schedulers)
+        found = tuple(
+            (
+                name,
+                tuple(
+                    pod
+                    for pod in run.snapshot.pods_on(name)
+                    if not pod.is_daemonset
+                    and not pod.is_mirror
+                    and pod.gang is None
+                    and pod.scheduler_name in packed
+                    and pod_gpus(pod) > 0
+                ),
+            )
+            for name, node in run.snapshot.nodes.items()
+            if not node.unschedulable and node.gpu_model == model and run.sizes.of(name) == size
+        )
+        run.peers[(model, size)] = found
+    return found
+
+
 def _room_makers(candidate: Candidate, run: Run) -> list[Pod]:
     """Pods of the candidate's peers (schedulable nodes of its GPU model and size) that could run on a
     larger node and may be moved: placed by a packed scheduler, evictable, in no gang, not yet moving."""
-    packed = set(run.args.packed_schedulers)
+    size = candidate.capacity
     makers: list[Pod] = []
-    for name, node in run.snapshot.nodes.items():
-        if (
-            name == candidate.name
-            or name in run.done
-            or node.unschedulable
-            or node.gpu_model != candidate.node.gpu_model
-            or run.sizes.of(name) != candidate.capacity
-        ):
+    for name, pods in _peers(run, candidate.node.gpu_model, size):
+        if name == candidate.name or name in run.done:
             continue
         makers.extend(
             pod
-            for pod in run.snapshot.pods_on(name)
-            if not pod.is_daemonset
-            and not pod.is_mirror
-            and pod.gang is None
-            and pod.scheduler_name in packed
-            and pod.key not in run.moved
-            and pod_gpus(pod) > 0
-            and run.sizes.could_go_larger(pod, candidate.capacity)
+            for pod in pods
+            if pod.key not in run.moved
+            and run.sizes.could_go_larger(pod, size)
             and run.ctx.refusal(pod) is None
         )
     return makers

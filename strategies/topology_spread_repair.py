@@ -172,7 +172,7 @@ def spread_groups(snapshot: Snapshot, include_soft: bool) -> tuple[list[_Group],
     found: dict[_GroupKey, tuple[TopologySpreadConstraint, list[Pod]]] = {}
     soft_only: list[NotChosen] = []
     for pod in snapshot.pods:
-        if not pod.is_active or pod.terminating or not pod.topology_spread:
+        if not pod.topology_spread or not pod.is_active or pod.terminating:  # most pods have no constraint
             continue
         seen: set[_GroupKey] = set()
         for constraint in pod.topology_spread:

@@ -10,7 +10,7 @@ from rebalancer import guards
 from rebalancer.guards import GUARD_NAMES, POD_GUARD_NAMES, node_refusal, pod_refusal
 from rebalancer.model import OwnerRef, Pod, Volume
 from rebalancer.policy import GuardsConfig, LabelSelectorConfig, NamespaceFilter
-from rebalancer.registry import Refusal
+from rebalancer.registry import Refusal, StrategyContext
 from tests.builders import NOW, node, pod, snapshot
 
 SNAP = snapshot([node("gpu-a-1")])
@@ -325,6 +325,59 @@ def test_zero_min_age_disables_the_guard() -> None:
     cfg = GuardsConfig(min_pod_age=0)
     assert refuse(pod("x", "gpu-a-1", age=timedelta(0)), cfg) is None
     assert refuse(Pod(namespace="ml", name="x", owner=OwnerRef(kind="Job", name="j")), cfg) is None
+
+
+def test_the_same_pod_object_is_judged_anew_as_time_passes_and_policies_change() -> None:
+    """What is kept per pod object (`rebalancer.memo`) never freezes a verdict that depends on the
+    snapshot's time or the policy: one pod object, young, then old enough, then under other guards."""
+    p = pod("x", "gpu-a-1", age=timedelta(minutes=5))
+    young = refuse(p)
+    assert young == Refusal("min-pod-age", "pod is 5m old, younger than the minimum age 10m")
+    later = snapshot([node("gpu-a-1")], now=NOW + timedelta(minutes=5))
+    assert pod_refusal(p, later, DEFAULT) is None
+    assert refuse(p) == young
+    stricter = GuardsConfig(namespaces=NamespaceFilter(exclude=("ml",)))
+    assert refuse(p, stricter) == Refusal("namespace", "namespace ml is excluded by the policy")
+    assert pod_refusal(p, later, DEFAULT) is None
+    assert pod_refusal(p, later, GuardsConfig(min_pod_age=3600)) == Refusal(
+        "min-pod-age", "pod is 10m old, younger than the minimum age 1h"
+    )
+
+
+@pytest.mark.parametrize("later", [timedelta(0), timedelta(minutes=6), timedelta(hours=2)])
+def test_first_refusal_is_pod_refusal_on_each_pod_in_order(later: timedelta) -> None:
+    pods = [
+        pod("old", "gpu-a-1"),
+        pod("young", "gpu-a-1", age=timedelta(minutes=5)),
+        pod("excluded", "gpu-a-1", namespace="kube-system"),
+        pod("younger", "gpu-a-1", age=timedelta(minutes=1)),
+    ]
+    snap = snapshot([node("gpu-a-1")], pods, now=NOW + later)
+    for start in range(len(pods) + 1):
+        rest = pods[start:]
+        expected = next(((p, r) for p in rest if (r := pod_refusal(p, snap, DEFAULT)) is not None), None)
+        assert guards.first_refusal(rest, snap, DEFAULT) == expected
+        # A context without the orchestrator's one-loop check asks `refusal` pod by pod: the same.
+        ctx = StrategyContext(refusal=lambda p, snap=snap: pod_refusal(p, snap, DEFAULT))
+        assert ctx.first_refusal(rest) == expected
+
+
+def test_first_refusal_kept_for_a_tuple_follows_the_time_both_ways() -> None:
+    """The answer kept for the same tuple of pods holds only from its time on: later, a young pod has
+    grown old enough; earlier again, it is young again."""
+    pods = (pod("old", "gpu-a-1"), pod("young", "gpu-a-1", age=timedelta(minutes=5)), pod("x", "gpu-a-1"))
+    cfgs = (DEFAULT, GuardsConfig(namespaces=NamespaceFilter(exclude=("ml",))))
+    for cfg in cfgs:
+        for later in (
+            timedelta(0),
+            timedelta(minutes=6),
+            timedelta(hours=2),
+            timedelta(0),
+            timedelta(minutes=4),
+        ):
+            snap = snapshot([node("gpu-a-1")], pods, now=NOW + later)
+            expected = next(((p, r) for p in pods if (r := pod_refusal(p, snap, cfg)) is not None), None)
+            assert guards.first_refusal(pods, snap, cfg) == expected, (later, cfg)
 
 
 # --------------------------------------------------------------------------- node guard

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from rebalancer.cycle import run_cycle
 from rebalancer.cycle_report import NodeFacts
 from rebalancer.evictor import DryRunEvictor
@@ -79,6 +82,39 @@ def test_pruning_keeps_only_what_a_guard_can_still_refuse_with() -> None:
         NOW, parse_policy({"telemetry": None, "guards": {"max_disruptions_per_workload": None}}).policy
     )
     assert without_budget.disruptions == {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    times=st.lists(
+        st.lists(st.integers(0, 60 * 48), min_size=1, max_size=4).map(sorted), min_size=0, max_size=12
+    ),
+    steps=st.lists(st.integers(0, 60 * 30), min_size=1, max_size=6),
+)
+def test_pruning_disruptions_keeps_exactly_the_times_within_the_window(
+    times: list[list[int]], steps: list[int]
+) -> None:
+    """Pruned cycle after cycle (what a cycle keeps of the last prune included), each workload keeps
+    exactly its disruption times within the budget's window, in order, and none is left empty."""
+    start = NOW - timedelta(hours=48)
+    history = DisruptionHistory(
+        disruptions={
+            Workload("ml", "Job", f"j{i}"): tuple(start + timedelta(minutes=m) for m in minutes)
+            for i, minutes in enumerate(times)
+        }
+    )
+    window = timedelta(hours=24)
+    now = NOW
+    for step in steps:
+        now += timedelta(minutes=step)
+        expected = {
+            key: kept
+            for key, ts in history.disruptions.items()
+            if (kept := tuple(t for t in ts if now - t < window))
+        }
+        history = history.pruned(now, RELAXED.policy)
+        assert dict(history.disruptions) == expected
+        assert list(history.disruptions) == list(expected)
 
 
 def test_the_circuit_opens_for_replacements_still_pending_after_the_timeout() -> None:

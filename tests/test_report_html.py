@@ -63,6 +63,28 @@ def test_a_gpu_pod_without_telemetry_is_unknown_never_idle() -> None:
     assert n1.gpus[0].pods == ("ml/quiet",)
 
 
+def test_without_telemetry_gpu_pods_take_the_gpus_in_order_of_their_names() -> None:
+    """Positions 0, 1, ... in order; each GPU pod (by `namespace/name`) takes the first GPUs no pod holds
+    yet, one a share, as many as it asks for whole; a pod without GPUs takes none. Drawn again from the
+    same objects, the node is the same."""
+    pods = [
+        pod("b", "n1", gpus=2),
+        pod("a", "n1", gpus=1, gpu_milli=500),
+        pod("d", "n1", gpus=0),
+        pod("c", "n1", gpus=1),
+    ]
+    nodes = [node("n1", gpus=5)]
+    [n1] = gpu_map(snapshot(nodes, pods), [])
+    assert [(c.index, c.pods, c.state) for c in n1.gpus] == [
+        ("0", ("ml/a",), "unknown"),
+        ("1", ("ml/b",), "unknown"),
+        ("2", ("ml/b",), "unknown"),
+        ("3", ("ml/c",), "unknown"),
+        ("4", (), "free"),
+    ]
+    assert gpu_map(snapshot(nodes, pods), []) == (n1,)
+
+
 def test_low_utilisation_alone_is_not_idle() -> None:
     """Only the idle-gpu strategy calls a GPU idle (its threshold, window, pod age, samples)."""
     slow = pod("slow", "n1", gpus=1)

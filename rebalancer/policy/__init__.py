@@ -11,6 +11,7 @@ the env vars or files that hold them).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -30,6 +31,7 @@ from pydantic import (
 
 from rebalancer import yaml_input
 from rebalancer.errors import InputError
+from rebalancer.memo import ObjectMemo
 from rebalancer.policy.fields import (
     MAX_DURATION_SECONDS,
     Duration,
@@ -320,6 +322,20 @@ class PolicyError(InputError):
     """A policy that cannot be used; `problems` holds one line per problem, each naming where."""
 
 
+@functools.lru_cache(maxsize=64)
+def _file_name(source: str) -> str:
+    """What `LoadedPolicy.name` says of a source (every cycle's report carries it)."""
+    return Path(source).name if not source.startswith("<") else source
+
+
+def _digest(policy: Policy) -> str:
+    normal = json.dumps(policy.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(normal.encode("utf-8")).hexdigest()
+
+
+_DIGESTS: ObjectMemo[Policy, str] = ObjectMemo(_digest)
+
+
 class ConfiguredStrategy(BaseModel):
     """A strategy of the policy, resolved against the registry with its arguments validated."""
 
@@ -339,15 +355,15 @@ class LoadedPolicy(BaseModel):
     @property
     def name(self) -> str:
         """The policy's file name (`default.yaml`), or what stands for it (`<built-in default policy>`)."""
-        return Path(self.source).name if not self.source.startswith("<") else self.source
+        return _file_name(self.source)
 
     @property
     def digest(self) -> str:
         """`sha256:<hex>` of the normalised policy: every value as validated, keys sorted, as JSON, so
         comments, key order, spelling of durations and defaults written out or left implicit do not
-        change it; any value that changes what runs does."""
-        normal = json.dumps(self.policy.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-        return "sha256:" + hashlib.sha256(normal.encode("utf-8")).hexdigest()
+        change it; any value that changes what runs does. Worked out once per (frozen) Policy object:
+        every cycle's report carries it."""
+        return _DIGESTS(self.policy)
 
     def telemetry_windows(self) -> frozenset[int]:
         windows: set[int] = set()

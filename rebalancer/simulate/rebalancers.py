@@ -245,19 +245,25 @@ class SnapshotBuilder:
 
     def snapshot(self, now: float, cluster: SimCluster) -> Snapshot:
         """The simulated cluster as the rebalancer sees it at `now`."""
-        nodes = {name: self._node(node) for name, node in cluster.nodes.items()}
-        pods: list[Pod] = []
+        nodes: dict[str, Node] = {}
+        pods: dict[str, tuple[Pod, ...]] = {}
+        built_nodes, on_node = self._nodes, self._on_node
         for name, node in cluster.nodes.items():
-            cached = self._on_node.get(name)
+            built = built_nodes.get(name)
+            if built is None or built[0] != (node.created, node.draining):
+                nodes[name] = self._node(node)
+            else:
+                nodes[name] = built[1]
+            cached = on_node.get(name)
             if cached is None or cached[0] is not node or cached[1] != node.version:
                 held = tuple(
                     self._pod(self.jobs[index], name, cluster.started[index], devices)
                     for index, devices in node.jobs.items()
                 )
                 cached = (node, node.version, held)
-                self._on_node[name] = cached
-            pods.extend(cached[2])
-        return Snapshot(now=sim_datetime(now), nodes=nodes, pods=tuple(pods))
+                on_node[name] = cached
+            pods[name] = cached[2]
+        return Snapshot.node_by_node(sim_datetime(now), nodes, pods)
 
     def forget(self, job: Job) -> None:
         """Drop what is cached about a job that ended."""

@@ -1,0 +1,173 @@
+"""Values derived from immutable model objects, kept while those very objects are in use: what lets a
+cycle skip the work an earlier cycle (or an earlier strategy of the same cycle) did on the same objects.
+
+A source that keeps its objects from one cycle to the next (the watch cache, the trace replay's
+snapshot builder) hands the same `Pod` and `Node` objects cycle after cycle for everything that did
+not change, and they are immutable: what was derived from them still holds. Owns two caches, both
+deterministic (a value is a pure function of the objects it is keyed on, matched by identity, never by
+equality, so two equal objects never share a value by accident) and bounded:
+
+- `ObjectMemo`: one value per object (a Pod), computed at its first use and forgotten when the object
+  is freed (a weak reference: the memo never keeps an object alive). A value must not refer to its
+  object, or the object would never be freed.
+- `NodeMemo`: one value per node, derived from the Node and the pods on it in a snapshot, reused in
+  the next snapshot while the node and each of its pods, in order, are the very same objects. It
+  holds the objects of the last snapshot it was asked about, no more.
+
+A source that builds new objects every cycle simply never hits. This module must not do I/O, read the
+clock, or know what the values mean; callers own what they derive and must derive it from the keyed
+objects alone (nothing of the snapshot's time, telemetry or policy unless it is part of the key).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from operator import is_
+from typing import Any, Generic, TypeVar
+
+from rebalancer.model import Node, Pod, Snapshot
+
+__all__ = ["MISSING", "NodeMemo", "ObjectMemo", "same_objects"]
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _Missing:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+"""What `ObjectMemo.get` returns for an object it holds no value for."""
+
+
+class _Ref(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference that remembers the id its object was tracked under, and the memos holding a
+    value for it."""
+
+    __slots__ = ("key", "tables")
+    key: int
+    tables: list[dict[int, Any]]
+
+
+# One weak reference per tracked object, shared by every memo. An object's values go, in every memo
+# holding one, when it is freed: CPython calls the callback before the object's memory (and so its id)
+# can be reused, so a value found under an id belongs to the live object that has it.
+_TRACKED: dict[int, _Ref] = {}
+
+
+def _forget(ref: _Ref) -> None:
+    key = ref.key
+    if _TRACKED.get(key) is ref:
+        del _TRACKED[key]
+        for table in ref.tables:
+            table.pop(key, None)
+
+
+def _track(obj: object, table: dict[int, Any]) -> int:
+    """The id of `obj`, tracked, and `table` noted as holding a value for it (the caller stores it)."""
+    key = id(obj)
+    ref = _TRACKED.get(key)
+    if ref is None:
+        ref = _Ref(obj, _forget)
+        ref.key = key
+        ref.tables = [table]
+        _TRACKED[key] = ref
+    elif key not in table:
+        ref.tables.append(table)
+    return key
+
+
+class ObjectMemo(Generic[K, V]):
+    """One value per live object, by identity. `memo(obj)` derives it at the first call (with the
+    `derive` given); `get` / `put` serve values that depend on something besides the object, which the
+    caller then stores beside the value and checks itself. The object must support weak references."""
+
+    __slots__ = ("_derive", "_values")
+
+    def __init__(self, derive: Callable[[K], V] | None = None) -> None:
+        self._derive = derive
+        self._values: dict[int, V] = {}
+
+    def __call__(self, obj: K) -> V:
+        try:
+            return self._values[id(obj)]
+        except KeyError:
+            if self._derive is None:
+                raise TypeError("this ObjectMemo has no derive function: use get and put") from None
+            value = self._derive(obj)
+            self._values[_track(obj, self._values)] = value
+            return value
+
+    def get(self, obj: K) -> V:
+        """The value held for `obj`, or `MISSING`."""
+        value: V = self._values.get(id(obj), MISSING)
+        return value
+
+    @property
+    def by_id(self) -> Mapping[int, V]:
+        """The values by `id()` of their live object, for the hottest loops: `memo.by_id.get(id(obj))` is
+        `memo.get(obj)` without the call. Read it only; it changes as objects come and go."""
+        return self._values
+
+    def put(self, obj: K, value: V) -> None:
+        self._values[_track(obj, self._values)] = value
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+def same_objects(first: tuple[object, ...], second: tuple[object, ...]) -> bool:
+    """Whether two tuples hold the very same objects in the same order."""
+    return first is second or (len(first) == len(second) and all(map(is_, first, second)))
+
+
+_Last = tuple[weakref.ref[Snapshot], dict[str, V], dict[str, tuple[Node, tuple[Pod, ...], V]]]
+
+
+class NodeMemo(Generic[V]):
+    """One value per node of a snapshot, derived from the Node and the pods on it
+    (`Snapshot.pods_by_node`), reused across snapshots while both are the same objects.
+
+    The first call with a snapshot works out the value of every node of it at once (taking over those
+    of the previous snapshot's nodes whose objects are the same); the other calls with that snapshot
+    are lookups. Only the last snapshot's values are kept. Several threads asking about different
+    snapshots only recompute, never get a wrong value: each snapshot's values are one unit.
+    """
+
+    __slots__ = ("_derive", "_last")
+
+    def __init__(self, derive: Callable[[Node, tuple[Pod, ...]], V]) -> None:
+        self._derive = derive
+        # The last snapshot asked about, its values by node, and what each was derived from.
+        self._last: (
+            tuple[weakref.ref[Snapshot], dict[str, V], dict[str, tuple[Node, tuple[Pod, ...], V]]] | None
+        )
+        self._last = None
+
+    def __call__(self, snapshot: Snapshot, name: str) -> V:
+        """The value for node `name` of `snapshot` (KeyError when the snapshot has no such node)."""
+        last = self._last
+        if last is not None and last[0]() is snapshot:
+            return last[1][name]
+        return self._refresh(snapshot, last)[name]
+
+    def _refresh(self, snapshot: Snapshot, last: _Last[V] | None) -> dict[str, V]:
+        before = last[2] if last is not None else {}
+        values: dict[str, V] = {}
+        sources: dict[str, tuple[Node, tuple[Pod, ...], V]] = {}
+        by_node = snapshot.pods_by_node
+        derive = self._derive
+        for name, node in snapshot.nodes.items():
+            pods = by_node.get(name, ())
+            entry = before.get(name)
+            if entry is None or entry[0] is not node or not same_objects(entry[1], pods):
+                entry = (node, pods, derive(node, pods))
+            sources[name] = entry
+            values[name] = entry[2]
+        self._last = (weakref.ref(snapshot), values, sources)
+        return values

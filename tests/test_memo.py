@@ -1,0 +1,138 @@
+"""`rebalancer.memo`: values kept per object by identity, never by equality, and forgotten with it."""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import replace
+
+import pytest
+
+from rebalancer.memo import MISSING, NodeMemo, ObjectMemo, same_objects
+from rebalancer.model import Node, Pod, Snapshot
+from tests.builders import node, pod, snapshot
+
+
+def _counting() -> tuple[ObjectMemo[Pod, str], list[str]]:
+    calls: list[str] = []
+
+    def derive(p: Pod) -> str:
+        calls.append(p.name)
+        return f"{p.name}@{p.node_name}"
+
+    return ObjectMemo(derive), calls
+
+
+def test_a_value_is_derived_once_per_object() -> None:
+    memo, calls = _counting()
+    first = pod("a", "n1")
+    assert memo(first) == "a@n1"
+    assert memo(first) == "a@n1"
+    assert calls == ["a"]
+
+
+def test_equal_objects_never_share_a_value() -> None:
+    """Two equal pods are two objects: each gets its own derivation (nothing is matched by value)."""
+    memo, calls = _counting()
+    first = pod("a", "n1")
+    twin = replace(first)
+    assert twin == first and twin is not first
+    memo(first)
+    memo(twin)
+    assert calls == ["a", "a"]
+
+
+def test_a_value_goes_with_its_object_in_every_memo() -> None:
+    memo, _ = _counting()
+    other: ObjectMemo[Pod, int] = ObjectMemo(lambda p: len(p.name))
+    kept = pod("kept", "n1")
+    gone = pod("gone", "n1")
+    memo(kept), memo(gone), other(gone)
+    assert (len(memo), len(other)) == (2, 1)
+    del gone
+    gc.collect()
+    assert (len(memo), len(other)) == (1, 0)
+    # A new object, maybe at the freed address, is derived afresh.
+    assert memo(pod("new", "n2")) == "new@n2"
+
+
+def test_get_and_put_hold_what_depends_on_more_than_the_object() -> None:
+    memo: ObjectMemo[Pod, tuple[str, int]] = ObjectMemo()
+    p = pod("a", "n1")
+    assert memo.get(p) is MISSING
+    memo.put(p, ("ctx", 1))
+    assert memo.get(p) == ("ctx", 1)
+    with pytest.raises(TypeError, match="no derive function"):
+        memo(pod("b", "n1"))
+
+
+def test_objects_without_weak_references_are_refused() -> None:
+    memo: ObjectMemo[object, int] = ObjectMemo(lambda _: 1)
+    with pytest.raises(TypeError):
+        memo(node("n1"))  # a Node is not tracked this way: NodeMemo holds nodes
+
+
+def test_same_objects_compares_identity_and_order() -> None:
+    a, b = pod("a", "n"), pod("b", "n")
+    assert same_objects((a, b), (a, b))
+    assert not same_objects((a, b), (b, a))
+    assert not same_objects((a,), (a, b))
+    assert not same_objects((a,), (replace(a),))
+
+
+def _node_memo() -> tuple[NodeMemo[tuple[str, ...]], list[str]]:
+    calls: list[str] = []
+
+    def derive(n: Node, pods: tuple[Pod, ...]) -> tuple[str, ...]:
+        calls.append(n.name)
+        return tuple(p.name for p in pods)
+
+    return NodeMemo(derive), calls
+
+
+def test_node_memo_reuses_a_node_whose_node_and_pods_are_the_same_objects() -> None:
+    memo, calls = _node_memo()
+    n1, n2 = node("n1"), node("n2")
+    a, b, c = pod("a", "n1"), pod("b", "n1"), pod("c", "n2")
+    first = snapshot([n1, n2], [a, b, c])
+    assert (memo(first, "n1"), memo(first, "n2")) == (("a", "b"), ("c",))
+    # A new snapshot of the same objects: nothing is derived again.
+    second = snapshot([n1, n2], [a, b, c])
+    assert (memo(second, "n1"), memo(second, "n2")) == (("a", "b"), ("c",))
+    assert calls == ["n1", "n2"]
+    # A pod replaced by an equal object, or a node object replaced: derived again, that node only.
+    third = snapshot([n1, replace(n2)], [replace(a), b, c])
+    assert (memo(third, "n1"), memo(third, "n2")) == (("a", "b"), ("c",))
+    assert calls == ["n1", "n2", "n1", "n2"]
+
+
+def test_node_memo_works_out_every_node_at_the_first_call_and_keeps_the_last_snapshot_only() -> None:
+    memo, calls = _node_memo()
+    n1, n2 = node("n1"), node("n2")
+    a, b = pod("a", "n1"), pod("b", "n2")
+    first = snapshot([n1, n2], [a, b])
+    assert memo(first, "n2") == ("b",)
+    assert calls == ["n1", "n2"]  # every node, in the snapshot's order
+    assert memo(first, "n1") == ("a",)
+    assert calls == ["n1", "n2"]
+    memo(snapshot([n2], [b]), "n2")  # a snapshot without n1: n1 is forgotten
+    memo(snapshot([n1, n2], [a, b]), "n1")
+    assert calls == ["n1", "n2", "n1"]
+    with pytest.raises(KeyError):
+        memo(first, "n3")
+
+
+def test_a_snapshot_made_node_by_node_keeps_its_tuples_as_pods_by_node() -> None:
+    n1, n2, n3 = node("n1"), node("n2"), node("n3")
+    on_n1 = (pod("a", "n1"), pod("b", "n1"))
+    on_n2 = (pod("c", "n2"),)
+    made = Snapshot.node_by_node(snapshot([]).now, {"n1": n1, "n2": n2, "n3": n3}, {"n2": on_n2, "n1": on_n1})
+    assert made.pods == (*on_n1, *on_n2)  # in the order of the nodes
+    worked_out = snapshot([n1, n2, n3], made.pods).pods_by_node
+    assert made.pods_by_node == worked_out and list(made.pods_by_node) == list(worked_out)
+    assert made.pods_by_node["n1"] is on_n1
+    with pytest.raises(ValueError, match="not active there"):
+        Snapshot.node_by_node(made.now, {"n1": n1, "n2": n2}, {"n1": on_n2})
+    with pytest.raises(ValueError, match="not active there"):
+        Snapshot.node_by_node(made.now, {"n1": n1}, {"n1": (pod("done", "n1", phase="Succeeded"),)})
+    with pytest.raises(ValueError, match="nodes the snapshot does not have"):
+        Snapshot.node_by_node(made.now, {"n1": n1}, {"n1": on_n1, "n9": (pod("x", "n9"),)})

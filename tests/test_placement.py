@@ -787,7 +787,8 @@ def reference_prediction(
 ) -> Prediction | None:
     """Every feasible node with the top total, from `fits` and `score` node by node: 10 x MostAllocated
     + 10 x NodeAffinity, whose raw score (the weights of the pod's own preferred terms and of the
-    profile's addedAffinity terms the node matches) is normalised to 100 over the feasible nodes."""
+    profile's addedAffinity terms the node matches) is normalised to 0..100 over the feasible nodes, in
+    integers, before it is weighed."""
     feasible = [n for n in POOL if n.name not in excluded and state.fits(candidate, n.name).ok]
     if not feasible:
         return None
@@ -803,7 +804,7 @@ def reference_prediction(
     }
     most = max(raw.values())
     scores = {
-        n.name: 10 * state.score(candidate, n.name) + (10 * 100 * raw[n.name] // most if most else 0)
+        n.name: 10 * state.score(candidate, n.name) + 10 * (100 * raw[n.name] // most if most else 0)
         for n in feasible
     }
     top = max(scores.values())

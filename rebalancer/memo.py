@@ -7,9 +7,9 @@ not change, and they are immutable: what was derived from them still holds. Owns
 deterministic (a value is a pure function of the objects it is keyed on, matched by identity, never by
 equality, so two equal objects never share a value by accident) and bounded:
 
-- `ObjectMemo`: one value per object (a Pod), computed at its first use and forgotten when the object
-  is freed (a weak reference: the memo never keeps an object alive). A value must not refer to its
-  object, or the object would never be freed.
+- `ObjectMemo`: one value per object (a Pod or a Node), computed at its first use and forgotten when
+  the object is freed (a weak reference: the memo never keeps an object alive). A value must not refer
+  to its object, or the object would never be freed.
 - `NodeMemo`: one value per node, derived from the Node and the pods on it in a snapshot, reused in
   the next snapshot while the node and each of its pods, in order, are the very same objects. It
   holds the objects of the last snapshot it was asked about, no more.

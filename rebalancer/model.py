@@ -131,7 +131,8 @@ class TopologySpreadConstraint:
 # --------------------------------------------------------------------------- cluster objects
 
 
-@dataclass(frozen=True, slots=True)
+# Weak references let `rebalancer.memo` keep what is derived from a node exactly as long as it lives.
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Node:
     name: str
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -232,7 +233,7 @@ class GpuRequest:
 _FINISHED = ("Succeeded", "Failed")
 
 
-# Weak references let `rebalancer.memo` keep what is derived from a pod exactly as long as the pod lives.
+# Weak references let `rebalancer.memo` keep what is derived from a pod exactly as long as it lives.
 @dataclass(frozen=True, slots=True, weakref_slot=True)
 class Pod:
     namespace: str

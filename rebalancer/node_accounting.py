@@ -5,8 +5,9 @@ Owns `Demand` (a pod's requests, GPU devices and non-zero cpu / memory, computed
 `Holding` (what a placed pod takes on its node), `NodeState` (a node's free capacity, devices and
 accounted pods, cloned copy-on-write by `placement.ClusterState`), the devices a running pod's
 annotation says it was given (`assigned_devices`) and the per-node rules: static
-misfits (taints, cordons, selectors, required affinity), room, shortfall wording, and the score
-(`scoring`'s integer MostAllocated). It must not do I/O, read the clock, or know about more than one
+misfits (taints, cordons, selectors, required affinity), room, shortfall wording, the score
+(`scoring`'s integer MostAllocated) and the raw NodeAffinity score the profile's `addedAffinity` gives
+a node (`added_affinity_score`). It must not do I/O, read the clock, or know about more than one
 node at a time: choosing among nodes is `placement`'s.
 """
 
@@ -15,18 +16,21 @@ from __future__ import annotations
 import weakref
 from typing import NamedTuple
 
-from rebalancer.gpu_devices import has_devices
+from rebalancer.gpu_devices import GPU_COUNT_LABEL, has_devices
 from rebalancer.memo import MISSING, ObjectMemo
 from rebalancer.model import (
     GPU_RESOURCE,
     MILLI_PER_GPU,
     Node,
+    NodeSelectorRequirement,
     NodeSelectorTerm,
     Pod,
+    PreferredTerm,
     Taint,
     Toleration,
 )
 from rebalancer.scoring import (
+    ADDED_GPU_COUNT_PREFERENCES,
     most_allocated,
     nonzero_cpu_memory,
     score_requests,
@@ -34,6 +38,7 @@ from rebalancer.scoring import (
 from rebalancer.selectors import (
     format_taint,
     node_selector_matches,
+    node_selector_term_matches,
     required_affinity_matches,
     tolerates,
     untolerated_taints,
@@ -50,6 +55,14 @@ UNSCHEDULABLE_TAINT = Taint(key="node.kubernetes.io/unschedulable", effect="NoSc
 # ("1", "0-2"): the annotation of Alibaba's GPU-sharing scheduler (and of the FGD simulator of its
 # trace), set when the pod is bound to a device.
 GPU_INDEX_ANNOTATION = "alibabacloud.com/gpu-index"
+# The packed profile's NodeAffinity `addedAffinity` (deploy/packed-scheduler-config.yaml), as terms.
+PROFILE_PREFERENCES: tuple[PreferredTerm, ...] = tuple(
+    PreferredTerm(
+        weight,
+        NodeSelectorTerm(match_expressions=(NodeSelectorRequirement(GPU_COUNT_LABEL, "Gt", (str(above),)),)),
+    )
+    for above, weight in ADDED_GPU_COUNT_PREFERENCES
+)
 
 
 class Demand(NamedTuple):
@@ -308,10 +321,26 @@ def node_score(demand: Demand, state: NodeState) -> int:
     return most_allocated(parts)
 
 
-# How good a feasible node is for a pod without preferred node affinity, as a sort key: smaller is
-# better (higher score, then the first name). Equal first items are tied.
+def added_affinity_score(node: Node) -> int:
+    """NodeAffinity's raw score of the node from the profile's `addedAffinity` alone: the weights of
+    its preferred terms the node matches (a missing or non-integer GPU count matches none); computed
+    once per Node object (`rebalancer.memo`)."""
+    return _ADDED_AFFINITY(node)
+
+
+def _added_affinity(node: Node) -> int:
+    return sum(term.weight for term in PROFILE_PREFERENCES if node_selector_term_matches(term.term, node))
+
+
+_ADDED_AFFINITY: ObjectMemo[Node, int] = ObjectMemo(_added_affinity)
+
+
+# How good a feasible node is for a pod without preferred node affinity of its own, among the nodes the
+# profile's `addedAffinity` scores alike, as a sort key: smaller is better (higher score, then the first
+# name). Equal first items are tied.
 Rank = tuple[int, str]
-RankingKey = tuple[StaticKey, Demand]
+# A kind of pod, and the raw `addedAffinity` score of the nodes ranked.
+RankingKey = tuple[StaticKey, Demand, int]
 
 
 def node_rank(demand: Demand, name: str, state: NodeState) -> Rank | None:

@@ -25,18 +25,21 @@ Model:
   accounted: what it held is released first (and taken back if the move fails).
 - The choice is kube-scheduler's integer arithmetic (`scoring`): MostAllocated over the profile's
   resources (cpu and memory with the non-zero defaults, in the score only; extended resources the pod
-  does not request left out), plus NodeAffinity for a pod with preferred node affinity. Ties are
-  picked at random upstream: `best_nodes` gives the tied set (a `Prediction`), `best_node` its first.
+  does not request left out), plus NodeAffinity: the pod's own preferred terms and the profile's
+  `addedAffinity` (more GPUs per node preferred), normalised over the feasible nodes. Ties are picked
+  at random upstream: `best_nodes` gives the tied set (a `Prediction`), `best_node` its first.
 
 Speed: copies are copy-on-write per node (a `copy()` costs one dictionary copy); states built from one
 snapshot share its accounting, done once. Nodes are ranked as built once per kind of pod (same
-constraints and requests), shared by every copy; a call re-examines only the nodes the state changed
-(a pod with preferred node affinity is scored on every feasible node: NodeAffinity is normalised over
-them). The accounting of a snapshot starts from the one built before it: a node whose Node and pods
-are the very objects it was built from (a watch cache and the trace replay hand the same objects for
-what did not change) keeps its state, and the candidate nodes and ranking of each kind of pod are
-those of the latest of the last builds that made them, with only the nodes changed since judged again.
-A ClusterState is not safe to use from several threads at once.
+constraints and requests) and per raw `addedAffinity` score (a tier: the nodes of one size class),
+shared by every copy; a call takes the best of each tier, re-examining only the nodes the state
+changed, and weighs the tiers' bests as NodeAffinity's normalisation over the feasible ones does (a
+pod with preferred node affinity of its own is scored on every feasible node). The accounting of a
+snapshot starts from the one built before it: a node whose Node and pods are the very objects it was
+built from (a watch cache and the trace replay hand the same objects for what did not change) keeps
+its state, and the candidate nodes and rankings of each kind of pod are those of the latest of the
+last builds that made them, with only the nodes changed since judged again. A ClusterState is not
+safe to use from several threads at once.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from rebalancer.node_accounting import (
     Rank,
     RankingKey,
     StaticKey,
+    added_affinity_score,
     assigned_devices,
     could_ever_hold,
     demand_of,
@@ -75,7 +79,9 @@ from rebalancer.node_accounting import (
 )
 from rebalancer.scoring import (
     Prediction,
+    normalised_affinity,
     top_nodes,
+    total_score,
 )
 from rebalancer.selectors import (
     preferred_affinity_score,
@@ -160,6 +166,7 @@ class _Built:
         "rankings",
         "rebuilt",
         "static_candidates",
+        "tiers",
     )
 
     def __init__(
@@ -186,7 +193,9 @@ class _Built:
         self.epoch = 0
         # Nodes whose labels, taints and allocatable admit a kind of pod (cordons aside).
         self.static_candidates: dict[StaticKey, frozenset[str]] = {}
-        # The rank of every node a kind of pod fits on as built, best first.
+        # Those nodes by their raw `addedAffinity` score.
+        self.tiers: dict[StaticKey, tuple[tuple[int, frozenset[str]], ...]] = {}
+        # The rank of every node of a tier a kind of pod fits on as built, best first.
         self.rankings: dict[RankingKey, tuple[Rank, ...]] = {}
 
 
@@ -472,26 +481,65 @@ class ClusterState:
         """The reported node and, with `ties`, every node tied with it (else only it)."""
         kind = static_key(pod, demand)
         candidates = self._static_candidates(kind, pod, demand)
+        if pod.preferred_affinity:  # the pod's own terms: every feasible node scored
+            return self._predict_scored(demand, pod, candidates, excluded)
+        best: list[tuple[int, int, str, set[str]]] = []  # per tier: raw affinity, score, chosen, tied
+        for raw, members in self._tiers(kind, candidates):
+            found = self._best_of_tier(kind, raw, members, demand, excluded, ties=ties)
+            if found is not None:
+                best.append((raw, *found))
+        if len(best) <= 1:  # one size class feasible: NodeAffinity scores its nodes alike
+            return None if not best else (best[0][2], best[0][3])
+        # NodeAffinity normalised over the feasible nodes: each tier's best, weighed against the others.
+        top_raw = max(raw for raw, _, _, _ in best)
+        totals = [
+            (total_score(score, normalised_affinity(raw, top_raw)), chosen, names)
+            for raw, score, chosen, names in best
+        ]
+        top = max(total for total, _, _ in totals)
+        chosen = min(name for total, name, _ in totals if total == top)
+        if not ties:
+            return chosen, {chosen}
+        return chosen, set().union(*(names for total, _, names in totals if total == top))
+
+    def _predict_scored(
+        self, demand: Demand, pod: Pod, candidates: frozenset[str], excluded: frozenset[str]
+    ) -> tuple[str, set[str]] | None:
+        """Every feasible node scored: NodeAffinity with the pod's own terms and the profile's."""
+        cordoned, nodes = self._cordoned, self._nodes
+        fit: dict[str, int] = {}
+        raw: dict[str, int] = {}
+        for name in candidates:
+            if name not in cordoned and name not in excluded and has_room(demand, nodes[name]):
+                fit[name] = node_score(demand, nodes[name])
+                node = nodes[name].node
+                raw[name] = added_affinity_score(node) + preferred_affinity_score(pod, node)
+        tied = top_nodes(fit, raw)
+        return (min(tied), set(tied)) if tied else None
+
+    def _best_of_tier(
+        self,
+        kind: StaticKey,
+        raw: int,
+        members: frozenset[str],
+        demand: Demand,
+        excluded: frozenset[str],
+        *,
+        ties: bool,
+    ) -> tuple[int, str, set[str]] | None:
+        """The best MostAllocated score among the tier's feasible nodes, the reported node and, with
+        `ties`, every node of the tier with that score (else only it); None when none is feasible."""
         cordoned, changed, nodes = self._cordoned, self._changed, self._nodes
-        if pod.preferred_affinity:  # NodeAffinity is normalised over every feasible node
-            fit: dict[str, int] = {}
-            raw: dict[str, int] = {}
-            for name in candidates:
-                if name not in cordoned and name not in excluded and has_room(demand, nodes[name]):
-                    fit[name] = node_score(demand, nodes[name])
-                    raw[name] = preferred_affinity_score(pod, nodes[name].node)
-            tied = top_nodes(fit, raw)
-            return (min(tied), set(tied)) if tied else None
         ranks = [
             rank
             for name in changed
-            if name in candidates and name not in cordoned and name not in excluded
+            if name in members and name not in cordoned and name not in excluded
             if (rank := node_rank(demand, name, nodes[name])) is not None
         ]
         # Nodes unchanged since ranked still fit, with the score they were ranked with.
         rest = (
             rank
-            for rank in self._ranking(kind, candidates, pod, demand)
+            for rank in self._ranking(kind, raw, members, demand)
             if rank[1] not in changed and rank[1] not in cordoned and rank[1] not in excluded
         )
         first = next(rest, None)
@@ -501,13 +549,25 @@ class ClusterState:
             return None
         top, chosen = min(ranks)
         if not ties:
-            return chosen, {chosen}
+            return -top, chosen, {chosen}
         names = {name for score, name in ranks if score == top}
         for score, name in rest:  # best first: the rest tied with the top come next
             if score != top:
                 break
             names.add(name)
-        return chosen, names
+        return -top, chosen, names
+
+    def _tiers(self, kind: StaticKey, candidates: frozenset[str]) -> tuple[tuple[int, frozenset[str]], ...]:
+        """The candidates by the raw score the profile's `addedAffinity` gives them (cached per kind)."""
+        tiers = self._built.tiers.get(kind)
+        if tiers is None:
+            nodes = self._built.nodes
+            grouped: dict[int, set[str]] = {}
+            for name in candidates:
+                grouped.setdefault(added_affinity_score(nodes[name].node), set()).add(name)
+            tiers = tuple((raw, frozenset(names)) for raw, names in sorted(grouped.items(), reverse=True))
+            self._built.tiers[kind] = tiers
+        return tiers
 
     def _static_candidates(self, key: StaticKey, pod: Pod, demand: Demand) -> frozenset[str]:
         """Nodes whose labels, taints and allocatable admit the pod, whatever is free (cached, and
@@ -539,17 +599,19 @@ class ClusterState:
         return candidates
 
     def _ranking(
-        self, kind: StaticKey, candidates: frozenset[str], pod: Pod, demand: Demand
+        self, kind: StaticKey, raw: int, members: frozenset[str], demand: Demand
     ) -> tuple[Rank, ...]:
-        """The rank of every node the pod fits on as built, best first (cached per kind of pod, and
-        derived from an earlier build's when there is one: only nodes rebuilt since are ranked again)."""
-        key = (kind, demand)
+        """The rank of every node of a tier the pod fits on as built, best first (cached per kind of pod
+        and tier, and derived from an earlier build's when there is one: only nodes rebuilt since are
+        ranked again; a node's tier is a function of its Node object, so a node changing tier is one
+        rebuilt)."""
+        key = (kind, demand, raw)
         built = self._built
         ranking = built.rankings.get(key)
         if ranking is not None:
             return ranking
         nodes = built.nodes
-        ranked: Iterable[str] = candidates
+        ranked: Iterable[str] = members
         ranks: list[Rank] = []
         carried = built.carried
         before = carried.rankings.get(key) if carried is not None else None
@@ -559,7 +621,7 @@ class ClusterState:
                 ranked = rebuilt
                 ranks = [rank for rank in before[1] if rank[1] not in rebuilt]
         for name in ranked:
-            if name in candidates and (rank := node_rank(demand, name, nodes[name])) is not None:
+            if name in members and (rank := node_rank(demand, name, nodes[name])) is not None:
                 ranks.append(rank)
         ranking = tuple(sorted(ranks))
         built.rankings[key] = ranking

@@ -16,8 +16,13 @@ default score plugin is disabled there) and the score itself, as upstream comput
   (`DefaultMilliCPURequest` / `DefaultMemoryRequest` of pkg/scheduler/util), in the score only:
   feasibility uses the real requests. The Pod model carries pod-level totals, so the default applies
   when no container of the pod requests the resource (upstream adds it per container that omits it);
-- the plugin scores are weighted and summed: NodeResourcesFit's, and NodeAffinity's (the preferred
-  terms' weights a node matches, normalised to 0..100 against the best of the scored nodes);
+- the plugin scores are weighted and summed, with equal weights: NodeResourcesFit's, and NodeAffinity's
+  (the weights of the preferred terms a node matches, the pod's own and the profile's `addedAffinity`,
+  normalised to 0..100 against the best of the scored nodes);
+- the profile's `addedAffinity` prefers nodes with more GPUs (`ADDED_GPU_COUNT_PREFERENCES`: GPU feature
+  discovery's `nvidia.com/gpu.count` above 1, 3 and 7, weights 1, 2 and 4): among the nodes a pod may
+  use, the larger shapes fill first and the small ones (often a scarce GPU model) stay free for the
+  pods that can run nowhere else, or empty out for the autoscaler;
 - among equal top totals kube-scheduler picks at random (`selectHost`): the prediction is a set
   (`Prediction`), reported by its first name.
 
@@ -33,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 __all__ = [
+    "ADDED_GPU_COUNT_PREFERENCES",
     "CPU_WEIGHT",
     "DEFAULT_MEMORY_REQUEST",
     "DEFAULT_MILLI_CPU_REQUEST",
@@ -48,9 +54,11 @@ __all__ = [
     "least_allocated",
     "most_allocated",
     "nonzero_cpu_memory",
+    "normalised_affinity",
     "resource_score",
     "score_requests",
     "top_nodes",
+    "total_score",
 ]
 
 # framework.MaxNodeScore: every score plugin scores a node 0..100 (integers).
@@ -59,9 +67,16 @@ MAX_NODE_SCORE = 100
 DEFAULT_MILLI_CPU_REQUEST = 100
 DEFAULT_MEMORY_REQUEST = 200 * 1024 * 1024
 
-# The score plugins the profile keeps, with their weights (deploy/packed-scheduler-config.yaml).
+# The score plugins the profile keeps, with their weights (deploy/packed-scheduler-config.yaml). Equal:
+# a node of the preferred size wins unless a smaller one is fuller by more than the preference is worth
+# (8 against 4 GPUs per node: 58 points of MostAllocated).
 FIT_PLUGIN_WEIGHT = 10
-NODE_AFFINITY_PLUGIN_WEIGHT = 2
+NODE_AFFINITY_PLUGIN_WEIGHT = 10
+
+# NodeAffinity's `addedAffinity` in the profile: preferred terms every pod it schedules gets on top of its
+# own, `nvidia.com/gpu.count Gt N` with weight W for each (N, W). A node with 8 or more GPUs matches all
+# three (7), 4-7 GPUs two (3), 2-3 GPUs one (1).
+ADDED_GPU_COUNT_PREFERENCES: tuple[tuple[int, int], ...] = ((1, 1), (3, 2), (7, 4))
 
 # MostAllocated weights: GPUs (MIG slices, GPU shares) dominate, so pods pack onto the fullest GPU nodes.
 GPU_WEIGHT = 10
@@ -165,22 +180,27 @@ def least_allocated(resources: Iterable[tuple[int, int, int]]) -> int:
     return total // weights if weights else 0
 
 
+def normalised_affinity(raw: int, top: int) -> int:
+    """NodeAffinity's score of a node once normalised (`DefaultNormalizeScore`): `100 * raw / top`, `top`
+    the highest raw score among the scored nodes; 0 when that is 0."""
+    return MAX_NODE_SCORE * raw // top if top > 0 else 0
+
+
 def affinity_scores(raw: Mapping[str, int]) -> dict[str, int]:
-    """NodeAffinity's normalised score per node from the raw sums of matched preferred-term weights
-    (`DefaultNormalizeScore`: `100 * raw / max raw` over the scored nodes; all 0 when the max is 0)."""
+    """NodeAffinity's normalised score per node from the raw sums of matched preferred-term weights."""
     top = max(raw.values(), default=0)
-    if top <= 0:
-        return dict.fromkeys(raw, 0)
-    return {name: MAX_NODE_SCORE * value // top for name, value in raw.items()}
+    return {name: normalised_affinity(value, top) for name, value in raw.items()}
+
+
+def total_score(fit: int, affinity: int) -> int:
+    """A node's total: NodeResourcesFit's score and NodeAffinity's normalised one, weighted as the
+    profile weighs them."""
+    return FIT_PLUGIN_WEIGHT * fit + NODE_AFFINITY_PLUGIN_WEIGHT * affinity
 
 
 def top_nodes(fit: Mapping[str, int], affinity_raw: Mapping[str, int]) -> frozenset[str]:
-    """The nodes with the top total: NodeResourcesFit's score and NodeAffinity's normalised one,
-    weighted as the profile weighs them, over the scored (feasible) nodes that `fit` lists."""
+    """The nodes with the top total (`total_score`) over the scored (feasible) nodes that `fit` lists."""
     affinity = affinity_scores({name: affinity_raw.get(name, 0) for name in fit})
-    totals = {
-        name: FIT_PLUGIN_WEIGHT * score + NODE_AFFINITY_PLUGIN_WEIGHT * affinity[name]
-        for name, score in fit.items()
-    }
+    totals = {name: total_score(score, affinity[name]) for name, score in fit.items()}
     top = max(totals.values(), default=0)
     return frozenset(name for name, total in totals.items() if total == top)

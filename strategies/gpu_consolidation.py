@@ -89,15 +89,16 @@ PodKey = tuple[str, str]
 class GpuConsolidationArgs(StrategyArgs):
     """Arguments of `gpu-consolidation`. Durations accept `30s`, `5m`, `1h30m` or seconds."""
 
-    max_allocated_percent: Percent = 50.0
+    max_allocated_percent: Percent = 60.0
     """A node is a candidate when strictly less than this share of its GPU capacity is allocated (shares
-    count in milli-GPU, MIG instances by their compute slices)."""
+    count in milli-GPU, MIG instances by their compute slices). Every pod must still fit elsewhere at
+    once, so a node is only drained when the cluster has that room."""
     max_utilization_percent: Percent | None = 30.0
     """... and when its GPUs also average strictly below this utilisation over `window` (null: judged on
     allocation alone)."""
     window: Annotated[Duration, Field(gt=0)] = 3600
     """The telemetry window the node's utilisation is averaged over."""
-    min_node_age: Duration = 3600
+    min_node_age: Duration = 600
     """Nodes younger than this (unknown creation time counts as young) are left to settle."""
     max_nodes_per_cycle: int = Field(default=3, ge=1)
     """At most this many node drains proposed per cycle (the cheapest to drain first)."""

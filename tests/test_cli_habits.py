@@ -111,7 +111,7 @@ def test_strategies_yaml_spells_values_as_a_policy_does(capsys: pytest.CaptureFi
     assert consolidation["args"]["packed_schedulers"] == ["gpu-packed-scheduler"]
     # Each argument's description is the comment above it.
     lines = text.splitlines()
-    at = lines.index("      min_node_age: 1h")
+    at = lines.index("      min_node_age: 10m")
     assert lines[at - 1].startswith("      # Nodes younger than this")
     assert "('gpu-packed-scheduler',)" not in text and "3600" not in text
 

@@ -458,8 +458,7 @@ def test_explain_live_reads_the_cluster_as_once_does_and_never_writes(
     assert out[2].startswith("  planner: approved (would-evict): node a-1: 1/8 GPUs allocated")
     assert main(["explain", "ml/busy-0", *base]) == 0
     assert capsys.readouterr().out.splitlines()[1:] == [
-        "gpu-consolidation: its node a-2: not drained: 50% allocated >= threshold 50%, and its pods "
-        "cannot be lifted onto nodes with more GPUs",
+        "gpu-consolidation: its node a-2: not drained: it receives pods of a node drained this cycle",
         "planner: nothing to judge: no strategy proposed anything about it",
     ]
     assert api.writes() == []

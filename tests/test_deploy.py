@@ -39,7 +39,9 @@ from kubernetes_validate import utils as kubernetes_validate  # type: ignore[imp
 from rebalancer import cli as rebalancer_cli
 from rebalancer import scoring
 from rebalancer.cli import main as rebalancer_main
-from rebalancer.policy import GpuSharingConfig, loads_policy
+from rebalancer.node_accounting import PROFILE_PREFERENCES
+from rebalancer.policy import GangConfig, GpuSharingConfig, loads_policy
+from rebalancer.sources.kube_objects import pod_from_json
 from strategies.gpu_consolidation import GpuConsolidationArgs
 from tests.dockerfile import (
     DOCKERFILE,
@@ -711,6 +713,29 @@ def test_the_profile_does_not_fight_packing() -> None:
     assert set(profile["plugins"]) == {"score"}  # no other extension point is changed
     spread = next(c["args"] for c in profile["pluginConfig"] if c["name"] == "PodTopologySpread")
     assert spread == {"defaultingType": "List", "defaultConstraints": []}
+
+
+def test_the_profile_prefers_larger_gpu_nodes_exactly_as_the_placement_model_does() -> None:
+    (profile,) = scheduler_config()["profiles"]
+    args = next(c["args"] for c in profile["pluginConfig"] if c["name"] == "NodeAffinity")
+    # Preferred terms only: a required one would be a filter every pod of the profile must pass.
+    assert set(args) == {"addedAffinity"}
+    assert set(args["addedAffinity"]) == {"preferredDuringSchedulingIgnoredDuringExecution"}
+    terms = args["addedAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    # Read as a pod's own preferred node affinity would be (the same API type), then compared with the
+    # terms placement adds to every pod.
+    carrier = {
+        "metadata": {"namespace": "ns", "name": "carrier"},
+        "spec": {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": terms}}},
+    }
+    read = pod_from_json(carrier, gangs=GangConfig(), sharing=GpuSharingConfig())
+    assert read.preferred_affinity == PROFILE_PREFERENCES
+    # ValidateNodeAffinityArgs: weights 1..100; Gt takes exactly one integer value.
+    for preferred in read.preferred_affinity:
+        assert 1 <= preferred.weight <= 100
+        for requirement in preferred.term.match_expressions:
+            assert requirement.operator == "Gt" and len(requirement.values) == 1
+            assert requirement.values[0].isdigit()
 
 
 def test_the_scheduler_scores_every_feasible_node() -> None:

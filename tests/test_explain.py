@@ -29,6 +29,7 @@ DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo-cluster"
 
 ALLOCATION_ONLY = GpuConsolidationArgs(
     max_utilization_percent=None,
+    max_allocated_percent=50,
     move_to_smaller_nodes=True,
     drain_onto_larger_nodes=False,
     peer_pods_to_make_room=0,
@@ -37,7 +38,11 @@ BY_ALLOCATION = {
     "strategies": [
         {
             "name": "gpu-consolidation",
-            "args": {"max_utilization_percent": None, "drain_onto_larger_nodes": False},
+            "args": {
+                "max_utilization_percent": None,
+                "max_allocated_percent": 50,
+                "drain_onto_larger_nodes": False,
+            },
         }
     ],
     "telemetry": None,
@@ -90,7 +95,7 @@ def test_every_gpu_node_not_drained_says_which_rule_left_it_out() -> None:
         "empty": "nothing-to-move",
     }
     assert records["full"].reason == "not a candidate: 75% allocated >= threshold 50%"
-    assert records["young"].reason == "not a candidate: the node is 5m old < min_node_age 1h"
+    assert records["young"].reason == "not a candidate: the node is 5m old < min_node_age 10m"
     assert records["opted-out"].reason == (
         "not a candidate: node opted-out has annotation "
         'cluster-autoscaler.kubernetes.io/scale-down-disabled: "true"'

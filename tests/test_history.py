@@ -165,7 +165,8 @@ def test_a_report_carries_what_its_sinks_need() -> None:
     leaking = gpu_sample("h-1", "GPU-9", fb_used_mib=20480.0, util=0.0)
     snap = snapshot(
         [node("a-1"), node("a-2"), node("h-1", model=H100)],
-        [pod("lonely", "a-1", uid="u-1"), *(pod(f"busy-{i}", "a-2") for i in range(4))],
+        # a-2 above the default threshold (5 of 8 GPUs): one drain, a-1 onto a-2.
+        [pod("lonely", "a-1", uid="u-1"), *(pod(f"busy-{i}", "a-2") for i in range(5))],
         telemetry=telemetry([leaking]),
     )
     loaded = parse_policy(

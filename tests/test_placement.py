@@ -513,18 +513,64 @@ def test_preferred_node_affinity_is_scored_as_node_affinity_normalised_and_weigh
     assert state.best_node(prefers_b) == "n2"
 
 
-def test_preferred_affinity_weighs_a_fifth_of_most_allocated() -> None:
-    # 10 x MostAllocated + 2 x NodeAffinity (100 on the preferred nodes): a preference outweighs up to
-    # 20 points of MostAllocated, not more.
+def test_preferred_affinity_weighs_as_much_as_most_allocated() -> None:
+    # 10 x MostAllocated + 10 x NodeAffinity (100 on the preferred nodes, 0 on the others): a preference
+    # outweighs every difference of MostAllocated short of the whole scale, and among the preferred
+    # nodes the fuller one wins.
     prefers_b = dataclasses.replace(
         pod("picky"), preferred_affinity=(PreferredTerm(weight=1, term=zone_term("b")),)
     )
-    a_bit_fuller = state_of([node("full", zone="a"), node("empty", zone="b")], running("p", "full", 1))
-    assert a_bit_fuller.score(prefers_b, "full") - a_bit_fuller.score(prefers_b, "empty") < 20
-    assert a_bit_fuller.best_node(prefers_b) == "empty"
-    much_fuller = state_of([node("full", zone="a"), node("empty", zone="b")], running("p", "full", 4))
-    assert much_fuller.score(prefers_b, "full") - much_fuller.score(prefers_b, "empty") > 20
-    assert much_fuller.best_node(prefers_b) == "full"
+    full_once_placed = state_of(
+        [node("full", zone="a"), node("empty", zone="b")], running("p", "full", 7, cpu_milli=0, memory=0)
+    )
+    assert full_once_placed.score(prefers_b, "full") - full_once_placed.score(prefers_b, "empty") > 50
+    assert full_once_placed.best_node(prefers_b) == "empty"
+    both_preferred = state_of(
+        [node("full", zone="b"), node("empty", zone="b"), node("other", zone="a")], running("p", "full", 4)
+    )
+    assert both_preferred.best_node(prefers_b) == "full"
+
+
+def sized(name: str, gpus: int, **kwargs: Any) -> Node:
+    """A GPU node labelled with its GPU count, as GPU feature discovery labels it."""
+    return node(name, gpus=gpus, labels={GPU_COUNT: str(gpus)}, **kwargs)
+
+
+def test_the_profile_prefers_the_node_with_more_gpus_unless_the_smaller_is_much_fuller() -> None:
+    # addedAffinity: 8 GPUs match terms of weight 1 + 2 + 4, 4 GPUs 1 + 2: normalised 100 and 42, so
+    # the 8-GPU node wins unless the 4-GPU one is more than 58 points fuller (MostAllocated).
+    half_and_three_quarters = state_of(
+        [sized("eight", 8), sized("four", 4)], [*running("e", "eight", 4), *running("f", "four", 2)]
+    )
+    assert half_and_three_quarters.score(pod("one"), "four") > half_and_three_quarters.score(
+        pod("one"), "eight"
+    )
+    assert half_and_three_quarters.best_nodes(pod("one")) == Prediction("eight", frozenset({"eight"}))
+    nearly_empty_and_full = state_of([sized("eight", 8), sized("four", 4)], running("f", "four", 3))
+    fuller_by = nearly_empty_and_full.score(pod("one"), "four") - nearly_empty_and_full.score(
+        pod("one"), "eight"
+    )
+    assert fuller_by > 58
+    assert nearly_empty_and_full.best_node(pod("one")) == "four"
+    # Only feasible nodes are compared: with the 8-GPU node full, the 4-GPU nodes are the top tier.
+    eight_full = state_of(
+        [sized("eight", 8), sized("four-a", 4), sized("four-b", 4), sized("two", 2)],
+        [*running("e", "eight", 8), *running("b", "four-b", 1), *running("t", "two", 1)],
+    )
+    assert eight_full.best_nodes(pod("one")) == Prediction("four-b", frozenset({"four-b"}))
+
+
+def test_a_node_without_a_gpu_count_label_matches_no_added_term() -> None:
+    # Gt needs an integer label: a node GPU feature discovery has not labelled is scored as the smallest.
+    state = state_of([node("unlabelled", gpus=8), sized("two", 2)], running("u", "unlabelled", 6))
+    assert state.score(pod("one"), "unlabelled") > state.score(pod("one"), "two")
+    assert state.best_node(pod("one")) == "two"
+
+
+def test_on_one_node_size_the_added_affinity_changes_nothing() -> None:
+    state = state_of([sized("a", 8), sized("b", 8), sized("c", 8)], running("p", "b", 3))
+    assert state.best_nodes(pod("one")) == Prediction("b", frozenset({"b"}))
+    assert state.best_nodes(pod("one"), exclude={"b"}) == Prediction("a", frozenset({"a", "c"}))
 
 
 # --------------------------------------------------------------------------- reservations
@@ -693,16 +739,21 @@ def test_copies_of_copies_stay_independent() -> None:
 
 # --------------------------------------------------------------------------- properties
 
+# Four sizes, so the profile's addedAffinity (more GPUs preferred) scores them in four tiers; "twin" is
+# "big"'s size, and "unlabelled" has no GPU count label (no term matches it).
 POOL = [
-    node("big", gpus=4, cpu_milli=32_000, memory=128 * GIB, labels={GPU_MEMORY: "81920"}),
-    node("mid", gpus=2, cpu_milli=16_000, memory=64 * GIB, extra={"pods": 3}),
-    node("small", gpus=1, cpu_milli=8_000, memory=32 * GIB, labels={GPU_MEMORY: "24576"}),
-    node("tainted", gpus=2, cpu_milli=16_000, memory=64 * GIB, taints=[DRAINING]),
+    node("huge", gpus=8, cpu_milli=64_000, memory=256 * GIB, labels={GPU_COUNT: "8", GPU_MEMORY: "81920"}),
+    node("big", gpus=4, cpu_milli=32_000, memory=128 * GIB, labels={GPU_COUNT: "4", GPU_MEMORY: "81920"}),
+    node("twin", gpus=4, cpu_milli=24_000, memory=128 * GIB, labels={GPU_COUNT: "4"}),
+    node("mid", gpus=2, cpu_milli=16_000, memory=64 * GIB, labels={GPU_COUNT: "2"}, extra={"pods": 3}),
+    node("small", gpus=1, cpu_milli=8_000, memory=32 * GIB, labels={GPU_COUNT: "1", GPU_MEMORY: "24576"}),
+    node("unlabelled", gpus=2, cpu_milli=16_000, memory=64 * GIB),
+    node("tainted", gpus=2, cpu_milli=16_000, memory=64 * GIB, labels={GPU_COUNT: "2"}, taints=[DRAINING]),
     node("cpu", gpus=0, cpu_milli=16_000, memory=64 * GIB),
 ]
 
 pods_strategy = st.builds(
-    lambda i, gpus, milli, cpu, mem, big, tolerant: pod(
+    lambda i, gpus, milli, cpu, mem, big, tolerant, prefers: pod(
         f"p{i}",
         gpus=gpus,
         gpu_milli=milli if gpus == 1 else 1000,
@@ -710,6 +761,9 @@ pods_strategy = st.builds(
         memory=mem * GIB,
         required_affinity=affinity(GPU_MEMORY, "Gt", "40000") if big else (),
         tolerations=[Toleration(operator="Exists")] if tolerant else (),
+        preferred_affinity=[PreferredTerm(weight=prefers, term=affinity(GPU_MEMORY, "Lt", "40000")[0])]
+        if prefers
+        else (),
     ),
     i=st.integers(0, 20),
     gpus=st.integers(0, 3),
@@ -718,6 +772,7 @@ pods_strategy = st.builds(
     mem=st.integers(0, 40),
     big=st.booleans(),
     tolerant=st.booleans(),
+    prefers=st.sampled_from([0, 0, 0, 1, 5, 50]),
 )
 
 
@@ -730,14 +785,28 @@ def assert_nothing_negative(state: ClusterState) -> None:
 def reference_prediction(
     state: ClusterState, candidate: Pod, excluded: Sequence[str] = ()
 ) -> Prediction | None:
-    """Every feasible node with the top score, from `fits` and `score` node by node."""
-    scores = {
-        n.name: state.score(candidate, n.name)
-        for n in POOL
-        if n.name not in excluded and state.fits(candidate, n.name).ok
-    }
-    if not scores:
+    """Every feasible node with the top total, from `fits` and `score` node by node: 10 x MostAllocated
+    + 10 x NodeAffinity, whose raw score (the weights of the pod's own preferred terms and of the
+    profile's addedAffinity terms the node matches) is normalised to 0..100 over the feasible nodes, in
+    integers, before it is weighed."""
+    feasible = [n for n in POOL if n.name not in excluded and state.fits(candidate, n.name).ok]
+    if not feasible:
         return None
+    gpu_count = {n.name: int(n.labels.get(GPU_COUNT, "0")) for n in feasible}
+    raw = {
+        n.name: (gpu_count[n.name] > 1)
+        + 2 * (gpu_count[n.name] > 3)
+        + 4 * (gpu_count[n.name] > 7)
+        + sum(
+            p.weight for p in candidate.preferred_affinity if int(n.labels.get(GPU_MEMORY, "40000")) < 40000
+        )
+        for n in feasible
+    }
+    most = max(raw.values())
+    scores = {
+        n.name: 10 * state.score(candidate, n.name) + 10 * (100 * raw[n.name] // most if most else 0)
+        for n in feasible
+    }
     top = max(scores.values())
     tied = frozenset(name for name, score in scores.items() if score == top)
     return Prediction(chosen=min(tied), tied=tied)

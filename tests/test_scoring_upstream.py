@@ -1,4 +1,4 @@
-"""kube-scheduler's own MostAllocated test table, ported: our score gives upstream's integer scores.
+"""kube-scheduler's own MostAllocated and NodeAffinity score tables, ported: our scores are upstream's.
 
 The cases are those of TestMostAllocatedScoringStrategy in kubernetes/kubernetes
 pkg/scheduler/framework/plugins/noderesources/most_allocated_test.go: the same nodes, pods, requests,
@@ -15,6 +15,11 @@ container at all requests nothing, not even the non-zero default: an explicit 0 
 
 The table's configuration errors (no resources; weights below 1 or above 100) are not scores: the
 shipped profile is checked against those rules instead.
+
+The NodeAffinity cases are TestNodeAffinityPriority of pkg/scheduler/framework/plugins/nodeaffinity/
+node_affinity_test.go: the raw score of a node is the sum of the weights of the pod's preferred terms
+and of the plugin's `addedAffinity` terms it matches, normalised to 0..100 over the nodes. The table's
+PreScore flag (scores are the same without it) has no counterpart here.
 """
 
 from __future__ import annotations
@@ -25,15 +30,17 @@ from datetime import UTC, datetime
 
 import pytest
 
-from rebalancer.model import Node, Pod, Snapshot
+from rebalancer.model import Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, PreferredTerm, Snapshot
 from rebalancer.placement import ClusterState
 from rebalancer.scoring import (
     MAX_NODE_SCORE,
     PROFILE_RESOURCES,
+    affinity_scores,
     most_allocated,
     nonzero_cpu_memory,
     score_requests,
 )
+from rebalancer.selectors import preferred_affinity_score
 
 MI = 1024 * 1024
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -199,3 +206,116 @@ def test_the_profile_passes_upstreams_weight_validation() -> None:
     assert PROFILE_RESOURCES
     assert all(1 <= weight <= MAX_NODE_SCORE for _, weight in PROFILE_RESOURCES)
     assert len({name for name, _ in PROFILE_RESOURCES}) == len(PROFILE_RESOURCES)
+
+
+# --------------------------------------------------------------------------- NodeAffinity
+
+LABEL1 = {"foo": "bar"}
+LABEL2 = {"key": "value"}
+LABEL3 = {"az": "az1"}
+LABEL4 = {"abc": "az11", "def": "az22"}
+LABEL5 = {"foo": "bar", "key": "value", "az": "az1"}
+
+
+def term(weight: int, *pairs: tuple[str, str]) -> PreferredTerm:
+    """A preferred term whose `In` expressions (ANDed) each name one value."""
+    expressions = tuple(NodeSelectorRequirement(key, "In", (value,)) for key, value in pairs)
+    return PreferredTerm(weight=weight, term=NodeSelectorTerm(match_expressions=expressions))
+
+
+AFFINITY1 = (term(2, ("foo", "bar")),)
+AFFINITY2 = (
+    term(2, ("foo", "bar")),
+    term(4, ("key", "value")),
+    term(5, ("foo", "bar"), ("key", "value"), ("az", "az1")),
+)
+
+
+@dataclass(frozen=True)
+class AffinityCase:
+    name: str
+    preferred: tuple[PreferredTerm, ...]
+    nodes: Mapping[str, Mapping[str, str]]  # name -> labels
+    expected: Mapping[str, int]
+    added: tuple[PreferredTerm, ...] = ()
+
+
+AFFINITY_CASES = [
+    AffinityCase(
+        "all nodes are same priority as NodeAffinity is nil",
+        preferred=(),
+        nodes={"node1": LABEL1, "node2": LABEL2, "node3": LABEL3},
+        expected={"node1": 0, "node2": 0, "node3": 0},
+    ),
+    AffinityCase(
+        "no node matches preferred scheduling requirements in NodeAffinity of pod so all nodes' "
+        "priority is zero",
+        preferred=AFFINITY1,
+        nodes={"node1": LABEL4, "node2": LABEL2, "node3": LABEL3},
+        expected={"node1": 0, "node2": 0, "node3": 0},
+    ),
+    AffinityCase(
+        "only node1 matches the preferred scheduling requirements of pod",
+        preferred=AFFINITY1,
+        nodes={"node1": LABEL1, "node2": LABEL2, "node3": LABEL3},
+        expected={"node1": MAX_NODE_SCORE, "node2": 0, "node3": 0},
+    ),
+    AffinityCase(
+        "all nodes matches the preferred scheduling requirements of pod but with different priorities",
+        preferred=AFFINITY2,
+        nodes={"node1": LABEL1, "node5": LABEL5, "node2": LABEL2},
+        expected={"node1": 18, "node5": MAX_NODE_SCORE, "node2": 36},
+    ),
+    AffinityCase(
+        "added affinity",
+        preferred=(),
+        nodes={"node1": LABEL1, "node2": LABEL2},
+        expected={"node1": MAX_NODE_SCORE, "node2": 0},
+        added=AFFINITY1,
+    ),
+    AffinityCase(
+        "added affinity and pod has default affinity",
+        preferred=AFFINITY1,
+        nodes={"node1": LABEL1, "node2": LABEL2, "node3": LABEL5},
+        expected={"node1": 40, "node2": 60, "node3": MAX_NODE_SCORE},
+        added=(term(3, ("key", "value")),),
+    ),
+    AffinityCase(
+        "calculate the priorities correctly even if PreScore is not called",
+        preferred=AFFINITY2,
+        nodes={"node1": LABEL1, "node5": LABEL5, "node2": LABEL2},
+        expected={"node1": 18, "node5": MAX_NODE_SCORE, "node2": 36},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", AFFINITY_CASES, ids=[c.name for c in AFFINITY_CASES])
+def test_node_affinity_gives_upstreams_normalised_score(case: AffinityCase) -> None:
+    own = Pod(namespace="ns", name="pod", preferred_affinity=case.preferred)
+    added = Pod(namespace="ns", name="added", preferred_affinity=case.added)
+    raw = {}
+    for name, labels in case.nodes.items():
+        node = Node(name=name, labels=dict(labels))
+        raw[name] = preferred_affinity_score(own, node) + preferred_affinity_score(added, node)
+    assert affinity_scores(raw) == case.expected
+
+
+PROFILE_AFFINITY_CASES = [c for c in AFFINITY_CASES if not c.added]
+
+
+@pytest.mark.parametrize("case", PROFILE_AFFINITY_CASES, ids=[c.name for c in PROFILE_AFFINITY_CASES])
+def test_the_placement_model_picks_upstreams_top_node_affinity_with_the_shipped_profile(
+    case: AffinityCase,
+) -> None:
+    # Equal empty nodes, so MostAllocated ties and NodeAffinity decides; the table's nodes carry no GPU
+    # count label, so the profile's addedAffinity scores them alike.
+    nodes = {
+        name: Node(name=name, labels=dict(labels), allocatable={"cpu": cores(8), "memory": 8 * 1024 * MI})
+        for name, labels in case.nodes.items()
+    }
+    state = ClusterState.from_snapshot(Snapshot(now=NOW, nodes=nodes, pods=()))
+    newcomer = Pod(namespace="ns", name="pod", requests={"cpu": 1000}, preferred_affinity=case.preferred)
+    prediction = state.best_nodes(newcomer)
+    assert prediction is not None
+    top = max(case.expected.values())
+    assert prediction.tied == {name for name, score in case.expected.items() if score == top}

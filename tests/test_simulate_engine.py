@@ -320,6 +320,20 @@ def test_shares_pack_per_device() -> None:
     assert cluster.best_node(shares[3]) is None  # 600 fits no single device, though 500 free in total
 
 
+def test_the_packed_scheduler_model_fills_larger_nodes_first() -> None:
+    # The profile's addedAffinity: a pod that may run on both prefers the 8-GPU node, though the 2-GPU
+    # node would be fuller once it is placed; a T4-only pod has only the T4 node to go to.
+    cluster = SimCluster([g2("g2-0"), t4("t4-0")])
+    g2_node = cluster.add_node(cluster.pools[0], 0)
+    t4_node = cluster.add_node(cluster.pools[1], 0)
+    cluster.place(job(0, 0, HOUR, gpus=4), g2_node, 0)
+    cluster.place(job(1, 0, HOUR), t4_node, 0)
+    anywhere, t4_only = job(2, 0, HOUR), job(3, 0, HOUR, models=frozenset({"T4"}))
+    assert t4_node.score(anywhere) > g2_node.score(anywhere)
+    assert cluster.best_node(anywhere) is g2_node
+    assert cluster.best_node(t4_only) is t4_node
+
+
 def test_packed_scheduler_model_agrees_with_placement() -> None:
     """The simulator's packed choice is what `ClusterState.best_node` predicts on the same state."""
     rng = random.Random(3)

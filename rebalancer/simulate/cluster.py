@@ -8,12 +8,15 @@ strategies predict with `ClusterState` is what the replay does:
 - a job fits a node when the node's GPU model is allowed (the job's `gpu_spec`), cpu, memory and a pod
   slot are free, and `num_gpu` distinct devices each have `gpu_milli` free (shares packed per device);
   the job takes the best-fit devices (least free that still fit, lowest index on ties);
-- `packed` picks the feasible node with the highest MostAllocated score, `spread` the one with the
-  highest LeastAllocated score, both kube-scheduler's integer arithmetic (`rebalancer.scoring`) over
-  what the job's pod requests (`simulate.rebalancers.build_pod`: cpu, memory, and `nvidia.com/gpu` for
-  whole GPUs; a GPU share requests no GPU resource, so only its cpu and memory are scored) against
-  what its node advertises (`SnapshotBuilder`: cpu, memory, `nvidia.com/gpu`). Ties (kube-scheduler
-  picks among them at random) go to the first name in sorted order, the node the prediction reports;
+- `packed` picks the feasible node with the highest total of the shipped profile: MostAllocated plus
+  NodeAffinity with the profile's `addedAffinity` (more GPUs per node preferred, normalised over the
+  feasible nodes), `spread` the one with the highest LeastAllocated score (kube-scheduler's default
+  profile; the pods have no preferred affinity of their own), all kube-scheduler's integer arithmetic
+  (`rebalancer.scoring`) over what the job's pod requests (`simulate.rebalancers.build_pod`: cpu,
+  memory, and `nvidia.com/gpu` for whole GPUs; a GPU share requests no GPU resource, so only its cpu
+  and memory are scored) against what its node advertises and is labelled (`node_labels`). Ties
+  (kube-scheduler picks among them at random) go to the first name in sorted order, the node the
+  prediction reports;
 - a node the rebalancer is draining carries its NoSchedule taint: the scheduler model skips it.
 
 The autoscaler's choice (`pool_for`) is the pool of an allowed model whose next node, empty, holds the
@@ -32,9 +35,18 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rebalancer.gpu_devices import best_fit_devices, has_devices
-from rebalancer.model import MILLI_PER_GPU
-from rebalancer.scoring import CPU_WEIGHT, GPU_WEIGHT, MEMORY_WEIGHT, least_allocated, most_allocated
+from rebalancer.gpu_devices import GPU_COUNT_LABEL, best_fit_devices, has_devices
+from rebalancer.model import GPU_PRODUCT_LABEL, MILLI_PER_GPU, Node
+from rebalancer.node_accounting import added_affinity_score
+from rebalancer.scoring import (
+    CPU_WEIGHT,
+    GPU_WEIGHT,
+    MEMORY_WEIGHT,
+    least_allocated,
+    most_allocated,
+    normalised_affinity,
+    total_score,
+)
 from rebalancer.simulate.trace import Job, TraceNode
 
 SchedulerModel = Literal["packed", "spread"]
@@ -74,6 +86,11 @@ def build_pools(nodes: Sequence[TraceNode]) -> tuple[Pool, ...]:
     )
 
 
+def node_labels(name: str, model: str, gpus: int) -> dict[str, str]:
+    """The labels of a provisioned node: its host name and GPU feature discovery's model and count."""
+    return {"kubernetes.io/hostname": name, GPU_PRODUCT_LABEL: model, GPU_COUNT_LABEL: str(gpus)}
+
+
 def _template_order(node: TraceNode) -> tuple[int, int, str]:
     return (-node.cpu_milli, -node.memory_mib, node.name)
 
@@ -82,6 +99,7 @@ class SimNode:
     """One provisioned node and what it holds."""
 
     __slots__ = (
+        "affinity",
         "cpu",
         "created",
         "devices",
@@ -121,6 +139,10 @@ class SimNode:
         self.empty_since: float | None = created
         self.draining = False  # tainted NoSchedule by the rebalancer: the scheduler model skips it
         self.version = 0  # bumped whenever the set of jobs on the node changes
+        # The raw NodeAffinity score the packed profile's `addedAffinity` gives the node.
+        self.affinity = added_affinity_score(
+            Node(name=self.name, labels=node_labels(self.name, self.model, self.gpus))
+        )
 
     def fits(self, job: Job) -> bool:
         """Whether the job fits what is free now (the GPU model is the caller's business)."""
@@ -208,13 +230,18 @@ class SimCluster:
 
     def best_node(self, job: Job) -> SimNode | None:
         """The node the scheduler model picks for the job now, or None when no node fits."""
+        feasible = [node for node in self.candidate_nodes(job) if not node.draining and node.fits(job)]
+        if self.scheduler == "spread":
+            scored = [(node.score(job, packed=False), node) for node in feasible]
+        else:
+            top = max((node.affinity for node in feasible), default=0)
+            scored = [
+                (total_score(node.score(job), normalised_affinity(node.affinity, top)), node)
+                for node in feasible
+            ]
         best: SimNode | None = None
         best_score = 0
-        packed = self.scheduler == "packed"
-        for node in self.candidate_nodes(job):
-            if node.draining or not node.fits(job):
-                continue
-            score = node.score(job, packed=packed)
+        for score, node in scored:
             if best is None or score > best_score or (score == best_score and node.name < best.name):
                 best, best_score = node, score
         return best

@@ -54,7 +54,7 @@ from rebalancer.model import (
 )
 from rebalancer.node_accounting import GPU_INDEX_ANNOTATION
 from rebalancer.policy import ConfiguredStrategy, LoadedPolicy, parse_policy
-from rebalancer.simulate.cluster import MIB, POD_SLOTS, SimCluster, SimNode
+from rebalancer.simulate.cluster import MIB, POD_SLOTS, SimCluster, SimNode, node_labels
 from rebalancer.simulate.trace import Job
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -201,11 +201,7 @@ class SnapshotBuilder:
             return cached[1]
         built = Node(
             name=node.name,
-            labels={
-                "kubernetes.io/hostname": node.name,
-                GPU_PRODUCT_LABEL: node.model,
-                "nvidia.com/gpu.count": str(node.gpus),
-            },
+            labels=node_labels(node.name, node.model, node.gpus),
             allocatable={
                 "cpu": node.cpu,
                 "memory": node.memory,

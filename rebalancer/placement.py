@@ -5,7 +5,9 @@ reservations carried across every placement of a cycle: the feasibility rules (r
 GPU shares, taints, unschedulable and cordoned nodes, node selector, required node affinity) and the
 packed scheduler's choice. It must not do I/O or read the clock, and it never changes the Snapshot it
 was built from. Label and taint matching live in `selectors`, the score in `scoring`, device
-arithmetic in `gpu_devices`, one node's accounting and judgement of one pod in `node_accounting`.
+arithmetic in `gpu_devices`, one node's accounting and judgement of one pod in `node_accounting`, the
+accounting of a snapshot that its states share, and how it is built from the last one, in
+`snapshot_accounting`.
 
 Model:
 
@@ -35,25 +37,20 @@ constraints and requests) and per raw `addedAffinity` score (a tier: the nodes o
 shared by every copy; a call takes the best of each tier, re-examining only the nodes the state
 changed, and weighs the tiers' bests as NodeAffinity's normalisation over the feasible ones does (a
 pod with preferred node affinity of its own is scored on every feasible node). The accounting of a
-snapshot starts from the one built before it: a node whose Node and pods are the very objects it was
-built from (a watch cache and the trace replay hand the same objects for what did not change) keeps
-its state, and the candidate nodes and rankings of each kind of pod are those of the latest of the
-last builds that made them, with only the nodes changed since judged again. A ClusterState is not
-safe to use from several threads at once.
+snapshot starts from the one built before it (`snapshot_accounting`): a node whose Node and pods are
+the very objects it was built from (a watch cache and the trace replay hand the same objects for what
+did not change) keeps its state, and the candidate nodes and rankings of each kind of pod, derived
+here, are those of the latest of the last builds that made them, with only the nodes changed since
+judged again. A ClusterState is not safe to use from several threads at once.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from rebalancer.gpu_devices import best_fit_devices, devices_for_existing, gpu_device_count
-from rebalancer.memo import same_objects
+from rebalancer.gpu_devices import best_fit_devices
 from rebalancer.model import (
-    MILLI_PER_GPU,
-    Node,
     Pod,
     Snapshot,
 )
@@ -63,13 +60,10 @@ from rebalancer.node_accounting import (
     Holding,
     NodeState,
     Rank,
-    RankingKey,
     StaticKey,
     added_affinity_score,
-    assigned_devices,
     could_ever_hold,
     demand_of,
-    existing_order,
     has_room,
     node_rank,
     node_score,
@@ -86,6 +80,7 @@ from rebalancer.scoring import (
 from rebalancer.selectors import (
     preferred_affinity_score,
 )
+from rebalancer.snapshot_accounting import Built, LastBuilt
 
 PodKey = tuple[str, str]
 
@@ -104,269 +99,8 @@ FITS = FitResult(ok=True)
 # --------------------------------------------------------------------------- the cluster
 
 
-# How many builds back a kind of pod's candidate nodes or ranking are carried over from.
-_CARRIED_BUILDS = 16
-
-
-class _Carried:
-    """The candidate nodes and rankings of the successive builds of `_LastBuilt`, each kept with the
-    number (epoch) of the build it was made for, and what each of the last `_CARRIED_BUILDS` builds
-    changed: a build derives a kind of pod's candidates or ranking from the latest one made for an earlier
-    build, judging again only the nodes changed since. Entries no recent build can use are dropped."""
-
-    __slots__ = ("candidates", "changes", "rankings")
-
-    def __init__(self) -> None:
-        # Per build: the nodes whose state was rebuilt (or are gone) since the build before, and those
-        # whose Node object changed (or are gone), a subset.
-        self.changes: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
-        self.candidates: dict[StaticKey, tuple[int, frozenset[str]]] = {}
-        self.rankings: dict[RankingKey, tuple[int, tuple[Rank, ...]]] = {}
-
-    def since(self, epoch: int, now: int, *, node_objects: bool) -> set[str] | None:
-        """The nodes rebuilt (or, with `node_objects`, whose Node object changed) by the builds after
-        `epoch` up to `now`; None when that is more than is remembered."""
-        if now - epoch > _CARRIED_BUILDS:
-            return None
-        changed: set[str] = set()
-        for number in range(epoch + 1, now + 1):
-            found = self.changes.get(number)
-            if found is None:
-                return None
-            changed |= found[1] if node_objects else found[0]
-        return changed
-
-    def record(self, epoch: int, rebuilt: frozenset[str], changed_nodes: frozenset[str]) -> None:
-        self.changes[epoch] = (rebuilt, changed_nodes)
-        self.changes.pop(epoch - _CARRIED_BUILDS - 1, None)
-        if epoch % _CARRIED_BUILDS == 0:  # now and then, what no build can derive from any more goes
-            oldest = epoch - _CARRIED_BUILDS
-            self.candidates = {k: v for k, v in self.candidates.items() if v[0] >= oldest}
-            self.rankings = {k: v for k, v in self.rankings.items() if v[0] >= oldest}
-
-
-class _Built:
-    """What every copy of one ClusterState shares: the nodes as built and what is derived from them.
-
-    The node states here are never written: a ClusterState clones a node before its first change. A
-    build made after another takes over the node states of every node whose Node and pods are the same
-    objects as then (`rebuilt`: the others, and the names gone); one of `_LastBuilt`'s builds (numbered
-    `epoch`) derives its candidates and rankings from those of earlier builds (`carried`).
-    """
-
-    __slots__ = (
-        "carried",
-        "changed_nodes",
-        "epoch",
-        "home",
-        "keys",
-        "nodes",
-        "plain",
-        "pods",
-        "rankings",
-        "rebuilt",
-        "static_candidates",
-        "tiers",
-    )
-
-    def __init__(
-        self,
-        nodes: Mapping[str, NodeState],
-        home: Mapping[PodKey, str],
-        pods: Mapping[str, tuple[Pod, ...]],
-        keys: Mapping[str, tuple[PodKey, ...]],
-        plain: Collection[str] = frozenset(),
-        *,
-        rebuilt: frozenset[str] = frozenset(),
-        changed_nodes: frozenset[str] = frozenset(),
-    ) -> None:
-        self.nodes = nodes
-        self.home = home  # the node each pod was accounted on when built
-        self.pods = pods  # the pods each node state was built from
-        self.keys = keys  # their keys, in the order they were accounted
-        self.plain = plain  # the nodes whose state is plain (`_node_state`)
-        # Since the build it was made from: the nodes (or names gone) whose state was rebuilt, and those
-        # whose Node object changed (a subset).
-        self.rebuilt = rebuilt
-        self.changed_nodes = changed_nodes
-        self.carried: _Carried | None = None  # set by `_LastBuilt`, with the build's number
-        self.epoch = 0
-        # Nodes whose labels, taints and allocatable admit a kind of pod (cordons aside).
-        self.static_candidates: dict[StaticKey, frozenset[str]] = {}
-        # Those nodes by their raw `addedAffinity` score.
-        self.tiers: dict[StaticKey, tuple[tuple[int, frozenset[str]], ...]] = {}
-        # The rank of every node of a tier a kind of pod fits on as built, best first.
-        self.rankings: dict[RankingKey, tuple[Rank, ...]] = {}
-
-
-def _node_state(node: Node, pods: Sequence[Pod]) -> tuple[NodeState, tuple[PodKey, ...], bool]:
-    """The node with every active pod on it accounted, as the snapshot shows them, the pods' keys in
-    the order they were accounted, and whether the state is plain: every GPU pod on the devices its
-    annotation names (none inferred), every pod's key its own, every resource one the node declares."""
-    state = NodeState(node, dict(node.allocatable), [MILLI_PER_GPU] * gpu_device_count(node), {})
-    keys: list[PodKey] = []
-    gpu_pods: list[tuple[Demand, Pod]] = []
-    for pod in pods:
-        demand = demand_of(pod)
-        if demand.gpu_count:
-            gpu_pods.append((demand, pod))
-        else:
-            key = (pod.namespace, pod.name)
-            state.take(key, Holding(demand, ()))
-            keys.append(key)
-    inferred: list[tuple[Demand, Pod]] = []
-    for demand, pod in gpu_pods:
-        devices = assigned_devices(pod, demand, len(state.devices))
-        if devices is None:
-            inferred.append((demand, pod))
-            continue
-        key = (pod.namespace, pod.name)
-        state.take(key, Holding(demand, devices))
-        keys.append(key)
-    inferred.sort(key=existing_order)
-    for demand, pod in inferred:
-        key = (pod.namespace, pod.name)
-        devices = devices_for_existing(state.devices, demand.gpu_count, demand.gpu_milli)
-        state.take(key, Holding(demand, devices))
-        keys.append(key)
-    plain = not inferred and len(state.holdings) == len(keys) and len(state.free) == len(node.allocatable)
-    return state, tuple(keys), plain
-
-
-def _moved_on(
-    before: NodeState, before_pods: Sequence[Pod], before_keys: tuple[PodKey, ...], pods: Sequence[Pod]
-) -> tuple[NodeState, tuple[PodKey, ...]] | None:
-    """The state `_node_state` builds for a node whose plain state `before` was built from
-    `before_pods`, when `pods` are those pods, some gone, then GPU pods added after them on the devices
-    their annotations name: `before` with the gone pods given back and the new ones taken, in the order
-    a build takes them. None when the pods are not such, or the state would not stay plain."""
-    kept = 0
-    gone: list[Pod] = []
-    for pod in before_pods:
-        if kept < len(pods) and pods[kept] is pod:
-            kept += 1
-        else:
-            gone.append(pod)
-    declared = before.node.allocatable
-    state = before.clone()
-    left = set(before_keys)
-    for pod in gone:
-        key = (pod.namespace, pod.name)
-        if key not in left or any(name not in declared for name, _ in demand_of(pod).requests):
-            return None
-        left.discard(key)
-        state.give_back(key)
-    added: list[PodKey] = []
-    for pod in pods[kept:]:
-        demand = demand_of(pod)
-        key = (pod.namespace, pod.name)
-        if not demand.gpu_count or key in state.holdings:
-            return None
-        if any(name not in declared for name, _ in demand.requests):
-            return None
-        devices = assigned_devices(pod, demand, len(state.devices))
-        if devices is None:
-            return None
-        state.take(key, Holding(demand, devices))
-        added.append(key)
-    return state, (*(key for key in before_keys if key in left), *added)
-
-
-def _build(snapshot: Snapshot, previous: _Built | None = None) -> _Built:
-    """Every active pod accounted against its node, as the snapshot shows them. With `previous`, the
-    state of a node whose Node and pods are the very objects it was built from is taken over (node
-    states are never written, and a pure function of those objects), and that of a node whose pods
-    only lost some and gained GPU pods after them is moved on from it when it is plain (`_moved_on`)."""
-    nodes: dict[str, NodeState] = {}
-    home: dict[PodKey, str] = {}
-    sources: dict[str, tuple[Pod, ...]] = {}
-    keys: dict[str, tuple[PodKey, ...]] = {}
-    plain: set[str] = set()
-    rebuilt: set[str] = set()
-    changed_nodes: set[str] = set()
-    pods_by_node = snapshot.pods_by_node
-    before_nodes: Mapping[str, NodeState] = previous.nodes if previous is not None else {}
-    before_pods = previous.pods if previous is not None else {}
-    before_keys = previous.keys if previous is not None else {}
-    before_plain = previous.plain if previous is not None else frozenset()
-    for name, node in snapshot.nodes.items():
-        pods = pods_by_node.get(name, ())
-        old = before_nodes.get(name)
-        moved = None
-        if old is not None and old.node is node:
-            old_pods = before_pods[name]
-            if same_objects(old_pods, pods):
-                nodes[name] = old
-                sources[name] = old_pods
-                keys[name] = old_keys = before_keys[name]
-                home.update(dict.fromkeys(old_keys, name))
-                if name in before_plain:
-                    plain.add(name)
-                continue
-            if name in before_plain:
-                moved = _moved_on(old, old_pods, before_keys[name], pods)
-        elif previous is not None:
-            changed_nodes.add(name)
-        if moved is not None:
-            nodes[name], keys[name] = moved
-            plain.add(name)
-        else:
-            nodes[name], keys[name], is_plain = _node_state(node, pods)
-            if is_plain:
-                plain.add(name)
-        sources[name] = pods
-        home.update(dict.fromkeys(keys[name], name))
-        rebuilt.add(name)
-    if previous is None:
-        return _Built(
-            nodes, home, sources, keys, plain, rebuilt=frozenset(nodes), changed_nodes=frozenset(nodes)
-        )
-    gone = previous.nodes.keys() - nodes.keys()
-    return _Built(
-        nodes,
-        home,
-        sources,
-        keys,
-        plain,
-        rebuilt=frozenset(rebuilt | gone),
-        changed_nodes=frozenset(changed_nodes | gone),
-    )
-
-
-class _LastBuilt:
-    """The `_Built` of the snapshot that states were last built from, held only as long as it lives; the
-    last build of all, which the next one starts from; and what the builds carry over (`_Carried`)."""
-
-    __slots__ = ("_carried", "_entry", "_last", "_lock")
-
-    def __init__(self) -> None:
-        self._entry: tuple[weakref.ref[Snapshot], _Built] | None = None
-        self._last: _Built | None = None
-        self._carried = _Carried()
-        self._lock = threading.Lock()
-
-    def get(self, snapshot: Snapshot) -> _Built:
-        entry = self._entry
-        if entry is not None and entry[0]() is snapshot:
-            return entry[1]
-        with self._lock:
-            last = self._last
-            built = _build(snapshot, last)
-            built.epoch = last.epoch + 1 if last is not None else 0
-            if last is not None:
-                self._carried.record(built.epoch, built.rebuilt, built.changed_nodes)
-            built.carried = self._carried
-            self._entry = (weakref.ref(snapshot, self._forget), built)
-            self._last = built
-        return built
-
-    def _forget(self, ref: weakref.ref[Snapshot]) -> None:
-        entry = self._entry
-        if entry is not None and entry[0] is ref:
-            self._entry = None
-
-
-_LAST_BUILT = _LastBuilt()
+# The accounting of the snapshot states were last built from, and the last build of all.
+_LAST_BUILT = LastBuilt()
 
 
 class ClusterState:
@@ -374,12 +108,12 @@ class ClusterState:
 
     Node-level inspection (`free`, `gpu_free_milli`, `score`) raises KeyError for an unknown node;
     `fits` and `place` treat it as a node nothing fits on. `best_node` takes the best node of the
-    shared ranking (`_Built`) this state has not changed, cordoned or excluded, against those it changed.
+    shared ranking (`Built`) this state has not changed, cordoned or excluded, against those it changed.
     """
 
     def __init__(
         self,
-        built: _Built,
+        built: Built,
         nodes: dict[str, NodeState],
         moves: dict[PodKey, str | None],
         cordoned: set[str],
@@ -399,7 +133,7 @@ class ClusterState:
         """Account every active pod against its node. Pods on nodes the snapshot lacks are ignored.
 
         The accounting is done once per snapshot and shared by every state built from it (each strategy
-        and the planner of a cycle build one): it is never written, see `_Built`.
+        and the planner of a cycle build one): it is never written, see `Built`.
         """
         built = _LAST_BUILT.get(snapshot)
         return cls(built, dict(built.nodes), moves={}, cordoned=set(), changed=set())

@@ -7,7 +7,7 @@ sequences of snapshots, in which each step keeps most objects and replaces, adds
 and nodes (taints, cordons, relabels), some kinds of pod are asked about in some steps only, and the
 states of each step are written to (placements, removals, cordons) before the next, the accounting,
 the candidates, the rankings and the packed scheduler's choices must be those of a build from scratch
-(`placement._build` without a previous build).
+(`snapshot_accounting.build` without a previous build).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rebalancer import placement
+from rebalancer import snapshot_accounting
 from rebalancer.model import (
     GPU_PRODUCT_LABEL,
     Node,
@@ -171,7 +171,7 @@ def _accounting(built: Any) -> tuple[dict[str, tuple[object, ...]], dict[tuple[s
 
 
 def _scratch(snap: Snapshot) -> ClusterState:
-    built = placement._build(snap)
+    built = snapshot_accounting.build(snap)
     return ClusterState(built, dict(built.nodes), moves={}, cordoned=set(), changed=set())
 
 

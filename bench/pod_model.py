@@ -48,6 +48,11 @@ def _measure(pods_file: Path, count: int) -> dict[str, float]:
     from rebalancer.policy import GangConfig, GpuSharingConfig  # noqa: PLC0415
     from rebalancer.sources import kube_objects  # noqa: PLC0415
 
+    try:  # pods translated in a module of their own
+        from rebalancer.sources import kube_pods  # noqa: PLC0415
+    except ImportError:  # a tree from before that: kube_objects translated them
+        kube_pods = kube_objects
+
     raws = [bytes(raw) for raw in msgspec.json.decode(pods_file.read_bytes(), type=_Items).items]
     if not raws:
         raise SystemExit(f"{pods_file}: no pods in items")
@@ -66,17 +71,17 @@ def _measure(pods_file: Path, count: int) -> dict[str, float]:
             return kube_types.decode(kube_types.PodObject, raw)
 
         def build(obj: Any) -> object:
-            return kube_objects.pod_model(obj, gangs=gangs, sharing=sharing)
+            return kube_pods.pod_model(obj, gangs=gangs, sharing=sharing)
 
     else:  # before: untyped decoding, then the model's checks of each field
 
         def from_bytes(raw: bytes) -> object:
-            return kube_objects.pod_from_json(msgspec.json.decode(raw), gangs=gangs, sharing=sharing)
+            return kube_pods.pod_from_json(msgspec.json.decode(raw), gangs=gangs, sharing=sharing)
 
         decode = msgspec.json.decode
 
         def build(obj: Any) -> object:
-            return kube_objects.pod_from_json(obj, gangs=gangs, sharing=sharing)
+            return kube_pods.pod_from_json(obj, gangs=gangs, sharing=sharing)
 
     gc.disable()  # as the sources read: the collector paused
     wall, cpu = time.perf_counter(), time.process_time()

@@ -41,7 +41,7 @@ from rebalancer import scoring
 from rebalancer.cli import main as rebalancer_main
 from rebalancer.node_accounting import PROFILE_PREFERENCES
 from rebalancer.policy import GangConfig, GpuSharingConfig, loads_policy
-from rebalancer.sources.kube_objects import pod_from_json
+from rebalancer.sources.kube_pods import pod_from_json
 from strategies.gpu_consolidation import GpuConsolidationArgs
 from tests.dockerfile import (
     DOCKERFILE,

@@ -28,8 +28,8 @@ from rebalancer.sources.kube_objects import (
     controller_from_json,
     node_from_json,
     pdb_from_json,
-    pod_from_json,
 )
+from rebalancer.sources.kube_pods import pod_from_json
 from rebalancer.sources.object_fields import ObjectError
 
 GIB = 1024**3

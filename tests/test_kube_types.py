@@ -21,8 +21,8 @@ from rebalancer.sources.kube_objects import (
     model_from_bytes,
     model_from_json,
     node_from_json,
-    pod_from_json,
 )
+from rebalancer.sources.kube_pods import pod_from_json
 from rebalancer.sources.object_fields import ObjectError
 from tests.test_kube_objects import FULL_POD, NODE, _controller, _pod
 

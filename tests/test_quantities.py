@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from rebalancer.policy import GangConfig, GpuSharingConfig
-from rebalancer.sources.kube_objects import node_from_json, pod_from_json
+from rebalancer.sources.kube_objects import node_from_json
+from rebalancer.sources.kube_pods import pod_from_json
 from rebalancer.sources.object_fields import MAX_GPU_DEVICES, ObjectError, parse_kubernetes_quantity
 
 KI, MI, GI, TI, PI, EI = (1024**n for n in range(1, 7))

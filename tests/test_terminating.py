@@ -26,7 +26,7 @@ from rebalancer.planner import plan
 from rebalancer.policy import GuardsConfig, Policy, parse_policy
 from rebalancer.registry import StrategyContext
 from rebalancer.sources.files import load_snapshot_dir
-from rebalancer.sources.kube_objects import pod_from_json
+from rebalancer.sources.kube_pods import pod_from_json
 from strategies.gpu_affinity import GpuAffinityArgs, gpu_affinity
 from strategies.idle_gpu import IdleGpuArgs, idle_gpu
 from strategies.topology_spread import TopologySpreadArgs, topology_spread

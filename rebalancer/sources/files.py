@@ -36,7 +36,8 @@ Anything that makes the snapshot unusable (unreadable directory or file, invalid
 malformed or duplicate objects, no usable `now`) raises `SnapshotError` listing every problem, each naming
 its file; problems that only lose part of the picture (a pod bound to an unknown node, bad samples) become
 findings in `Snapshot.findings`. This module must not read the clock, talk to a cluster or Prometheus, or
-write anything: object translation lives in `kube_objects`, telemetry maths in `rebalancer.telemetry`.
+write anything: object translation lives in `kube_objects` and `kube_pods`, telemetry maths in
+`rebalancer.telemetry`.
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ from rebalancer.sources.kube_objects import (
     model_of,
     node_from_json,
     pdb_from_json,
-    pod_from_json,
     split_unbound,
 )
+from rebalancer.sources.kube_pods import pod_from_json
 from rebalancer.sources.object_fields import ObjectError
 from rebalancer.sources.snapshot_layout import SnapshotFile, UnreadableFile, read_problem, walk
 from rebalancer.sources.telemetry_aggregates import (

@@ -12,7 +12,7 @@ are always listed per snapshot.
 - pods: every namespace (default) or the given ones, skipping finished pods on the server
   (`status.phase!=Succeeded,status.phase!=Failed`). Placement needs every pod that holds resources, so a
   namespace-restricted source says in a `partial-cluster-view` finding that free capacity may be
-  overstated. A pod's owner is its controller ownerReference (`kube_objects`), which is all the
+  overstated. A pod's owner is its controller ownerReference (`kube_pods`), which is all the
   bare-pod guard needs;
 - PodDisruptionBudgets (policy/v1);
 - the controllers of the GPU pods, walked up as `workloads.resolve()` walks them, into
@@ -66,7 +66,8 @@ from rebalancer.sources.kube_lists import (
     cluster_calls,
     decoding_of,
 )
-from rebalancer.sources.kube_objects import controller_from_json, pod_from_json, split_unbound
+from rebalancer.sources.kube_objects import controller_from_json, split_unbound
+from rebalancer.sources.kube_pods import pod_from_json
 from rebalancer.sources.object_fields import ObjectError
 from rebalancer.telemetry.windows import unknown_node_findings
 from rebalancer.wording import plural

@@ -13,7 +13,7 @@ an `ObjectError` worded as the model's own checks word theirs (`Pod ml/x: spec.t
 expected a string, got the number 5`): the wording follows the field's declared type, the value shown is
 looked up in the decoded object, and the object's name and its metadata's problems come first, as they
 always have. What JSON types cannot say (required fields, quantities, operators, timestamps) is
-`kube_objects`' to check while it builds the model.
+`kube_objects`' and `kube_pods`' to check while they build the model.
 
 It must not do I/O, read the clock or build model objects.
 """
@@ -171,7 +171,7 @@ class PodSpec(_Struct, frozen=True):
     affinity: Affinity | None = None
     tolerations: tuple[Toleration, ...] | None = None
     topology_spread_constraints: tuple[TopologySpreadConstraint, ...] | None = None
-    # A volume's kind is its first field other than `name` (kube_objects), so volumes stay mappings.
+    # A volume's kind is its first field other than `name` (kube_pods), so volumes stay mappings.
     volumes: tuple[dict[str, Any], ...] | None = None
 
 

@@ -6,7 +6,7 @@ Owns `ObjectError` (an object that cannot be read, naming its kind, name and fie
 the input is named in a message (`type_name`, `quote_value`), and quantities: apimachinery's
 grammar (`parse_kubernetes_quantity`), whole units for extended resources (`1.5` GPUs is refused as the
 API server refuses it), and physical bounds on GPU device counts (`MAX_GPU_DEVICES`). `kube_objects`
-builds the model with them. It must not do I/O, read the clock or build model objects.
+and `kube_pods` build the model with them. It must not do I/O, read the clock or build model objects.
 """
 
 from __future__ import annotations

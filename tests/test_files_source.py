@@ -14,7 +14,7 @@ from rebalancer.history import Workload
 from rebalancer.model import Finding, GpuRequest
 from rebalancer.policy import ConfiguredStrategy, LoadedPolicy, Policy, parse_policy
 from rebalancer.registry import StrategyArgs
-from rebalancer.sources import files
+from rebalancer.sources import snapshot_objects
 from rebalancer.sources.files import SnapshotError, load_snapshot_dir
 from rebalancer.workloads import resolve
 from tests.builders import NOW
@@ -268,7 +268,7 @@ def test_invalid_json_names_file_and_line(tmp_path: Path) -> None:
 @pytest.fixture
 def stream_every_json(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stream every JSON List item by item, as files of hundreds of MB are."""
-    monkeypatch.setattr(files, "STREAM_JSON_BYTES", 0)
+    monkeypatch.setattr(snapshot_objects, "STREAM_JSON_BYTES", 0)
 
 
 def test_large_json_lists_are_streamed_to_the_same_snapshot(
@@ -284,7 +284,7 @@ def test_large_json_lists_are_streamed_to_the_same_snapshot(
     write(tmp_path, "cluster.json", kube_list(node("n1"), pod("a", "n1", gpus=2), pod("c", None)))
     write(tmp_path, "one.json", pod("d", "n1"))  # not a List: read whole
     whole = load_snapshot_dir(tmp_path, loaded())
-    monkeypatch.setattr(files, "STREAM_JSON_BYTES", 0)
+    monkeypatch.setattr(snapshot_objects, "STREAM_JSON_BYTES", 0)
     streamed = load_snapshot_dir(tmp_path, loaded())
     assert streamed == whole
     assert {p.name for p in streamed.pods} == {"a", "b", "c", "d"}
@@ -566,7 +566,7 @@ def test_gzipped_files_are_read_as_their_inner_format(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: bool
 ) -> None:
     if stream:
-        monkeypatch.setattr(files, "STREAM_JSON_BYTES", 1)
+        monkeypatch.setattr(snapshot_objects, "STREAM_JSON_BYTES", 1)
     gz(tmp_path, "snapshot.yaml.gz", "now: 2026-11-29T12:00:00Z\n")
     gz(tmp_path, "nodes.json.gz", kube_list(node("n1")))
     gz(
@@ -604,7 +604,7 @@ def test_deeply_nested_json_is_a_located_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: bool, depth: int
 ) -> None:
     if stream:
-        monkeypatch.setattr(files, "STREAM_JSON_BYTES", 1)
+        monkeypatch.setattr(snapshot_objects, "STREAM_JSON_BYTES", 1)
     write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
     nested = "[" * depth + "]" * depth
     write(tmp_path, "deep.json", '{"kind": "List", "items": [{"kind": "Pod", "metadata": ' + nested + "}]}")
@@ -739,7 +739,7 @@ def test_items_without_a_list_kind_are_read_as_a_document(
     """A file with `items` but no List kind is not a List: it is read as one document (here, an object
     without a kind), the mapped file released first."""
     if stream:
-        monkeypatch.setattr(files, "STREAM_JSON_BYTES", 0)
+        monkeypatch.setattr(snapshot_objects, "STREAM_JSON_BYTES", 0)
     write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
     write(tmp_path, "pods.json", {"apiVersion": "v1", "items": [pod("a", None)]})
     assert problems_of(tmp_path) == (f"{tmp_path / 'pods.json'}: Kubernetes object without a kind",)

@@ -11,7 +11,7 @@ is `snapshot_layout`'s):
   into `Snapshot.controllers`, every one read, so that workloads resolve as against the live cluster;
   other kinds (a CronJob too: a Job is the workload), and documents with neither `apiVersion` nor
   `kind` (a policy file kept alongside), are ignored and reported in an `ignored-objects` finding (the
-  policy file in use is skipped silently);
+  policy file in use is skipped silently). Each file is read by `snapshot_objects`;
 - every `*.prom` / `*.om` file: DCGM exporter series in Prometheus text format or OpenMetrics (an `.om`
   file must be OpenMetrics, ending with `# EOF`), aggregated for the policy's telemetry windows;
 - the optional `snapshot.yaml` with `now: <RFC 3339 with timezone>`; without it `now` is the newest
@@ -23,57 +23,37 @@ is `snapshot_layout`'s):
   computes them from the raw history for `rebalancer aggregate` and `rebalancer snapshot`;
 - any other file is listed in an `unread-files` finding.
 
-A JSON `List` is read item by item from the mapped file: msgspec finds the items, then decodes each
-straight into its kind's Struct (`kube_types`: the fields the model never reads are skipped unread, not
-even checked as UTF-8), and drops it once it is in the model; an item of another kind, or with a field
-of the wrong type, is read untyped and named as any document's object is. A file under 64 MiB
-(STREAM_JSON_BYTES) that msgspec refuses anywhere is read whole by the standard library instead, which
-names the problem by line and column as before (and takes what only it takes, such as NaN); a larger one
-is never held whole, and msgspec names its problem. Expositions are read line by line. So a 5,000-node
-cluster's dump and hour of DCGM history fit in under 1 GiB.
+A JSON `List` is read item by item from the mapped file, each item dropped once it is in the model, and
+a large JSON file is never held whole (`snapshot_objects`); expositions are read line by line. So a
+5,000-node cluster's dump and hour of DCGM history fit in under 1 GiB.
 
 Anything that makes the snapshot unusable (unreadable directory or file, invalid JSON / YAML / exposition,
 malformed or duplicate objects, no usable `now`) raises `SnapshotError` listing every problem, each naming
 its file; problems that only lose part of the picture (a pod bound to an unknown node, bad samples) become
 findings in `Snapshot.findings`. This module must not read the clock, talk to a cluster or Prometheus, or
-write anything: object translation lives in `kube_objects` and `kube_pods`, telemetry maths in
-`rebalancer.telemetry`.
+write anything: the reading of object files lives in `snapshot_objects`, object translation in
+`kube_objects` and `kube_pods`, telemetry maths in `rebalancer.telemetry`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import mmap
-import re
 import zlib
 from collections import Counter
-from collections.abc import Collection, Generator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
-import msgspec
 import yaml
 
 from rebalancer import rfc3339, yaml_input
 from rebalancer.errors import InputError
 from rebalancer.gcpause import collector_paused
-from rebalancer.model import Controller, Finding, Node, Pdb, Pod, Snapshot, Telemetry
+from rebalancer.model import Finding, Pod, Snapshot, Telemetry
 from rebalancer.policy import LoadedPolicy, TelemetryConfig
-from rebalancer.sources import kube_types
-from rebalancer.sources.kube_objects import (
-    Model,
-    controller_from_json,
-    model_of,
-    node_from_json,
-    pdb_from_json,
-    split_unbound,
-)
-from rebalancer.sources.kube_pods import pod_from_json
-from rebalancer.sources.object_fields import ObjectError
-from rebalancer.sources.snapshot_layout import SnapshotFile, UnreadableFile, read_problem, walk
+from rebalancer.sources.kube_objects import split_unbound
+from rebalancer.sources.snapshot_layout import SnapshotFile, read_problem, walk
+from rebalancer.sources.snapshot_objects import Collected, read_objects, read_text, yaml_problem
 from rebalancer.sources.telemetry_aggregates import (
     AGGREGATES_FILE,
     Aggregates,
@@ -84,8 +64,7 @@ from rebalancer.sources.telemetry_aggregates import (
 from rebalancer.telemetry.exposition import ExpositionError, Series, parse_exposition_lines
 from rebalancer.telemetry.identity import telemetry_metrics
 from rebalancer.telemetry.windows import aggregate, unknown_node_findings
-from rebalancer.wording import clip, plural, quoted
-from rebalancer.workloads import KINDS
+from rebalancer.wording import plural, quoted
 
 __all__ = [
     "AGGREGATES_UNUSED",
@@ -103,10 +82,6 @@ AGGREGATES_UNUSED = "telemetry-aggregates-unused"
 log = logging.getLogger(__name__)
 OBJECT_SUFFIXES = (".json", ".yaml", ".yml")
 METRIC_SUFFIXES = (".prom", ".om")
-USED_KINDS = ("Node", "Pod", "PodDisruptionBudget", *KINDS)
-# JSON files at least this large are never read whole (a List is read item by item, always): decoding a
-# kubectl dump of 50,000 pods (~400 MB) whole holds its text and every decoded object at once, over 1 GiB.
-STREAM_JSON_BYTES = 64 * 1024 * 1024
 
 _NOW_HINT = (
     f"add {SNAPSHOT_FILE} with a line such as `now: {rfc3339.EXAMPLE}` (RFC 3339 with a timezone), "
@@ -118,27 +93,7 @@ class SnapshotError(InputError):
     """A snapshot directory that cannot be used; `problems` holds one line per problem, each naming where."""
 
 
-@dataclass
-class _Collected:
-    nodes: dict[str, Node]
-    pods: dict[tuple[str, str], Pod]
-    pdbs: dict[tuple[str, str], Pdb]
-    controllers: dict[tuple[str, str, str], Controller]
-    seen: dict[tuple[str, str], str]
-    ignored: Counter[str]
-    not_objects: list[str]
-    problems: list[str]
-
-
-# --------------------------------------------------------------------------- reading files
-
-
-def _read_text(file: SnapshotFile, problems: list[str]) -> str | None:
-    try:
-        return file.read_text()
-    except UnreadableFile as exc:
-        problems.append(str(exc))
-    return None
+# --------------------------------------------------------------------------- expositions
 
 
 def _read_exposition(
@@ -164,286 +119,17 @@ def _has_eof_line(file: SnapshotFile) -> bool:
         return any(line.strip() == "# EOF" for line in handle)
 
 
-def _yaml_problem(file: Path, exc: yaml.YAMLError, text: str | None = None) -> str:
-    line, problem = yaml_input.problem_of(exc, text)
-    return f"{file}{f':{line}' if line is not None else ''}: invalid YAML: {clip(problem, 300)}"
-
-
-def _documents(file: SnapshotFile, text: str, problems: list[str]) -> list[tuple[object, str]]:
-    """Top-level documents of a JSON or YAML file, each with a label for messages."""
-    if file.suffix == ".json":
-        try:
-            return [(json.loads(text), str(file.path))]
-        except json.JSONDecodeError as exc:
-            problems.append(f"{file.path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}")
-            return []
-        except ValueError as exc:  # an integer of more digits than Python converts
-            problems.append(f"{file.path}: invalid JSON: {clip(str(exc), 200)}")
-            return []
-        except RecursionError:
-            problems.append(f"{file.path}: invalid JSON: nested too deeply")
-            return []
-    try:
-        docs = list(yaml_input.load_all(text))
-    except yaml.YAMLError as exc:
-        problems.append(_yaml_problem(file.path, exc, text))
-        return []
-    label = str(file.path)
-    if len(docs) == 1:
-        return [(docs[0], label)]
-    return [(doc, f"{label} (document {index + 1})") for index, doc in enumerate(docs)]
-
-
-def _objects(doc: object, where: str, problems: list[str]) -> Iterator[tuple[Mapping[str, Any], str]]:
-    """Kubernetes objects of one document, unwrapping `List` and typed lists (`PodList`, ...)."""
-    if doc is None:
-        return
-    if not isinstance(doc, Mapping):
-        problems.append(f"{where}: expected a Kubernetes object or List, got {type(doc).__name__}")
-        return
-    kind = doc.get("kind")
-    if not isinstance(kind, str) or not kind:
-        problems.append(f"{where}: Kubernetes object without a kind")
-        return
-    if not kind.endswith("List"):
-        yield doc, where
-        return
-    items = doc.get("items")
-    if items is None:
-        return
-    if not isinstance(items, list):
-        problems.append(f"{where}: {kind}.items must be a list")
-        return
-    yield from _list_items(kind, items, where, problems)
-
-
-def _list_items(
-    kind: str, items: Iterable[object], where: str, problems: list[str], *, start: int = 0
-) -> Iterator[tuple[Mapping[str, Any], str]]:
-    # Items of typed lists (as the API returns them) carry no kind of their own.
-    item_kind = kind.removesuffix("List") if kind != "List" else None
-    for index, raw in enumerate(items, start=start):
-        at = f"{where} items[{index}]"
-        item = (
-            {**raw, "kind": item_kind}
-            if isinstance(raw, Mapping) and "kind" not in raw and item_kind
-            else raw
-        )
-        if isinstance(item, Mapping) and isinstance(item.get("kind"), str) and item["kind"].endswith("List"):
-            problems.append(f"{at}: nested lists are not supported")
-            continue
-        yield from _objects(item, at, problems)
-
-
-class _ListHead(msgspec.Struct):
-    """The top level of a JSON file holding a List: its kind, and its items left undecoded."""
-
-    kind: object = None
-    items: list[msgspec.Raw] | None = None
-
-
-def _size_hint(file: SnapshotFile) -> int:
-    try:
-        return file.size_hint
-    except OSError:
-        return 0  # the whole-file path reports it
-
-
-def _read_json_list(file: SnapshotFile, loaded: LoadedPolicy, out: _Collected) -> bool:
-    """Read a JSON file holding a List item by item from its mapped bytes: msgspec decodes the list's
-    skeleton first, then each item straight into its kind's Struct (`kube_types`) when its turn comes.
-    False, having read nothing, when the file holds something else, or (below STREAM_JSON_BYTES) JSON
-    that msgspec refuses anywhere: it is read whole then, by the standard library, which names the
-    problem by line and column (or takes what only it takes, such as NaN)."""
-    small = _size_hint(file) < STREAM_JSON_BYTES
-    try:
-        with file.mapped() as data:
-            try:
-                head = msgspec.json.decode(data, type=_ListHead)
-            except msgspec.ValidationError:
-                return False  # not an object, or a kind that is not a string
-            except msgspec.DecodeError as exc:
-                if small:
-                    return False
-                out.problems.append(_json_problem(file, data, exc))
-                return True
-            except RecursionError:
-                out.problems.append(f"{file.path}: invalid JSON: nested too deeply")
-                return True
-            kind, raws = head.kind, head.items
-            del head
-            if not isinstance(kind, str) or not kind.endswith("List") or raws is None:
-                del raws  # no item's bytes may outlive the mapping
-                return False
-            items = _decoded_items(file, kind, raws, strict=small)
-            refused = False
-            try:
-                # A small file is decoded whole before anything is read from it, so that it can still
-                # be read by the standard library instead; a large one item by item, each dropped once
-                # read.
-                _add_items(kind, list(items) if small else items, str(file.path), loaded, out)
-            except _NotMsgspecJson:
-                refused = True
-            finally:
-                items.close()  # no item's bytes may outlive the mapping
-                raws.clear()
-            return not refused
-    except UnreadableFile as exc:
-        out.problems.append(str(exc))
-        return True
-
-
-class _NotMsgspecJson(Exception):
-    """An item msgspec refuses as JSON (not UTF-8, a number past what Python converts...)."""
-
-
-@dataclass(frozen=True)
-class _Unreadable:
-    problem: str
-
-
-def _decoded_items(
-    file: SnapshotFile, kind: str, raws: list[msgspec.Raw], *, strict: bool
-) -> Generator[tuple[int, object], None, None]:
-    """Each raw item decoded in turn (and dropped): an item of a kind the model reads into its Struct;
-    anything else (another kind, no kind, a field of the wrong type) untyped, to go the way of a
-    document's objects, which ignores it or names its problem. JSON msgspec refuses raises
-    _NotMsgspecJson when `strict`, else is an _Unreadable problem naming the item."""
-    item_kind = kind.removesuffix("List") if kind != "List" else None
-    raws.reverse()
-    index = -1
-    while raws:
-        raw = raws.pop()
-        index += 1
-        try:
-            try:
-                yield index, kube_types.decode_item(raw, item_kind)
-                continue
-            except msgspec.ValidationError:
-                pass
-            yield index, kube_types.decode_any(raw)
-        except RecursionError:
-            yield index, _Unreadable(f"{file.path}: invalid JSON: nested too deeply")
-        except msgspec.DecodeError as exc:
-            if strict:
-                raise _NotMsgspecJson from None
-            yield index, _Unreadable(f"{file.path} items[{index}]: invalid JSON: {clip(str(exc), 200)}")
-
-
-def _add_items(
-    kind: str, items: Iterable[tuple[int, object]], where: str, loaded: LoadedPolicy, out: _Collected
-) -> None:
-    for index, item in items:
-        if isinstance(item, _Unreadable):
-            out.problems.append(item.problem)
-        elif isinstance(item, kube_types.KubeObject):
-            _add_typed(item, f"{where} items[{index}]", loaded, out)
-        else:
-            for obj, at in _list_items(kind, (item,), where, out.problems, start=index):
-                _add_object(obj, at, loaded, out)
-
-
-def _json_problem(file: SnapshotFile, data: bytes | mmap.mmap, exc: msgspec.DecodeError) -> str:
-    """`FILE:LINE:COLUMN: invalid JSON: what`, from msgspec's `... (byte N)`."""
-    message = str(exc).removeprefix("JSON is malformed: ")
-    match = re.search(r" \(byte (\d+)\)$", message)
-    if match is None:
-        return f"{file.path}: invalid JSON: {message}"
-    offset = int(match.group(1))
-    before = bytes(data[:offset])
-    line = before.count(b"\n") + 1
-    column = offset - (before.rfind(b"\n") + 1) + 1
-    return f"{file.path}:{line}:{column}: invalid JSON: {message[: match.start()]}"
-
-
-def _is_foreign(doc: object) -> bool:
-    """A mapping with neither apiVersion nor kind: another file (a policy...), not a malformed object."""
-    return isinstance(doc, Mapping) and "kind" not in doc and "apiVersion" not in doc
-
-
-def _same_file(file: Path, other: str) -> bool:
-    try:
-        return file.resolve() == Path(other).resolve()
-    except (OSError, ValueError):
-        return False
-
-
-def _add_object(obj: Mapping[str, Any], where: str, loaded: LoadedPolicy, out: _Collected) -> None:
-    """An object of a document (decoded untyped: YAML, small or odd JSON) into the collection."""
-    kind = str(obj["kind"])
-    if kind not in USED_KINDS:
-        out.ignored[kind] += 1
-        return
-    meta = obj.get("metadata")
-    name = meta.get("name") if isinstance(meta, Mapping) else None
-    namespace = meta.get("namespace") if isinstance(meta, Mapping) and kind != "Node" else None
-    if not _first_sighting(kind, name, namespace, where, out):
-        return
-    policy = loaded.policy
-    try:
-        if kind == "Node":
-            _collect(node_from_json(obj), out)
-        elif kind == "Pod":
-            _collect(pod_from_json(obj, gangs=policy.gangs, sharing=policy.gpu_sharing), out)
-        elif kind == "PodDisruptionBudget":
-            _collect(pdb_from_json(obj), out)
-        else:
-            _collect(controller_from_json(obj), out)
-    except ObjectError as exc:
-        out.problems.append(f"{where}: {exc}")
-
-
-def _add_typed(obj: kube_types.KubeObject, where: str, loaded: LoadedPolicy, out: _Collected) -> None:
-    """An object decoded into its Struct into the collection, as `_add_object` adds its mapping."""
-    kind = kube_types.kind_of(obj)
-    meta = obj.metadata
-    name = meta.name if meta is not None else None
-    namespace = meta.namespace if meta is not None and kind != "Node" else None
-    if not _first_sighting(kind, name, namespace, where, out):
-        return
-    policy = loaded.policy
-    try:
-        _collect(model_of(obj, gangs=policy.gangs, sharing=policy.gpu_sharing), out)
-    except ObjectError as exc:
-        out.problems.append(f"{where}: {exc}")
-
-
-def _first_sighting(kind: str, name: object, namespace: object, where: str, out: _Collected) -> bool:
-    """Whether this object is new to the snapshot (a duplicate is a problem naming the first)."""
-    ref = name if isinstance(name, str) and name else "<unnamed>"
-    if isinstance(namespace, str) and namespace:
-        ref = f"{namespace}/{ref}"
-    key = (kind, ref)
-    first = out.seen.get(key)
-    if first is not None:
-        out.problems.append(f"{where}: duplicate {kind} {clip(ref, 120)} (first in {first})")
-        return False
-    out.seen[key] = where
-    return True
-
-
-def _collect(model: Model, out: _Collected) -> None:
-    if isinstance(model, Pod):
-        out.pods[model.key] = model
-    elif isinstance(model, Node):
-        out.nodes[model.name] = model
-    elif isinstance(model, Pdb):
-        out.pdbs[model.key] = model
-    else:
-        out.controllers[model.key] = model
-
-
 # --------------------------------------------------------------------------- now
 
 
 def _parse_now(file: SnapshotFile, problems: list[str]) -> datetime | None:
-    text = _read_text(file, problems)
+    text = read_text(file, problems)
     if text is None:
         return None
     try:
         root, doc = yaml_input.compose_and_load(text)
     except yaml.YAMLError as exc:
-        problems.append(_yaml_problem(file.path, exc, text))
+        problems.append(yaml_problem(file.path, exc, text))
         return None
     if doc is None:
         return None
@@ -471,23 +157,6 @@ def _key_line(root: yaml.Node | None, key: str) -> int:
             if getattr(name, "value", None) == key:
                 return int(value.start_mark.line) + 1
     return int(root.start_mark.line) + 1 if root is not None else 1
-
-
-def _read_objects(file: SnapshotFile, loaded: LoadedPolicy, out: _Collected) -> None:
-    if file.suffix == ".json" and _read_json_list(file, loaded, out):
-        return
-    text = _read_text(file, out.problems)
-    if text is None:
-        return
-    documents = _documents(file, text, out.problems)
-    del text  # free the text (hundreds of MB for a large cluster) before building the objects
-    for doc, where in documents:
-        if _is_foreign(doc):
-            if not _same_file(file.path, loaded.source):
-                out.not_objects.append(where)
-            continue
-        for obj, at in _objects(doc, where, out.problems):
-            _add_object(obj, at, loaded, out)
 
 
 def _unread_finding(unread: Sequence[str], shown: int = 5) -> Finding:
@@ -553,7 +222,7 @@ def _load_snapshot_dir(
         raise SnapshotError(
             [f"{root}: not a directory (a snapshot is a directory of .json/.yaml/.prom files)"]
         )
-    out = _Collected(
+    out = Collected(
         nodes={}, pods={}, pdbs={}, controllers={}, seen={}, ignored=Counter(), not_objects=[], problems=[]
     )
     now: datetime | None = None
@@ -571,7 +240,7 @@ def _load_snapshot_dir(
             elif file.inner_name == AGGREGATES_FILE and top_level:
                 aggregates_file = file
             elif suffix in OBJECT_SUFFIXES:
-                _read_objects(file, loaded, out)
+                read_objects(file, loaded, out)
             elif suffix in METRIC_SUFFIXES:
                 metric_files.append(file)
             else:

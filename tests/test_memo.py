@@ -68,7 +68,7 @@ def test_get_and_put_hold_what_depends_on_more_than_the_object() -> None:
 def test_objects_without_weak_references_are_refused() -> None:
     memo: ObjectMemo[object, int] = ObjectMemo(lambda _: 1)
     with pytest.raises(TypeError):
-        memo(node("n1"))  # a Node is not tracked this way: NodeMemo holds nodes
+        memo(("a tuple", "takes", "no weak reference"))
 
 
 def test_same_objects_compares_identity_and_order() -> None:

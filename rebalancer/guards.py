@@ -329,7 +329,7 @@ def pod_refusal(pod: Pod, snapshot: Snapshot, cfg: GuardsConfig) -> Refusal | No
 
     What the guards reading only the pod and `cfg` say is worked out once per pod object and `cfg`
     (`rebalancer.memo`): a pod is judged in every cycle, by strategies and planner alike."""
-    verdict: tuple[GuardsConfig, Refusal | None, datetime | None] = _VERDICTS_BY_ID.get(id(pod), MISSING)
+    verdict = _VERDICTS_BY_ID.get(id(pod), MISSING)
     if verdict is MISSING or verdict[0] is not cfg:
         verdict = _verdict(pod, cfg)
         _VERDICTS.put(pod, verdict)
@@ -355,7 +355,7 @@ def first_refusal(pods: Sequence[Pod], snapshot: Snapshot, cfg: GuardsConfig) ->
     verdicts = _VERDICTS_BY_ID
     found: tuple[Pod, Refusal] | None = None
     for pod in pods:
-        verdict: tuple[GuardsConfig, Refusal | None, datetime | None] = verdicts.get(id(pod), MISSING)
+        verdict = verdicts.get(id(pod), MISSING)
         if verdict is MISSING or verdict[0] is not cfg:
             verdict = _verdict(pod, cfg)
             _VERDICTS.put(pod, verdict)

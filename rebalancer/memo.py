@@ -21,27 +21,31 @@ objects alone (nothing of the snapshot's time, telemetry or policy unless it is 
 
 from __future__ import annotations
 
+import enum
 import weakref
 from collections.abc import Callable, Mapping
 from operator import is_
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from rebalancer.model import Node, Pod, Snapshot
 
-__all__ = ["MISSING", "NodeMemo", "ObjectMemo", "same_objects"]
+__all__ = ["MISSING", "Missing", "NodeMemo", "ObjectMemo", "same_objects"]
 
 K = TypeVar("K")
 V = TypeVar("V")
 
 
-class _Missing:
-    __slots__ = ()
+class Missing(enum.Enum):
+    """The type of `MISSING`: an enum of one member, so that `value is MISSING` (or `is not`) narrows
+    `V | Missing` to one side for the type checker, and a value used unchecked is a type error."""
+
+    MISSING = enum.auto()
 
     def __repr__(self) -> str:
         return "MISSING"
 
 
-MISSING: Any = _Missing()
+MISSING: Final = Missing.MISSING
 """What `ObjectMemo.get` returns for an object it holds no value for."""
 
 
@@ -103,15 +107,14 @@ class ObjectMemo(Generic[K, V]):
             self._values[_track(obj, self._values)] = value
             return value
 
-    def get(self, obj: K) -> V:
+    def get(self, obj: K) -> V | Missing:
         """The value held for `obj`, or `MISSING`."""
-        value: V = self._values.get(id(obj), MISSING)
-        return value
+        return self._values.get(id(obj), MISSING)
 
     @property
     def by_id(self) -> Mapping[int, V]:
-        """The values by `id()` of their live object, for the hottest loops: `memo.by_id.get(id(obj))` is
-        `memo.get(obj)` without the call. Read it only; it changes as objects come and go."""
+        """The values by `id()` of their live object, for the hottest loops: `memo.by_id.get(id(obj),
+        MISSING)` is `memo.get(obj)` without the call. Read it only; it changes as objects come and go."""
         return self._values
 
     def put(self, obj: K, value: V) -> None:

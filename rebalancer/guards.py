@@ -346,12 +346,14 @@ def first_refusal(pods: Sequence[Pod], snapshot: Snapshot, cfg: GuardsConfig) ->
     order (a strategy asks it of every pod of every candidate node, every cycle).
 
     When no pod is refused for its age, the answer (the first pod a pod-only guard refuses, or none)
-    holds as long as the time does not go back (pods only grow older): it is kept for the very same
-    tuple of pods and `cfg`, from the snapshot's time on."""
+    holds as long as the time does not go back (pods only grow older): when `pods` is a tuple, it is
+    kept for that very tuple and `cfg`, from the snapshot's time on. Any other sequence may change
+    between calls: it is judged in full each time, and nothing is kept for it."""
     now = snapshot.now
-    settled = _SETTLED.get(id(pods))
-    if settled is not None and settled[0] is pods and settled[1] is cfg and now >= settled[2]:
-        return settled[3]
+    if isinstance(pods, tuple):
+        settled = _SETTLED.get(id(pods))
+        if settled is not None and settled[0] is pods and settled[1] is cfg and now >= settled[2]:
+            return settled[3]
     verdicts = _VERDICTS_BY_ID
     found: tuple[Pod, Refusal] | None = None
     for pod in pods:
@@ -368,14 +370,15 @@ def first_refusal(pods: Sequence[Pod], snapshot: Snapshot, cfg: GuardsConfig) ->
         refusal = min_pod_age(pod, snapshot, cfg)
         if refusal is not None:
             return pod, refusal  # refused for its age, which changes with the time: nothing is kept
-    if len(_SETTLED) >= _SETTLED_KEPT:
-        _SETTLED.clear()
-    _SETTLED[id(pods)] = (pods, cfg, now, found)
+    if isinstance(pods, tuple):
+        if len(_SETTLED) >= _SETTLED_KEPT:
+            _SETTLED.clear()
+        _SETTLED[id(pods)] = (pods, cfg, now, found)
     return found
 
 
 # Settled answers of `first_refusal`, by the id of the tuple of pods asked about (which they hold).
-_SETTLED: dict[int, tuple[Sequence[Pod], GuardsConfig, datetime, tuple[Pod, Refusal] | None]] = {}
+_SETTLED: dict[int, tuple[tuple[Pod, ...], GuardsConfig, datetime, tuple[Pod, Refusal] | None]] = {}
 _SETTLED_KEPT = 4096
 
 

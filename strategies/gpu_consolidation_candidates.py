@@ -248,13 +248,12 @@ def _judged(
 
 def static_block(candidate: Candidate, ctx: StrategyContext) -> Finding | None:
     """A finding when some pod to move (a gang member elsewhere included) may never be evicted."""
-    pods = candidate.pods
-    mirror = _FIRST_MIRROR(candidate)
-    found = ctx.first_refusal(pods[:mirror] if mirror is not None else pods)
+    mirror, before = _STATIC_SPLIT(candidate)
+    found = ctx.first_refusal(before)
     if found is not None:
         pod, refusal = found
         return blocked(candidate, pod, f"may not be evicted ({refusal.guard}: {refusal.reason})")
-    return None if mirror is None else blocked(candidate, pods[mirror], "is a static pod")
+    return None if mirror is None else blocked(candidate, candidate.pods[mirror], "is a static pod")
 
 
 def has_mirror_pod(candidate: Candidate) -> bool:
@@ -267,10 +266,16 @@ _PINNED: ObjectMemo[Candidate, bool] = ObjectMemo(
 )
 
 
-# Per Candidate object: the position of its first static pod, or None.
-_FIRST_MIRROR: ObjectMemo[Candidate, int | None] = ObjectMemo(
-    lambda candidate: next((i for i, pod in enumerate(candidate.pods) if pod.is_mirror), None)
-)
+def _static_split(candidate: Candidate) -> tuple[int | None, tuple[Pod, ...]]:
+    pods = candidate.pods
+    mirror = next((i for i, pod in enumerate(pods) if pod.is_mirror), None)
+    return mirror, pods if mirror is None else pods[:mirror]
+
+
+# Per Candidate object: the position of its first static pod (None: it has none) and its pods before
+# that one (all of them when none), the very tuple `static_block` asks the guards about every time (the
+# static guards keep their answer per tuple of pods: a fresh slice each time would never be served).
+_STATIC_SPLIT: ObjectMemo[Candidate, tuple[int | None, tuple[Pod, ...]]] = ObjectMemo(_static_split)
 
 
 def order_of(candidate: Candidate) -> tuple[int, float, float, float, str]:

@@ -41,7 +41,12 @@ snapshot starts from the one built before it (`snapshot_accounting`): a node who
 the very objects it was built from (a watch cache and the trace replay hand the same objects for what
 did not change) keeps its state, and the candidate nodes and rankings of each kind of pod, derived
 here, are those of the latest of the last builds that made them, with only the nodes changed since
-judged again. A ClusterState is not safe to use from several threads at once.
+judged again.
+
+Used from one thread at a time: the cycle's (the daemon runs one cycle at a time, the commands have
+one thread). Nothing here locks: a ClusterState, the accounting its copies share (the tables they
+fill in, what successive builds carry over, `snapshot_accounting`) and the ranks kept on shared node
+states (`node_accounting.node_rank`) are written without one.
 """
 
 from __future__ import annotations
@@ -133,7 +138,7 @@ class ClusterState:
         """Account every active pod against its node. Pods on nodes the snapshot lacks are ignored.
 
         The accounting is done once per snapshot and shared by every state built from it (each strategy
-        and the planner of a cycle build one): it is never written, see `Built`.
+        and the planner of a cycle build one): what it accounts is never changed, see `Built`.
         """
         built = _LAST_BUILT.get(snapshot)
         return cls(built, dict(built.nodes), moves={}, cordoned=set(), changed=set())

@@ -23,7 +23,8 @@ without one.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TypeVar
 
 from rebalancer.gpu_devices import devices_for_existing, gpu_device_count
 from rebalancer.memo import same_objects
@@ -41,6 +42,8 @@ from rebalancer.node_accounting import (
 )
 
 PodKey = tuple[str, str]
+_Key = TypeVar("_Key")
+_Value = TypeVar("_Value")
 
 
 # How many builds back a kind of pod's candidate nodes or ranking are carried over from.
@@ -74,6 +77,31 @@ class _Carried:
                 return None
             changed |= found[1] if node_objects else found[0]
         return changed
+
+    def derived(
+        self,
+        table: dict[_Key, tuple[int, _Value]],
+        key: _Key,
+        epoch: int,
+        make: Callable[[tuple[_Value, set[str]] | None], _Value],
+        *,
+        node_objects: bool,
+    ) -> _Value:
+        """The value `make` gives for `key` in build `epoch` (`candidates` or `rankings` is `table`),
+        handed the latest value made for an earlier build and the nodes changed since (`since`), or None
+        when there is none or more changed than is remembered (then it judges every node). The value
+        is kept in `table` for the builds after this one unless it holds one made for this build or a
+        later one."""
+        before = table.get(key)
+        earlier: tuple[_Value, set[str]] | None = None
+        if before is not None and before[0] <= epoch:
+            changed = self.since(before[0], epoch, node_objects=node_objects)
+            if changed is not None:
+                earlier = (before[1], changed)
+        value = make(earlier)
+        if before is None or before[0] < epoch:
+            table[key] = (epoch, value)
+        return value
 
     def record(self, epoch: int, rebuilt: frozenset[str], changed_nodes: frozenset[str]) -> None:
         self.changes[epoch] = (rebuilt, changed_nodes)

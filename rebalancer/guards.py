@@ -1,4 +1,4 @@
-"""Named, pure safety checks on single pods and nodes (DESIGN §6).
+"""Named safety checks on single pods and nodes (DESIGN §6), and what is kept of their verdicts.
 
 Owns the static guards (the ones that depend only on a pod or node, the snapshot's `now` and the
 policy's `GuardsConfig`) and `GUARD_NAMES`, the stable list of every guard name of the system,
@@ -8,7 +8,17 @@ with `checkpoint_grant`, how a namespace grants checkpoint requests). Label-sele
 from `rebalancer.selectors`.
 
 Each guard returns `Refusal(guard, reason) | None`; the reason is a sentence naming the specific
-cause. This module must not do I/O, read the clock (it takes `snapshot.now`), or know about budgets
+cause. `pod_refusal` runs the static pod guards on one pod, `first_refusal` on several in order (the
+first refused, with its refusal: what a strategy asks of a candidate's pods), `node_refusal` the node
+guard.
+
+A pod is judged in every cycle, by strategies and planner alike, so two things are kept across
+cycles: per pod object and `GuardsConfig`, the verdict of the guards that read only the pod and the
+policy, and from when the pod is old enough for min-pod-age (`rebalancer.memo`, forgotten with the
+pod); and per tuple of pods and `GuardsConfig`, `first_refusal`'s answer when no pod's age decided it,
+which holds from its snapshot's time on (pods only grow older; a bounded table). Both are functions of
+what they are keyed on and of the time, which is checked, so a verdict is the same with or without
+them. This module must not do I/O, read the clock (it takes `snapshot.now`), or know about budgets
 spent across a cycle: PDBs, limits, gangs, cooldowns and re-placement belong to the planner.
 """
 

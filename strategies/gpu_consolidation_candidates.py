@@ -7,8 +7,9 @@ then drained only by lifting pods onto larger nodes) and, when `max_utilization_
 telemetry averaging strictly below it. What would move is every non-DaemonSet pod of the node plus every
 member of a gang one of them belongs to, wherever that member runs. Candidates are tried fewest evictions
 first (pods, then GPUs held), then the most expensive node, then the most GPUs. Also owns the static
-blocks: a static pod, or a pod the per-pod guards (`StrategyContext.refusal`) would refuse, means the
-node can never be drained whole, which a `consolidation-blocked` finding says. Every GPU node that is
+blocks: a static pod, or a pod the per-pod guards would refuse (`StrategyContext.first_refusal`, asked
+about the same tuple of a candidate's pods each time, so that its kept answer serves), means the node
+can never be drained whole, which a `consolidation-blocked` finding says. Every GPU node that is
 no candidate gets a `NotChosen` record saying which rule left it out.
 
 This module must stay pure: no I/O, no clock (`snapshot.now` is the time), no cluster or Prometheus

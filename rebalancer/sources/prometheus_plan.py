@@ -25,7 +25,7 @@ Freshness. A row's `newest_sample` is its newest sample in the window, as a snap
 it. Prometheus 2.x has no function giving the timestamp of a window's newest sample: `timestamp()` of a
 vector selector sees back only as far as the lookback, so a subquery stepping through the window by the
 lookback (`max_over_time(timestamp(M)[W:5m])`, what this read asked before) finds older samples, but
-Prometheus evaluates `timestamp()` afresh for every series at every step: 3-6 s for each metric and
+Prometheus evaluates `timestamp()` afresh for every series at every step: 4-6 s for each metric and
 window at 40,000 GPUs, up to the request timeout. A series with a sample within the lookback needs no
 more than `timestamp()` at `now`: nothing older can be its newest. Only label sets with samples in a
 window and none within the lookback (deleted pods, a stalled exporter: a few, not the cluster) need

@@ -30,6 +30,13 @@ alone), `plan()`, and the whole cycle (`run_cycle` with the dry-run evictor, and
 Prints medians and checks the goals of the scale benchmark.
 
     python bench/scale.py --nodes 500 5000 [--seed 1] [--repeat 3] [--sample-interval 180] [--history 3600]
+
+With `--live`, the same clusters time the live path instead (`rebalancer once` and the daemon's cycle
+against a fake API server and a real Prometheus): bench/scale_live.py, imported only then, says how,
+and takes the options of the group "the live path" (`--cycles`, `--span`, `--json`,
+`--telemetry-deadline`, `--profile`).
+
+    python bench/scale.py --live --nodes 500 5000 [--repeat 3] [--cycles 5] [--span 3600]
 """
 
 from __future__ import annotations
@@ -42,9 +49,7 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -56,7 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
-from bench import scale_live  # noqa: E402
+from bench.timed_run import run_timed  # noqa: E402
 from rebalancer.cycle import propose, run_cycle  # noqa: E402
 from rebalancer.evictor import DryRunEvictor  # noqa: E402
 from rebalancer.gcpause import collector_paused  # noqa: E402
@@ -507,18 +512,9 @@ def run_subprocess(snapshot: Path, policy: Path) -> tuple[float, int, Json]:
         "json",
     ]
     command += ["--policy", str(policy)]
-    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
-        start = time.perf_counter()
-        child = subprocess.Popen(command, stdout=stdout, stderr=stderr, cwd=ROOT)
-        _pid, status, usage = os.wait4(child.pid, 0)  # this child's own rusage (ru_maxrss in KiB)
-        wall = time.perf_counter() - start
-        child.returncode = os.waitstatus_to_exitcode(status)
-        if child.returncode != 0:
-            stderr.seek(0)
-            raise SystemExit(f"rebalancer once failed ({child.returncode}): {stderr.read().decode()}")
-        stdout.seek(0)
-        summary: Json = json.loads(stdout.read())["summary"]
-    return wall, usage.ru_maxrss * 1024, summary
+    done = run_timed(command, cwd=ROOT, what="rebalancer once")
+    summary: Json = json.loads(done.stdout)["summary"]
+    return done.wall, done.peak_rss_kib * 1024, summary
 
 
 def _timed(fn: Callable[[], T]) -> tuple[T, float]:
@@ -738,9 +734,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="time the live path instead: fake API server + real Prometheus (bench/scale_live.py)",
     )
-    scale_live.add_arguments(parser)
+    live = parser.add_argument_group("the live path (--live)")
+    live.add_argument("--cycles", type=int, default=5, help="warm daemon cycles per round")
+    live.add_argument("--span", type=int, default=3600, help="seconds of DCGM history after the start")
+    live.add_argument("--json", type=Path, help="write every measurement to this file")
+    live.add_argument(
+        "--telemetry-deadline",
+        type=int,
+        help="the policy's Prometheus timeout and deadline, in seconds (a loaded machine)",
+    )
+    live.add_argument(
+        "--profile",
+        type=Path,
+        help="a directory: cProfile one more daemon cycle a round into it, left out of the timings",
+    )
     args = parser.parse_args(argv)
     if args.live:
+        # Only here: the live path loads the kubernetes client, the daemon and the suite's Prometheus
+        # helpers, which an offline run (or a module importing this one) has no use for.
+        from bench import scale_live
+
         return scale_live.run(args)
     loaded = load_policy(str(args.policy))
     results: list[tuple[Generated, list[Run]]] = []

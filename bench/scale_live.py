@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The live path at scale: `rebalancer once` and the daemon's cycle, fake API server and real Prometheus.
 
-    .venv/bin/python bench/scale.py --live --nodes 500 5000 [--repeat 3] [--cycles 5] [--span 1h]
+    .venv/bin/python bench/scale.py --live --nodes 500 5000 [--repeat 3] [--cycles 5] [--span 3600]
+        [--telemetry-deadline SECONDS] [--json FILE] [--profile DIR]
 
 For each size, bench/scale.py's synthetic cluster:
 
@@ -26,7 +27,8 @@ Then, `--repeat` times, one after the other:
   `kube_snapshot_source`, `Daemon`, dry-run): the cache's first sync (`KubeCache.read`, timed alone),
   then `--cycles` cycles (`Daemon.run_cycle`, as the scheduler calls it, CPU of the whole process,
   watch threads included), then the phases of one more warm cycle as above, the cluster part from the
-  warm cache. Peak RSS of the process, first sync included.
+  warm cache. Peak RSS of the process, first sync included. With `--profile DIR`, one more cycle after
+  all that, under cProfile (into DIR), is left out of every figure.
 
 Each child reports wall and CPU seconds per phase and its RSS after each phase (and the peak) as JSON;
 the table shows medians over the repeats (a daemon's own median over its cycles first). The goals of
@@ -62,6 +64,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 from kubernetes import client  # noqa: E402
 
 from bench import kube_cache, scale  # noqa: E402
+from bench.timed_run import run_timed  # noqa: E402
 from rebalancer.cycle import propose, run_cycle  # noqa: E402
 from rebalancer.daemon.clock import utcnow  # noqa: E402
 from rebalancer.daemon.loop import Daemon  # noqa: E402
@@ -176,12 +179,24 @@ def run_once_phases(api_url: str, prometheus_url: str, policy: Path, prometheus_
     return {"phases": rec.phases, "peak_rss": _peak_mib(), "pods": len(snapshot.pods), "telemetry": read}
 
 
+def _profiled_cycle(daemon: Daemon, profile: Path) -> None:
+    """One more cycle under cProfile, its statistics written to `profile`."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    report = daemon.run_cycle(raise_errors=True)
+    profiler.disable()
+    if report is None:
+        raise SystemExit("the profiled cycle did not run")
+    profiler.dump_stats(profile)
+
+
 def run_daemon(
     api_url: str, prometheus_url: str, policy: Path, cycles: int, *, prometheus_pid: int, profile: Path | None
 ) -> dict[str, Any]:
     """The daemon as `rebalancer run` builds it (dry-run, logging JSON lines to stderr): first sync,
-    `cycles` cycles (the last one under cProfile into `profile`, when given), then one more cycle's
-    phases on the warm cache."""
+    `cycles` cycles, then one more cycle's phases on the warm cache; with `profile`, then one more cycle
+    under cProfile into that file, after every measurement (its peak RSS included), so that profiling
+    slows no cycle timed."""
 
     configure_logging("json")
     loaded = load_policy(policy)
@@ -195,13 +210,7 @@ def run_daemon(
         runs: list[dict[str, float]] = []
         read = True
         for number in range(cycles):
-            profiler = cProfile.Profile() if profile is not None and number == cycles - 1 else None
-            if profiler is not None:
-                profiler.enable()
             report = rec.time("cycle", lambda: daemon.run_cycle(raise_errors=True))
-            if profiler is not None:
-                profiler.disable()
-                profiler.dump_stats(profile)
             if report is None:
                 raise SystemExit(f"cycle {number + 1} did not run")
             read = read and not any(f.kind == UNAVAILABLE for f in report.findings)
@@ -211,9 +220,11 @@ def run_daemon(
         with collector_paused():  # as Daemon.run_cycle runs a cycle
             snapshot = rec.time("cache", lambda: kube.snapshot(now))
             read = _cycle_phases(rec, loaded, snapshot, prometheus_url, now) and read
+        peak = _peak_mib()
+        if profile is not None:
+            _profiled_cycle(daemon, profile)
     finally:
         cache.stop()
-    peak = _peak_mib()
     return {
         "phases": rec.phases,
         "cycles": runs,
@@ -286,20 +297,12 @@ def run_once_command(kubeconfig: Path, prometheus_url: str, policy: Path) -> dic
         sys.executable, "-m", "rebalancer.cli", "once", "--dry-run", "--output", "json",
         "--kubeconfig", str(kubeconfig), "--prometheus-url", prometheus_url, "--policy", str(policy),
     ]  # fmt: skip
-    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
-        start = time.perf_counter()
-        child = subprocess.Popen(command, stdout=stdout, stderr=stderr, cwd=ROOT, env=_env())
-        _pid, status, usage = os.wait4(child.pid, 0)
-        wall = time.perf_counter() - start
-        if os.waitstatus_to_exitcode(status) != 0:
-            stderr.seek(0)
-            raise SystemExit(f"rebalancer once failed: {stderr.read().decode()[-3000:]}")
-        stdout.seek(0)
-        report = json.loads(stdout.read())
+    done = run_timed(command, cwd=ROOT, env=_env(), what="rebalancer once")
+    report = json.loads(done.stdout)
     return {
-        "wall": wall,
-        "cpu": usage.ru_utime + usage.ru_stime,
-        "peak_rss": usage.ru_maxrss / 1024,
+        "wall": done.wall,
+        "cpu": done.cpu,
+        "peak_rss": done.peak_rss_kib / 1024,
         "summary": report["summary"],
         "telemetry": not any(f["kind"] == UNAVAILABLE for f in report["findings"]),
     }
@@ -486,20 +489,6 @@ def table(rows: Sequence[Mapping[str, float]], repeat: int) -> tuple[str, bool]:
 # --------------------------------------------------------------------------- the command
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cycles", type=int, default=5, help="--live: warm daemon cycles per round")
-    parser.add_argument(
-        "--span", type=int, default=3600, help="--live: seconds of DCGM history after the start"
-    )
-    parser.add_argument("--json", type=Path, help="--live: write every measurement to this file")
-    parser.add_argument(
-        "--telemetry-deadline",
-        type=int,
-        help="--live: the policy's Prometheus timeout and deadline, in seconds (a loaded machine)",
-    )
-    parser.add_argument("--profile", type=Path, help="--live: cProfile each round's last daemon cycle here")
-
-
 def patient_policy(policy: Path, seconds: int, directory: Path) -> Path:
     """`policy` with its Prometheus request timeout and telemetry deadline set to `seconds`."""
     document = yaml.safe_load(policy.read_text(encoding="utf-8"))
@@ -513,16 +502,19 @@ def patient_policy(policy: Path, seconds: int, directory: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.telemetry_deadline is not None:
-        args.policy = patient_policy(args.policy, args.telemetry_deadline, Path(tempfile.mkdtemp()))
+    """`bench/scale.py --live`: every size of `args.nodes`, then the table (its arguments are parsed
+    there)."""
     rows = []
     everything = []
-    for nodes in args.nodes:
-        print(f"{nodes:,} nodes (live)", file=sys.stderr)
-        results = measure_size(nodes, args, args.out)
-        everything.append(results)
-        rows.append(summarise(results))
-        print(json.dumps(rows[-1]), file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="scale-live-policy-") as scratch:
+        if args.telemetry_deadline is not None:
+            args.policy = patient_policy(args.policy, args.telemetry_deadline, Path(scratch))
+        for nodes in args.nodes:
+            print(f"{nodes:,} nodes (live)", file=sys.stderr)
+            results = measure_size(nodes, args, args.out)
+            everything.append(results)
+            rows.append(summarise(results))
+            print(json.dumps(rows[-1]), file=sys.stderr)
     if args.json is not None:
         args.json.write_text(json.dumps(everything, indent=1), encoding="utf-8")
     text, ok = table(rows, args.repeat)

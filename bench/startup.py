@@ -29,7 +29,6 @@ import hashlib
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +41,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
 from bench import scale  # noqa: E402
+from bench.timed_run import run_timed  # noqa: E402
 
 DEMO = ROOT / "examples" / "demo-cluster"
 DEMO_POLICY = DEMO / "policy.yaml"
@@ -66,19 +66,14 @@ def run(root: Path, argv: Sequence[str]) -> Timing:
     """`python -m rebalancer ARGV` with `root` first on the path: wall, the child's CPU seconds and a
     digest of its standard output."""
     env = {**os.environ, "PYTHONPATH": str(root)}
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        start = time.perf_counter()
-        child = subprocess.Popen(
-            [sys.executable, "-m", "rebalancer", *argv], stdout=out, stderr=err, cwd=root, env=env
-        )
-        _pid, status, usage = os.wait4(child.pid, 0)
-        wall = time.perf_counter() - start
-        if os.waitstatus_to_exitcode(status) != 0:
-            err.seek(0)
-            raise SystemExit(f"{' '.join(argv)} failed in {root}: {err.read().decode()[-2000:]}")
-        out.seek(0)
-        digest = hashlib.sha256(out.read()).hexdigest()
-    return Timing(wall, usage.ru_utime + usage.ru_stime, digest)
+    done = run_timed(
+        [sys.executable, "-m", "rebalancer", *argv],
+        cwd=root,
+        env=env,
+        what=f"{' '.join(argv)} in {root}",
+        error_tail=2000,
+    )
+    return Timing(done.wall, done.cpu, hashlib.sha256(done.stdout).hexdigest())
 
 
 def median(timings: Sequence[Timing]) -> Timing:

@@ -1,4 +1,4 @@
-"""Named, pure safety checks on single pods and nodes (DESIGN §6).
+"""Named safety checks on single pods and nodes (DESIGN §6), and what is kept of their verdicts.
 
 Owns the static guards (the ones that depend only on a pod or node, the snapshot's `now` and the
 policy's `GuardsConfig`) and `GUARD_NAMES`, the stable list of every guard name of the system,
@@ -8,7 +8,17 @@ with `checkpoint_grant`, how a namespace grants checkpoint requests). Label-sele
 from `rebalancer.selectors`.
 
 Each guard returns `Refusal(guard, reason) | None`; the reason is a sentence naming the specific
-cause. This module must not do I/O, read the clock (it takes `snapshot.now`), or know about budgets
+cause. `pod_refusal` runs the static pod guards on one pod, `first_refusal` on several in order (the
+first refused, with its refusal: what a strategy asks of a candidate's pods), `node_refusal` the node
+guard.
+
+A pod is judged in every cycle, by strategies and planner alike, so two things are kept across
+cycles: per pod object and `GuardsConfig`, the verdict of the guards that read only the pod and the
+policy, and from when the pod is old enough for min-pod-age (`rebalancer.memo`, forgotten with the
+pod); and per tuple of pods and `GuardsConfig`, `first_refusal`'s answer when no pod's age decided it,
+which holds from its snapshot's time on (pods only grow older; a bounded table). Both are functions of
+what they are keyed on and of the time, which is checked, so a verdict is the same with or without
+them. This module must not do I/O, read the clock (it takes `snapshot.now`), or know about budgets
 spent across a cycle: PDBs, limits, gangs, cooldowns and re-placement belong to the planner.
 """
 
@@ -329,7 +339,7 @@ def pod_refusal(pod: Pod, snapshot: Snapshot, cfg: GuardsConfig) -> Refusal | No
 
     What the guards reading only the pod and `cfg` say is worked out once per pod object and `cfg`
     (`rebalancer.memo`): a pod is judged in every cycle, by strategies and planner alike."""
-    verdict: tuple[GuardsConfig, Refusal | None, datetime | None] = _VERDICTS_BY_ID.get(id(pod), MISSING)
+    verdict = _VERDICTS_BY_ID.get(id(pod), MISSING)
     if verdict is MISSING or verdict[0] is not cfg:
         verdict = _verdict(pod, cfg)
         _VERDICTS.put(pod, verdict)
@@ -346,16 +356,18 @@ def first_refusal(pods: Sequence[Pod], snapshot: Snapshot, cfg: GuardsConfig) ->
     order (a strategy asks it of every pod of every candidate node, every cycle).
 
     When no pod is refused for its age, the answer (the first pod a pod-only guard refuses, or none)
-    holds as long as the time does not go back (pods only grow older): it is kept for the very same
-    tuple of pods and `cfg`, from the snapshot's time on."""
+    holds as long as the time does not go back (pods only grow older): when `pods` is a tuple, it is
+    kept for that very tuple and `cfg`, from the snapshot's time on. Any other sequence may change
+    between calls: it is judged in full each time, and nothing is kept for it."""
     now = snapshot.now
-    settled = _SETTLED.get(id(pods))
-    if settled is not None and settled[0] is pods and settled[1] is cfg and now >= settled[2]:
-        return settled[3]
+    if isinstance(pods, tuple):
+        settled = _SETTLED.get(id(pods))
+        if settled is not None and settled[0] is pods and settled[1] is cfg and now >= settled[2]:
+            return settled[3]
     verdicts = _VERDICTS_BY_ID
     found: tuple[Pod, Refusal] | None = None
     for pod in pods:
-        verdict: tuple[GuardsConfig, Refusal | None, datetime | None] = verdicts.get(id(pod), MISSING)
+        verdict = verdicts.get(id(pod), MISSING)
         if verdict is MISSING or verdict[0] is not cfg:
             verdict = _verdict(pod, cfg)
             _VERDICTS.put(pod, verdict)
@@ -368,14 +380,15 @@ def first_refusal(pods: Sequence[Pod], snapshot: Snapshot, cfg: GuardsConfig) ->
         refusal = min_pod_age(pod, snapshot, cfg)
         if refusal is not None:
             return pod, refusal  # refused for its age, which changes with the time: nothing is kept
-    if len(_SETTLED) >= _SETTLED_KEPT:
-        _SETTLED.clear()
-    _SETTLED[id(pods)] = (pods, cfg, now, found)
+    if isinstance(pods, tuple):
+        if len(_SETTLED) >= _SETTLED_KEPT:
+            _SETTLED.clear()
+        _SETTLED[id(pods)] = (pods, cfg, now, found)
     return found
 
 
 # Settled answers of `first_refusal`, by the id of the tuple of pods asked about (which they hold).
-_SETTLED: dict[int, tuple[Sequence[Pod], GuardsConfig, datetime, tuple[Pod, Refusal] | None]] = {}
+_SETTLED: dict[int, tuple[tuple[Pod, ...], GuardsConfig, datetime, tuple[Pod, Refusal] | None]] = {}
 _SETTLED_KEPT = 4096
 
 

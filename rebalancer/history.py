@@ -26,7 +26,11 @@ nothing), `pruned` drops what no guard can refuse with any more, `settled` drops
 workloads are placed again and the landings judged (`for_cycle`: both, what a cycle plans with),
 `open_circuits` says which workloads keep the circuit open, and `judge_landings` which awaited
 landings are in, and how they went. It also reads and writes the history as JSON for the state
-store. It must stay pure: no I/O, no clock.
+store. It must do no I/O and read no clock. It keeps one thing between calls (`_OLDEST`): the oldest
+disruption time of the last `disruptions` mapping `pruned` looked at, and that mapping (held, so its
+identity stays its own), so that a cycle in which nothing expires looks at no workload. A history's
+mappings are never changed once made (a new history gets new ones), so the time kept is that of the
+mapping it is found with, and every answer is what it would be without it.
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ not change, and they are immutable: what was derived from them still holds. Owns
 deterministic (a value is a pure function of the objects it is keyed on, matched by identity, never by
 equality, so two equal objects never share a value by accident) and bounded:
 
-- `ObjectMemo`: one value per object (a Pod or a Node), computed at its first use and forgotten when
-  the object is freed (a weak reference: the memo never keeps an object alive). A value must not refer
-  to its object, or the object would never be freed.
+- `ObjectMemo`: one value per object (a Pod, a Node, a Policy, a gpu-consolidation Candidate: any
+  object that takes weak references), computed at its first use and forgotten when the object is freed
+  (a weak reference: the memo never keeps an object alive). A value must not refer to its object, or
+  the object would never be freed.
 - `NodeMemo`: one value per node, derived from the Node and the pods on it in a snapshot, reused in
   the next snapshot while the node and each of its pods, in order, are the very same objects. It
   holds the objects of the last snapshot it was asked about, no more.
@@ -17,31 +18,42 @@ equality, so two equal objects never share a value by accident) and bounded:
 A source that builds new objects every cycle simply never hits. This module must not do I/O, read the
 clock, or know what the values mean; callers own what they derive and must derive it from the keyed
 objects alone (nothing of the snapshot's time, telemetry or policy unless it is part of the key).
+
+Used from one thread at a time: values are derived, stored and read only by the thread running the
+cycle (the daemon runs one cycle at a time, the commands have one thread), and nothing here locks. An
+object may be freed on another thread (the watch cache's threads drop the Pod and Node objects they
+replace), and its values are forgotten there, by the weak reference's callback: that touches only the
+freed object's own entries, which no other thread can reach (no live object has its id until its
+memory is reused, after the callback), each by a single dictionary or list operation.
 """
 
 from __future__ import annotations
 
+import enum
 import weakref
 from collections.abc import Callable, Mapping
 from operator import is_
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from rebalancer.model import Node, Pod, Snapshot
 
-__all__ = ["MISSING", "NodeMemo", "ObjectMemo", "same_objects"]
+__all__ = ["MISSING", "Missing", "NodeMemo", "ObjectMemo", "same_objects"]
 
 K = TypeVar("K")
 V = TypeVar("V")
 
 
-class _Missing:
-    __slots__ = ()
+class Missing(enum.Enum):
+    """The type of `MISSING`: an enum of one member, so that `value is MISSING` (or `is not`) narrows
+    `V | Missing` to one side for the type checker, and a value used unchecked is a type error."""
+
+    MISSING = enum.auto()
 
     def __repr__(self) -> str:
         return "MISSING"
 
 
-MISSING: Any = _Missing()
+MISSING: Final = Missing.MISSING
 """What `ObjectMemo.get` returns for an object it holds no value for."""
 
 
@@ -103,15 +115,14 @@ class ObjectMemo(Generic[K, V]):
             self._values[_track(obj, self._values)] = value
             return value
 
-    def get(self, obj: K) -> V:
+    def get(self, obj: K) -> V | Missing:
         """The value held for `obj`, or `MISSING`."""
-        value: V = self._values.get(id(obj), MISSING)
-        return value
+        return self._values.get(id(obj), MISSING)
 
     @property
     def by_id(self) -> Mapping[int, V]:
-        """The values by `id()` of their live object, for the hottest loops: `memo.by_id.get(id(obj))` is
-        `memo.get(obj)` without the call. Read it only; it changes as objects come and go."""
+        """The values by `id()` of their live object, for the hottest loops: `memo.by_id.get(id(obj),
+        MISSING)` is `memo.get(obj)` without the call. Read it only; it changes as objects come and go."""
         return self._values
 
     def put(self, obj: K, value: V) -> None:
@@ -135,8 +146,8 @@ class NodeMemo(Generic[V]):
 
     The first call with a snapshot works out the value of every node of it at once (taking over those
     of the previous snapshot's nodes whose objects are the same); the other calls with that snapshot
-    are lookups. Only the last snapshot's values are kept. Several threads asking about different
-    snapshots only recompute, never get a wrong value: each snapshot's values are one unit.
+    are lookups. Only the last snapshot's values are kept (each snapshot's values are replaced as one
+    unit).
     """
 
     __slots__ = ("_derive", "_last")

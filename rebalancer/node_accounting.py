@@ -182,7 +182,9 @@ def static_misfit(pod: Pod, node: Node) -> str | None:
 
 
 class NodeState:
-    """Free capacity of one node. Shared between ClusterState copies until one of them writes."""
+    """Free capacity of one node. Shared between ClusterState copies (and successive builds of the
+    accounting) until one of them changes it, which clones it first. `ranks` is the one thing written
+    on a shared state: `node_rank`'s cache, which only depends on what the state accounts."""
 
     __slots__ = ("devices", "free", "holdings", "node", "ranks", "score_cpu", "score_memory")
 
@@ -347,7 +349,10 @@ def node_rank(demand: Demand, name: str, state: NodeState) -> Rank | None:
     """The node's rank for a pod that its static rules admit, or None when what is free is too little.
     Kept on the node state until it changes (at most `_RANKS_KEPT` demands): a state is ranked for the
     same demand again and again while pods are placed elsewhere, and states as built are shared by
-    every copy and the builds after them."""
+    every copy and the builds after them. Writing it on a shared state is safe: a rank depends only on
+    the demand, the name and what the state accounts, which a shared state never changes (a copy
+    clones a state before changing it, and a change drops the ranks kept), and states are used from
+    one thread at a time (`placement`)."""
     ranks = state.ranks
     key = (demand, name)
     if ranks is None:

@@ -41,7 +41,12 @@ snapshot starts from the one built before it (`snapshot_accounting`): a node who
 the very objects it was built from (a watch cache and the trace replay hand the same objects for what
 did not change) keeps its state, and the candidate nodes and rankings of each kind of pod, derived
 here, are those of the latest of the last builds that made them, with only the nodes changed since
-judged again. A ClusterState is not safe to use from several threads at once.
+judged again.
+
+Used from one thread at a time: the cycle's (the daemon runs one cycle at a time, the commands have
+one thread). Nothing here locks: a ClusterState, the accounting its copies share (the tables they
+fill in, what successive builds carry over, `snapshot_accounting`) and the ranks kept on shared node
+states (`node_accounting.node_rank`) are written without one.
 """
 
 from __future__ import annotations
@@ -133,7 +138,7 @@ class ClusterState:
         """Account every active pod against its node. Pods on nodes the snapshot lacks are ignored.
 
         The accounting is done once per snapshot and shared by every state built from it (each strategy
-        and the planner of a cycle build one): it is never written, see `Built`.
+        and the planner of a cycle build one): what it accounts is never changed, see `Built`.
         """
         built = _LAST_BUILT.get(snapshot)
         return cls(built, dict(built.nodes), moves={}, cordoned=set(), changed=set())
@@ -312,24 +317,27 @@ class ClusterState:
         if candidates is not None:
             return candidates
         nodes = built.nodes
-        judged: Iterable[str] = nodes
-        kept: frozenset[str] = frozenset()
+
+        def judge(earlier: tuple[frozenset[str], set[str]] | None) -> frozenset[str]:
+            judged: Iterable[str] = nodes
+            kept: frozenset[str] = frozenset()
+            if earlier is not None:
+                before, changed = earlier
+                judged, kept = changed, before - changed
+            return kept | {
+                name
+                for name in judged
+                if (state := nodes.get(name)) is not None
+                and could_ever_hold(demand, state)
+                and static_misfit(pod, state.node) is None
+            }
+
         carried = built.carried
-        before = carried.candidates.get(key) if carried is not None else None
-        if carried is not None and before is not None and before[0] <= built.epoch:
-            changed = carried.since(before[0], built.epoch, node_objects=True)
-            if changed is not None:
-                judged, kept = changed, before[1] - changed
-        candidates = kept | {
-            name
-            for name in judged
-            if (state := nodes.get(name)) is not None
-            and could_ever_hold(demand, state)
-            and static_misfit(pod, state.node) is None
-        }
+        if carried is None:
+            candidates = judge(None)
+        else:
+            candidates = carried.derived(carried.candidates, key, built.epoch, judge, node_objects=True)
         built.static_candidates[key] = candidates
-        if carried is not None and (before is None or before[0] < built.epoch):
-            carried.candidates[key] = (built.epoch, candidates)
         return candidates
 
     def _ranking(
@@ -345,22 +353,25 @@ class ClusterState:
         if ranking is not None:
             return ranking
         nodes = built.nodes
-        ranked: Iterable[str] = members
-        ranks: list[Rank] = []
-        carried = built.carried
-        before = carried.rankings.get(key) if carried is not None else None
-        if carried is not None and before is not None and before[0] <= built.epoch:
-            rebuilt = carried.since(before[0], built.epoch, node_objects=False)
-            if rebuilt is not None:
+
+        def rank_tier(earlier: tuple[tuple[Rank, ...], set[str]] | None) -> tuple[Rank, ...]:
+            ranked: Iterable[str] = members
+            ranks: list[Rank] = []
+            if earlier is not None:
+                before, rebuilt = earlier
                 ranked = rebuilt
-                ranks = [rank for rank in before[1] if rank[1] not in rebuilt]
-        for name in ranked:
-            if name in members and (rank := node_rank(demand, name, nodes[name])) is not None:
-                ranks.append(rank)
-        ranking = tuple(sorted(ranks))
+                ranks = [rank for rank in before if rank[1] not in rebuilt]
+            for name in ranked:
+                if name in members and (rank := node_rank(demand, name, nodes[name])) is not None:
+                    ranks.append(rank)
+            return tuple(sorted(ranks))
+
+        carried = built.carried
+        if carried is None:
+            ranking = rank_tier(None)
+        else:
+            ranking = carried.derived(carried.rankings, key, built.epoch, rank_tier, node_objects=False)
         built.rankings[key] = ranking
-        if carried is not None and (before is None or before[0] < built.epoch):
-            carried.rankings[key] = (built.epoch, ranking)
         return ranking
 
     def _misfit(self, demand: Demand, pod: Pod, name: str, state: NodeState) -> str | None:

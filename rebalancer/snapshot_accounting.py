@@ -6,17 +6,25 @@ accounted on, and the candidate nodes, tiers and rankings derived from them, fil
 of the build before it), `LastBuilt` (the build of the snapshot states were last built from, and
 the last build of all, which the next one starts from) and what successive builds carry over to
 each other (the candidate nodes and rankings of each kind of pod, and which nodes each build changed).
-A build's node states are never written once built: a `ClusterState` clones a node before changing
-it. It must not do I/O or read the clock, never changes a Snapshot, and makes no placement: the
-feasibility rules and the packed scheduler's choice are `placement`'s, one node's accounting
-`node_accounting`'s.
+What a build's node states account is never changed once built: a `ClusterState` clones a node before
+changing it. Only `node_accounting.node_rank` writes on them, keeping a node's rank per demand in
+`NodeState.ranks`: a function of the demand and of what the state accounts, which does not change while
+the state is shared, so every copy and later build sharing the state may use it (a clone starts without
+any, and a change to a state drops its ranks). It must not do I/O or read the clock, never changes a
+Snapshot, and makes no placement: the feasibility rules and the packed scheduler's choice are
+`placement`'s, one node's accounting `node_accounting`'s.
+
+Used from one thread at a time, as `placement` is: the cycle's (the daemon runs one cycle at a time,
+the commands have one thread). Nothing here locks: `LastBuilt`, the carried tables (`_Carried`), the
+tables of a `Built` that `ClusterState` fills in and the ranks kept on node states are all written
+without one.
 """
 
 from __future__ import annotations
 
-import threading
 import weakref
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TypeVar
 
 from rebalancer.gpu_devices import devices_for_existing, gpu_device_count
 from rebalancer.memo import same_objects
@@ -34,6 +42,8 @@ from rebalancer.node_accounting import (
 )
 
 PodKey = tuple[str, str]
+_Key = TypeVar("_Key")
+_Value = TypeVar("_Value")
 
 
 # How many builds back a kind of pod's candidate nodes or ranking are carried over from.
@@ -68,6 +78,31 @@ class _Carried:
             changed |= found[1] if node_objects else found[0]
         return changed
 
+    def derived(
+        self,
+        table: dict[_Key, tuple[int, _Value]],
+        key: _Key,
+        epoch: int,
+        make: Callable[[tuple[_Value, set[str]] | None], _Value],
+        *,
+        node_objects: bool,
+    ) -> _Value:
+        """The value `make` gives for `key` in build `epoch` (`candidates` or `rankings` is `table`),
+        handed the latest value made for an earlier build and the nodes changed since (`since`), or None
+        when there is none or more changed than is remembered (then it judges every node). The value
+        is kept in `table` for the builds after this one unless it holds one made for this build or a
+        later one."""
+        before = table.get(key)
+        earlier: tuple[_Value, set[str]] | None = None
+        if before is not None and before[0] <= epoch:
+            changed = self.since(before[0], epoch, node_objects=node_objects)
+            if changed is not None:
+                earlier = (before[1], changed)
+        value = make(earlier)
+        if before is None or before[0] < epoch:
+            table[key] = (epoch, value)
+        return value
+
     def record(self, epoch: int, rebuilt: frozenset[str], changed_nodes: frozenset[str]) -> None:
         self.changes[epoch] = (rebuilt, changed_nodes)
         self.changes.pop(epoch - _CARRIED_BUILDS - 1, None)
@@ -80,8 +115,9 @@ class _Carried:
 class Built:
     """What every copy of one ClusterState shares: the nodes as built and what is derived from them.
 
-    The node states here are never written: a ClusterState clones a node before its first change. A
-    build made after another takes over the node states of every node whose Node and pods are the same
+    What the node states here account is never changed: a ClusterState clones a node before its first
+    change (`node_rank` only keeps ranks on them, see the module docstring). A build made after another
+    takes over the node states of every node whose Node and pods are the same
     objects as then (`rebuilt`: the others, and the names gone); one of `LastBuilt`'s builds (numbered
     `epoch`) derives its candidates and rankings from those of earlier builds (`carried`).
     """
@@ -206,9 +242,10 @@ def _moved_on(
 
 def build(snapshot: Snapshot, previous: Built | None = None) -> Built:
     """Every active pod accounted against its node, as the snapshot shows them. With `previous`, the
-    state of a node whose Node and pods are the very objects it was built from is taken over (node
-    states are never written, and a pure function of those objects), and that of a node whose pods
-    only lost some and gained GPU pods after them is moved on from it when it is plain (`_moved_on`)."""
+    state of a node whose Node and pods are the very objects it was built from is taken over (what a
+    node state accounts is never changed, and is a pure function of those objects), and that of a node
+    whose pods only lost some and gained GPU pods after them is moved on from it when it is plain
+    (`_moved_on`)."""
     nodes: dict[str, NodeState] = {}
     home: dict[PodKey, str] = {}
     sources: dict[str, tuple[Pod, ...]] = {}
@@ -267,29 +304,28 @@ def build(snapshot: Snapshot, previous: Built | None = None) -> Built:
 
 class LastBuilt:
     """The `Built` of the snapshot that states were last built from, held only as long as it lives; the
-    last build of all, which the next one starts from; and what the builds carry over (`_Carried`)."""
+    last build of all, which the next one starts from; and what the builds carry over (`_Carried`).
+    Used from one thread at a time (see the module docstring)."""
 
-    __slots__ = ("_carried", "_entry", "_last", "_lock")
+    __slots__ = ("_carried", "_entry", "_last")
 
     def __init__(self) -> None:
         self._entry: tuple[weakref.ref[Snapshot], Built] | None = None
         self._last: Built | None = None
         self._carried = _Carried()
-        self._lock = threading.Lock()
 
     def get(self, snapshot: Snapshot) -> Built:
         entry = self._entry
         if entry is not None and entry[0]() is snapshot:
             return entry[1]
-        with self._lock:
-            last = self._last
-            built = build(snapshot, last)
-            built.epoch = last.epoch + 1 if last is not None else 0
-            if last is not None:
-                self._carried.record(built.epoch, built.rebuilt, built.changed_nodes)
-            built.carried = self._carried
-            self._entry = (weakref.ref(snapshot, self._forget), built)
-            self._last = built
+        last = self._last
+        built = build(snapshot, last)
+        built.epoch = last.epoch + 1 if last is not None else 0
+        if last is not None:
+            self._carried.record(built.epoch, built.rebuilt, built.changed_nodes)
+        built.carried = self._carried
+        self._entry = (weakref.ref(snapshot, self._forget), built)
+        self._last = built
         return built
 
     def _forget(self, ref: weakref.ref[Snapshot]) -> None:

@@ -26,9 +26,10 @@ instances (placement's job: nothing here sums GPUs as a fluid), and only pods a 
 will re-place are moved.
 
 This module must stay pure: no I/O, no clock (`snapshot.now` is the time), no cluster or Prometheus
-clients, no evictions. It consults the static per-pod guards through `StrategyContext.refusal` only to
-avoid proposing nodes it could never drain whole; PDBs, budgets and cooldowns are the planner's. Its
-parts must not import it but for the arguments' type (under TYPE_CHECKING): it imports them all.
+clients, no evictions. It consults the static per-pod guards through `StrategyContext.first_refusal`
+only to avoid proposing nodes it could never drain whole; PDBs, budgets and cooldowns are the
+planner's. Its parts must not import it but for the arguments' type (under TYPE_CHECKING): it imports
+them all.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ then drained only by lifting pods onto larger nodes) and, when `max_utilization_
 telemetry averaging strictly below it. What would move is every non-DaemonSet pod of the node plus every
 member of a gang one of them belongs to, wherever that member runs. Candidates are tried fewest evictions
 first (pods, then GPUs held), then the most expensive node, then the most GPUs. Also owns the static
-blocks: a static pod, or a pod the per-pod guards (`StrategyContext.refusal`) would refuse, means the
-node can never be drained whole, which a `consolidation-blocked` finding says. Every GPU node that is
+blocks: a static pod, or a pod the per-pod guards would refuse (`StrategyContext.first_refusal`, asked
+about the same tuple of a candidate's pods each time, so that its kept answer serves), means the node
+can never be drained whole, which a `consolidation-blocked` finding says. Every GPU node that is
 no candidate gets a `NotChosen` record saying which rule left it out.
 
 This module must stay pure: no I/O, no clock (`snapshot.now` is the time), no cluster or Prometheus
@@ -248,13 +249,12 @@ def _judged(
 
 def static_block(candidate: Candidate, ctx: StrategyContext) -> Finding | None:
     """A finding when some pod to move (a gang member elsewhere included) may never be evicted."""
-    pods = candidate.pods
-    mirror = _FIRST_MIRROR(candidate)
-    found = ctx.first_refusal(pods[:mirror] if mirror is not None else pods)
+    mirror, before = _STATIC_SPLIT(candidate)
+    found = ctx.first_refusal(before)
     if found is not None:
         pod, refusal = found
         return blocked(candidate, pod, f"may not be evicted ({refusal.guard}: {refusal.reason})")
-    return None if mirror is None else blocked(candidate, pods[mirror], "is a static pod")
+    return None if mirror is None else blocked(candidate, candidate.pods[mirror], "is a static pod")
 
 
 def has_mirror_pod(candidate: Candidate) -> bool:
@@ -267,10 +267,16 @@ _PINNED: ObjectMemo[Candidate, bool] = ObjectMemo(
 )
 
 
-# Per Candidate object: the position of its first static pod, or None.
-_FIRST_MIRROR: ObjectMemo[Candidate, int | None] = ObjectMemo(
-    lambda candidate: next((i for i, pod in enumerate(candidate.pods) if pod.is_mirror), None)
-)
+def _static_split(candidate: Candidate) -> tuple[int | None, tuple[Pod, ...]]:
+    pods = candidate.pods
+    mirror = next((i for i, pod in enumerate(pods) if pod.is_mirror), None)
+    return mirror, pods if mirror is None else pods[:mirror]
+
+
+# Per Candidate object: the position of its first static pod (None: it has none) and its pods before
+# that one (all of them when none), the very tuple `static_block` asks the guards about every time (the
+# static guards keep their answer per tuple of pods: a fresh slice each time would never be served).
+_STATIC_SPLIT: ObjectMemo[Candidate, tuple[int | None, tuple[Pod, ...]]] = ObjectMemo(_static_split)
 
 
 def order_of(candidate: Candidate) -> tuple[int, float, float, float, str]:

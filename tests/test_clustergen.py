@@ -49,6 +49,18 @@ def test_the_scale_population_is_deterministic_and_loads(scale: ModuleType, tmp_
     assert (summary["nodes"], summary["pods"]) == (first.nodes, first.pods)
 
 
+def test_the_offline_scale_benchmark_loads_nothing_of_the_live_path() -> None:
+    """bench/scale.py without --live (what bench/startup.py and bench/kube_cache.py import it for) loads
+    neither bench/scale_live.py nor what only the live path needs: the kubernetes client, the daemon,
+    the test suite's Prometheus."""
+    live_only = ("bench.scale_live", "kubernetes", "rebalancer.daemon.loop", "tests.prometheus_server")
+    probe = f"import sys; import bench.scale; print([m for m in {live_only!r} if m in sys.modules])"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True, timeout=120
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
 def test_another_seed_is_another_cluster(scale: ModuleType) -> None:
     one, other = scale.population(30, 1), scale.population(30, 2)
     assert [p.name for p in one.pods] != [p.name for p in other.pods]

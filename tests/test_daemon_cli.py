@@ -180,6 +180,8 @@ def test_run_serves_then_exits_0_on_sigterm_releasing_the_lease(api: FakeApiServ
         for kind in ("Node", "Pod", "PodDisruptionBudget"):
             assert f'gpu_rebalancer_cluster_cache_age_seconds{{kind="{kind}"}}' in metrics
             assert f'gpu_rebalancer_cluster_cache_relists_total{{kind="{kind}",reason="gone"}} 0.0' in metrics
+        # ... with the bound of that very cache (the default's) in the help.
+        assert "Stale past the cache's bound (180 s)." in metrics
     reads = _reads(api)
     assert sorted(reads) == sorted((path, watch) for path in CACHED for watch in (False, True))
     events = [json.loads(line) for line in served.stderr.splitlines() if line.startswith("{")]

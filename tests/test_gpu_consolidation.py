@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
 
@@ -25,6 +25,7 @@ from rebalancer.model import (
 from rebalancer.placement import ClusterState
 from rebalancer.registry import Refusal, StrategyContext, get_strategy
 from strategies.gpu_consolidation import GpuConsolidationArgs, gpu_consolidation
+from strategies.gpu_consolidation_candidates import Candidate, static_block
 from tests.builders import A100, H100, L4, gpu_sample, node, pod, snapshot, telemetry
 
 # The plainest profile the rules below are read against: allocation alone, node sizes ignored (the
@@ -248,6 +249,35 @@ def test_mirror_pods_pin_the_node_and_daemonset_pods_stay_behind() -> None:
     assert drained(result) == ["gpu-a-2"]
     assert [p.name for p in result.proposals[0].pods] == ["job-2"]
     assert result.hints == ()
+
+
+def test_the_pods_before_a_candidate_s_static_pod_are_asked_about_as_the_same_tuple_each_time() -> None:
+    """The static guards keep an answer per tuple of pods asked about: a candidate asks about the same
+    tuple each time (its pods before its first static pod), never a fresh slice that no answer kept
+    for it can serve."""
+    static = pod("static", "gpu-b-1", gpus=0, annotations={"kubernetes.io/config.mirror": "x"}, owner=None)
+    pods = (pod("a", "gpu-a-1"), pod("b", "gpu-a-1"), static, pod("c", "gpu-a-1"))
+    candidate = Candidate(
+        node=node("gpu-a-1"),
+        allocated=3,
+        capacity=8,
+        utilisation=None,
+        pods=pods,
+        on_node=frozenset({pods[0].key, pods[1].key, pods[3].key}),
+        price=0.0,
+    )
+    asked: list[Sequence[Pod]] = []
+
+    def refusals(some: Sequence[Pod]) -> tuple[Pod, Refusal] | None:
+        asked.append(some)
+        return None
+
+    ctx = StrategyContext(refusals=refusals)
+    for _ in range(2):
+        finding = static_block(candidate, ctx)
+        assert finding is not None and finding.pod == "static"
+    assert asked[0] == pods[:2]
+    assert asked[1] is asked[0]
 
 
 def test_empty_and_daemonset_only_gpu_nodes_are_not_candidates() -> None:

@@ -380,6 +380,32 @@ def test_first_refusal_kept_for_a_tuple_follows_the_time_both_ways() -> None:
             assert guards.first_refusal(pods, snap, cfg) == expected, (later, cfg)
 
 
+def test_first_refusal_of_a_list_changed_since_is_not_the_answer_kept_for_it() -> None:
+    """An answer is kept only for a tuple, which cannot change: a list asked about again after a pod
+    was added to it (or a pod replaced) is judged as it is now."""
+    snap = snapshot([node("gpu-a-1")], now=NOW)
+    excluded = pod("excluded", "gpu-a-1", namespace="kube-system")
+    pods = [pod("old", "gpu-a-1")]
+    assert guards.first_refusal(pods, snap, DEFAULT) is None
+    pods.append(excluded)
+    assert guards.first_refusal(pods, snap, DEFAULT) == (excluded, pod_refusal(excluded, snap, DEFAULT))
+    pods[1] = pod("other", "gpu-a-1")
+    assert guards.first_refusal(pods, snap, DEFAULT) is None
+
+
+def test_first_refusal_keeps_answers_for_tuples_only() -> None:
+    """What is kept holds the pods asked about: a list (or any other sequence but a tuple) is never
+    kept, and so never fills what is kept."""
+    snap = snapshot([node("gpu-a-1")], now=NOW)
+    pods = (pod("old", "gpu-a-1"), pod("x", "gpu-a-1"))
+    guards._SETTLED.clear()
+    for _ in range(3):
+        assert guards.first_refusal(list(pods), snap, DEFAULT) is None
+    assert not guards._SETTLED
+    assert guards.first_refusal(pods, snap, DEFAULT) is None
+    assert [kept[0] for kept in guards._SETTLED.values()] == [pods]
+
+
 # --------------------------------------------------------------------------- node guard
 
 

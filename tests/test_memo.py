@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import gc
+import textwrap
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+from mypy import api as mypy_api
 
 from rebalancer.memo import MISSING, NodeMemo, ObjectMemo, same_objects
 from rebalancer.model import Node, Pod, Snapshot
 from tests.builders import node, pod, snapshot
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _counting() -> tuple[ObjectMemo[Pod, str], list[str]]:
@@ -63,6 +68,50 @@ def test_get_and_put_hold_what_depends_on_more_than_the_object() -> None:
     assert memo.get(p) == ("ctx", 1)
     with pytest.raises(TypeError, match="no derive function"):
         memo(pod("b", "n1"))
+
+
+def test_a_value_used_without_checking_for_missing_is_a_type_error(tmp_path: Path) -> None:
+    """`get` (and `by_id.get(..., MISSING)`) say in their type that the value may be MISSING: using it
+    unchecked is an error of the type checker, using it after `is MISSING` is not."""
+    source = tmp_path / "uses_memo.py"
+    source.write_text(
+        textwrap.dedent(
+            """\
+            from rebalancer.memo import MISSING, ObjectMemo
+            from rebalancer.model import Pod
+
+            memo: ObjectMemo[Pod, tuple[int, str]] = ObjectMemo()
+
+
+            def unchecked(pod: Pod) -> int:
+                return memo.get(pod)[0]
+
+
+            def unchecked_by_id(pod: Pod) -> int:
+                return memo.by_id.get(id(pod), MISSING)[0]
+
+
+            def checked(pod: Pod) -> int:
+                kept = memo.get(pod)
+                if kept is MISSING:
+                    return 0
+                return kept[0]
+
+
+            def checked_by_id(pod: Pod) -> int:
+                kept = memo.by_id.get(id(pod), MISSING)
+                return 0 if kept is MISSING else kept[0]
+            """
+        ),
+        encoding="utf-8",
+    )
+    out, _err, status = mypy_api.run(
+        ["--config-file", str(ROOT / "pyproject.toml"), "--no-incremental", str(source)]
+    )
+    errors = [line for line in out.splitlines() if ": error:" in line]
+    assert status == 1, out
+    assert [line.split(":")[1] for line in errors] == ["8", "12"], out
+    assert all("not indexable" in line for line in errors), out
 
 
 def test_objects_without_weak_references_are_refused() -> None:

@@ -48,6 +48,7 @@ from strategies.idle_gpu import IdleGpuArgs, idle_gpu
 from tests.builders import NOW
 from tests.fake_apiserver import FakeApiServer, controller_json
 from tests.genai_trace import read_genai_trace
+from tests.test_prometheus_source import NEAR_MISSES, ODD_UUIDS
 
 if TYPE_CHECKING:
     from tests.prometheus_server import PrometheusServer, ServerFactory
@@ -488,6 +489,25 @@ def test_only_the_gpus_of_late_series_are_looked_up_beyond_the_lookback(
     telemetry, _ = short.telemetry(NOW, pods)
     assert telemetry.available
     assert asked == [q.expr for q in short.plan]
+
+
+def test_a_real_prometheus_reads_the_late_query_s_uuid_regex_as_exactly_its_uuids(
+    prometheus_server: PrometheusServer,
+) -> None:
+    """The UUID selector `late_query` writes, read by Prometheus itself: a series labelled with each odd
+    UUID (a newline, quotes, backslashes, control characters, regex metacharacters) is matched, and
+    none of the near misses is. The series are made by label_replace (their values written as JSON
+    strings, which PromQL reads alike), the match by label_replace with the selector's string, anchored
+    as a matcher's."""
+    expr = prometheus_plan.late_query(TelemetryConfig(), [3600], {"UUID": set(ODD_UUIDS)})
+    (regex,) = set(re.findall(r'UUID=~("(?:[^"\\]|\\.)*")', expr, flags=re.DOTALL))
+    for value in (*ODD_UUIDS, *NEAR_MISSES):
+        labelled = f'label_replace(vector(1), "UUID", {json.dumps(value, ensure_ascii=False)}, "", "")'
+        (sample,) = prometheus_server.query(
+            f'label_replace({labelled}, "hit", "yes", "UUID", {regex})', NOW.timestamp()
+        )
+        assert sample["metric"].get("UUID", "") == value
+        assert (sample["metric"].get("hit") == "yes") == (value in ODD_UUIDS), value
 
 
 def telemetry_rows(source: PrometheusTelemetrySource, now: datetime) -> int:

@@ -126,6 +126,99 @@ def test_the_late_query_asks_only_for_the_given_gpus_stepping_by_the_scrape_inte
     assert all("[3600s:300s]" in p for p in parts)
 
 
+# Label values PromQL strings and regular expressions must escape, and values each would match if it
+# did not (a newline read as "n", an unescaped dot or alternation, a backslash-n taken for a newline).
+ODD_UUIDS = (
+    "GPU-a\nb",
+    "GPU-\r\n",
+    'GPU-"quoted"',
+    "GPU-back\\slash",
+    "GPU-a\\nb",
+    "GPU-tab\tvtab\vff\f",
+    "GPU-\x01\x1f\x7f",
+    "GPU-a.1",
+    "GPU-(x)|y",
+    "GPU-ünï",
+)
+NEAR_MISSES = ("GPU-anb", "GPU-a\n", "GPU-ab", "GPU-a11", "y", "GPU-x", "GPU-back", "", "GPU-a\\\nb")
+
+# The escapes of a double-quoted PromQL string (Prometheus' promql/parser/lex.go, lexEscape), as its
+# parser unquotes them (Go's strconv.Unquote).
+_PROMQL_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+
+
+def promql_string_value(literal: str) -> str:
+    """What Prometheus reads from a double-quoted PromQL string; ValueError where its lexer refuses it
+    (an unescaped quote or newline, an unknown escape). Octal and hexadecimal byte escapes are bytes in
+    Go: only ASCII ones are taken."""
+    if len(literal) < 2 or literal[0] != '"' or literal[-1] != '"':
+        raise ValueError(f"not a double-quoted string: {literal!r}")
+    body, out, i = literal[1:-1], [], 0
+    while i < len(body):
+        char = body[i]
+        if char in '"\n':
+            raise ValueError(f"unescaped {char!r} at {i}: the string ends there, unterminated")
+        if char != "\\":
+            out.append(char)
+            i += 1
+            continue
+        escape = body[i + 1 : i + 2]
+        if escape in _PROMQL_ESCAPES:
+            out.append(_PROMQL_ESCAPES[escape])
+            i += 2
+        elif escape in ('"', "\\"):
+            out.append(escape)
+            i += 2
+        elif escape and escape in "01234567xuU":
+            digits, base = (body[i + 1 : i + 4], 8) if escape in "01234567" else (None, 16)
+            if digits is None:
+                width = {"x": 2, "u": 4, "U": 8}[escape]
+                digits = body[i + 2 : i + 2 + width]
+                if len(digits) != width:
+                    raise ValueError(f"escape sequence not terminated at {i}")
+            value = int(digits, base)
+            if escape in "01234567x" and value > 0x7F:
+                raise ValueError(f"a byte escape beyond ASCII at {i}")
+            out.append(chr(value))
+            i += 1 + len(digits) + (escape not in "01234567")
+        else:
+            raise ValueError(f"unknown escape sequence {escape!r} at {i}")
+    return "".join(out)
+
+
+def test_promql_string_value_reads_as_prometheus_reads() -> None:
+    assert promql_string_value(r'"a\nb\\c\"d\x41\101\u00e9\U0001F600"') == 'a\nb\\c"dAAé\U0001f600'
+    for refused in ('"a\nb"', '"a"b"', r'"a\qb"', r'"\x4"', r'"\xff"', "'a'"):
+        with pytest.raises(ValueError):
+            promql_string_value(refused)
+
+
+def test_the_late_query_s_uuid_regex_is_a_promql_string_that_matches_exactly_its_uuids() -> None:
+    """Each UUID selector is a PromQL string Prometheus reads (a raw newline would end it unterminated)
+    holding an RE2 alternation matched against the whole label value: every UUID given, nothing else."""
+    expr = late_query(TelemetryConfig(), [3600], {"UUID": set(ODD_UUIDS)})
+    literals = re.findall(r'UUID=~("(?:[^"\\]|\\.)*")', expr, flags=re.DOTALL)
+    assert len(literals) == 3  # one per metric
+    assert len(set(literals)) == 1
+    assert "\n" not in expr and "\r" not in expr
+    pattern = promql_string_value(literals[0])
+    for value in ODD_UUIDS:
+        assert re.fullmatch(pattern, value), value
+    for value in NEAR_MISSES:
+        assert not re.fullmatch(pattern, value), value
+
+
+def test_the_late_query_needs_uuids() -> None:
+    """No UUID to look up is the caller's to check (it sends no query then): an empty query is no
+    answer. A UUID label given no values selects nothing rather than every series without it."""
+    for nothing in ({}, {"UUID": set()}, {"UUID": set(), "uuid": frozenset()}):
+        with pytest.raises(ValueError, match="no UUID"):
+            late_query(TelemetryConfig(), [3600], nothing)
+    expr = late_query(TelemetryConfig(), [3600], {"UUID": {"GPU-a"}, "uuid": set()})
+    assert "uuid=~" not in expr
+    assert len(expr.split(" or ")) == 3
+
+
 def test_every_query_is_evaluated_at_now_with_a_server_side_timeout(stub_prometheus: StubFactory) -> None:
     stub = stub_prometheus()
     src = source(stub.url, timeout="3s")

@@ -572,6 +572,31 @@ def test_the_watch_cache_is_exported_by_kind_its_oldest_list_and_all_relists() -
     assert samples[(relists, (("kind", "Node"), ("reason", "gone")))] == 1
 
 
+@pytest.mark.parametrize(
+    ("stale_after", "said"),
+    [
+        (60.0, "Stale past the cache's bound (60 s)."),
+        (180.0, "Stale past the cache's bound (180 s)."),
+        (None, "Stale past the cache's bound."),
+    ],
+)
+def test_the_cache_age_help_gives_the_bound_of_the_cache_it_exports(
+    stale_after: float | None, said: str
+) -> None:
+    """The help of the cache's age says when a kind is stale as the cache watched says it, not a
+    constant: a cache given another bound is described with it (and one given none, with none)."""
+    metrics = DaemonMetrics()
+    lists = [ListStatus("Node", "nodes", 12.5, dict.fromkeys(RELIST_REASONS, 0))]
+    if stale_after is None:
+        metrics.watch_cache(lambda: lists)
+    else:
+        metrics.watch_cache(lambda: lists, stale_after=stale_after)
+    body, _ = metrics.exposition()
+    families = text_string_to_metric_families(body.decode())
+    (help_text,) = [f.documentation for f in families if f.name == "gpu_rebalancer_cluster_cache_age_seconds"]
+    assert help_text.endswith(f"the oldest of its lists. {said}")
+
+
 def test_openmetrics_is_served_when_asked_for() -> None:
     body, content_type = DaemonMetrics().exposition("application/openmetrics-text; version=1.0.0")
     assert content_type.startswith("application/openmetrics-text")

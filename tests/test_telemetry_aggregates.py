@@ -8,6 +8,7 @@ used (a finding says why, and the raw history is read instead); a malformed file
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 
 from rebalancer.cli import main
 from rebalancer.errors import InputError
-from rebalancer.model import Snapshot
+from rebalancer.model import GpuTelemetry, Snapshot
 from rebalancer.policy import LoadedPolicy, load_policy
 from rebalancer.sources.files import (
     AGGREGATES_UNUSED,
@@ -31,6 +32,7 @@ from rebalancer.sources.files import (
 )
 from rebalancer.sources.telemetry_aggregates import (
     AGGREGATES_FILE,
+    _FastRow,
     _read_fast,
     _read_validated,
     read_aggregates,
@@ -354,6 +356,17 @@ def test_the_fast_reader_reads_what_rebalancer_aggregate_writes(aggregates_doc: 
     fast = _read_fast(raw)
     assert fast is not None
     assert repr(fast) == repr(_read_validated("f.json", raw))
+
+
+def test_the_fast_reader_s_rows_are_the_model_s_fields_in_its_order() -> None:
+    """The fast reader makes each `GpuTelemetry` from a row's values by position: both name the same
+    fields in the same order, and a field a row leaves out has the model's default."""
+    model = dataclasses.fields(GpuTelemetry)
+    assert _FastRow.__struct_fields__ == tuple(field.name for field in model)
+    names, defaults = _FastRow.__struct_fields__, _FastRow.__struct_defaults__
+    assert dict(zip(names[len(names) - len(defaults) :], defaults, strict=True)) == {
+        field.name: field.default for field in model if field.default is not dataclasses.MISSING
+    }
 
 
 @pytest.mark.parametrize(

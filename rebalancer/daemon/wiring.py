@@ -432,7 +432,7 @@ def run_command(args: argparse.Namespace) -> int:
             raise InputError([str(exc)]) from None
         leadership = Leadership(elector, args.leader_margin)
     cache = KubeCache(api_client, namespaces=args.namespaces)
-    metrics.watch_cache(cache.status)
+    metrics.watch_cache(cache.status, stale_after=cache.stale_after)
     live, extra_sinks = live_edge(
         api_client,
         loaded,

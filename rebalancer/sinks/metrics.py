@@ -27,7 +27,8 @@ names) into counter increments and per-cycle gauges; the daemon adds the cycles 
 - the daemon's watch cache of nodes, pods and PDBs, read at scrape time from what `watch_cache` was
   given (`KubeCache.status`): `cluster_cache_age_seconds{kind}` (seconds since the API server was last
   heard from about the kind: a list, a watch, an event or bookmark; the oldest of its lists when the
-  daemon watches several namespaces; past the cache's bound, 180 s, the kind is stale) and
+  daemon watches several namespaces; past the cache's bound, `watch_cache`'s `stale_after` and the
+  metric's help say which, the kind is stale) and
   `cluster_cache_relists_total{kind,reason}` (lists made again after the first sync: `gone` after a
   410, `watch-failed`, `stale`, `policy`). No samples before the first sync, nor on a standby.
 
@@ -240,12 +241,14 @@ class _CacheCollector(Collector):
 
     def __init__(self) -> None:
         self.status: Callable[[], Iterable[CacheStatus]] | None = None
+        self.stale_after: float | None = None  # the cache's bound, said in the help when known
 
     def _families(self, lists: Iterable[CacheStatus]) -> Iterator[Metric]:
+        bound = f" ({self.stale_after:g} s)" if self.stale_after is not None else ""
         age = _gauge(
             "cluster_cache_age_seconds",
             "Seconds since the API server was last heard from about the kind in the watch cache (a list, "
-            "watch, event or bookmark); the oldest of its lists. Stale past the cache's bound (180 s).",
+            f"watch, event or bookmark); the oldest of its lists. Stale past the cache's bound{bound}.",
             ["kind"],
         )
         relists = CounterMetricFamily(
@@ -372,9 +375,13 @@ class DaemonMetrics:
         for result in CYCLE_RESULTS:
             self.cycles.labels(result=result)
 
-    def watch_cache(self, status: Callable[[], Iterable[CacheStatus]]) -> None:
-        """Export the watch cache whose lists `status` describes (`KubeCache.status`), read at scrape time."""
+    def watch_cache(
+        self, status: Callable[[], Iterable[CacheStatus]], *, stale_after: float | None = None
+    ) -> None:
+        """Export the watch cache whose lists `status` describes (`KubeCache.status`), read at scrape time;
+        `stale_after`, its bound on a kind's age (`KubeCache.stale_after`), is said in the help."""
         self._cache.status = status
+        self._cache.stale_after = stale_after
 
     # ---- one cycle
 

@@ -2,8 +2,9 @@
 
 Owns reading what a cycle needs (the client comes from `rebalancer.kubeapi`), each kind listed with
 pagination (`limit` + `continue`, restarting the list when a continue token expires) and raw JSON
-responses (`_preload_content=False`), each page going straight through `kube_objects` into the model as
-it arrives (`sources.kube_lists`, shared with the watch cache): no client model objects are built for
+responses (`_preload_content=False`), each page decoded as it arrives (`sources.kube_lists`, shared
+with the watch cache) by msgspec into `kube_types`' Structs, which name only the fields the model
+reads, and those translated into the model by `kube_objects`: no client model objects are built for
 thousands of pods and no raw page is held. The nodes, pods and PDBs come from a `ClusterReader`: listed
 now (the default, `list_cluster`), or the daemon's watch cache (`sources.kube_cache`); the controllers
 are always listed per snapshot.

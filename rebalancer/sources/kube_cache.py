@@ -429,6 +429,11 @@ class KubeCache:
     def reflectors(self) -> tuple[Reflector, ...]:
         return tuple(self._reflectors or ())
 
+    @property
+    def stale_after(self) -> float:
+        """Seconds without word from the API server after which a kind is stale."""
+        return self._stale_after
+
     def read(self, loaded: LoadedPolicy) -> ClusterObjects:
         """The cached objects, every stale kind listed again first (with a finding); the first read
         lists every kind and starts the watches. Raises KubeSourceError when a needed list fails."""

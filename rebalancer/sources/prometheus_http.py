@@ -38,7 +38,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 import requests
@@ -78,26 +78,26 @@ class VectorSample(msgspec.Struct, gc=False):
     value: tuple[float, float]
 
 
-class _VectorData(msgspec.Struct, gc=False):
-    resultType: str = ""
-    result: list[VectorSample] = []
-
-
 class _TextSample(msgspec.Struct, gc=False):
     metric: msgspec.Raw
     value: tuple[float, str]
 
 
-class _TextVectorData(msgspec.Struct, gc=False):
+_Sample = TypeVar("_Sample", VectorSample, _TextSample)
+
+
+class _VectorData(msgspec.Struct, Generic[_Sample], gc=False):
+    """An answer's `data`: an instant vector's samples, their values as numbers or as text."""
+
     resultType: str = ""
-    result: list[_TextSample] = []
+    result: list[_Sample] = []
 
 
 # Sample values are strings ("0.5", "NaN", "+Inf"): the first decoder reads them as numbers directly
 # (lax mode), but for "+Inf", which Python's float() reads and it does not; the second one keeps them
 # as text, for answers holding a "+Inf".
-_VECTOR = msgspec.json.Decoder(_VectorData, strict=False)
-_TEXT_VECTOR = msgspec.json.Decoder(_TextVectorData)
+_VECTOR = msgspec.json.Decoder(_VectorData[VectorSample], strict=False)
+_TEXT_VECTOR = msgspec.json.Decoder(_VectorData[_TextSample])
 
 
 class _Envelope(msgspec.Struct):
@@ -241,7 +241,7 @@ class PrometheusHttp:
         """The instant vector `expr` answers at `time_param`. Raises PrometheusError, also when the
         answer is not an instant vector."""
         data = self._data(expr, self._fetch(expr, time_param))
-        vector: _VectorData | None
+        vector: _VectorData[VectorSample] | None
         try:
             vector = _VECTOR.decode(data)
         except msgspec.DecodeError:
@@ -356,7 +356,7 @@ class PrometheusHttp:
         return data
 
 
-def _text_vector(data: bytes, expr: str) -> _VectorData | None:
+def _text_vector(data: bytes, expr: str) -> _VectorData[VectorSample] | None:
     """An instant vector whose values the lax decoder refused (a "+Inf"), read with float(); None when
     `data` is no instant vector at all."""
     try:

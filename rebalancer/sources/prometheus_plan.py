@@ -25,7 +25,7 @@ Freshness. A row's `newest_sample` is its newest sample in the window, as a snap
 it. Prometheus 2.x has no function giving the timestamp of a window's newest sample: `timestamp()` of a
 vector selector sees back only as far as the lookback, so a subquery stepping through the window by the
 lookback (`max_over_time(timestamp(M)[W:5m])`, what this read asked before) finds older samples, but
-Prometheus evaluates `timestamp()` afresh for every series at every step: 3-6 s for each metric and
+Prometheus evaluates `timestamp()` afresh for every series at every step: 4-6 s for each metric and
 window at 40,000 GPUs, up to the request timeout. A series with a sample within the lookback needs no
 more than `timestamp()` at `now`: nothing older can be its newest. Only label sets with samples in a
 window and none within the lookback (deleted pods, a stalled exporter: a few, not the cluster) need
@@ -122,12 +122,32 @@ def query_plan(cfg: TelemetryConfig, windows: Iterable[int]) -> tuple[Query, ...
     return tuple(plan.values())
 
 
-_PROMQL_STRING = str.maketrans({"\\": "\\\\", '"': '\\"'})
+# A double-quoted PromQL string: Prometheus' lexer (promql/parser/lex.go) ends it at an unescaped quote,
+# refuses a raw newline (an unterminated string), and reads Go's escapes (\a \b \f \n \r \t \v \\ \",
+# octal, \x, \u, \U); anything else stands for itself. So the backslash, the quote and the newline are
+# escaped, and, to keep queries printable, every other control character.
+_PROMQL_STRING = str.maketrans(
+    {
+        "\\": "\\\\",
+        '"': '\\"',
+        "\n": "\\n",
+        "\r": "\\r",
+        "\t": "\\t",
+        **{chr(c): f"\\x{c:02x}" for c in (*range(0x20), 0x7F) if chr(c) not in "\n\r\t"},
+    }
+)
+
+
+def _promql_string(text: str) -> str:
+    return '"' + text.translate(_PROMQL_STRING) + '"'
 
 
 def _regex_of(values: Iterable[str]) -> str:
-    """A PromQL string holding an RE2 alternation that matches exactly these values."""
-    return '"' + "|".join(re.escape(v) for v in sorted(set(values))).translate(_PROMQL_STRING) + '"'
+    """A PromQL string holding an RE2 alternation that matches exactly these values (as a matcher
+    anchors it: the whole label value). `re.escape` puts a backslash before every metacharacter and
+    some other characters (space, `-`, control characters), each of which Go's regexp (RE2 syntax)
+    reads as the character itself."""
+    return _promql_string("|".join(re.escape(v) for v in sorted(set(values))))
 
 
 def late_query(cfg: TelemetryConfig, windows: Iterable[int], uuids: Mapping[str, Collection[str]]) -> str:
@@ -139,17 +159,21 @@ def late_query(cfg: TelemetryConfig, windows: Iterable[int], uuids: Mapping[str,
     `LATE_SELECT_LIMIT` GPUs (an exporter fleet gone quiet) the parts select every series and step by
     the lookback: what this read asked before, once per metric instead of per metric and window, and
     still exact but for a series ended by a staleness marker, which may show a sample up to one step
-    older than its last (older: never fresher than it is).
+    older than its last (older: never fresher than it is). A UUID label given no values selects
+    nothing; ValueError when no label has any (the caller sends no query then).
     """
+    selected = {label: values for label, values in uuids.items() if values}
+    if not selected:
+        raise ValueError("late_query: no UUID to look up (the caller asks nothing then)")
     cfg = resolve_preset(cfg)
     reach = max((*{int(w) for w in windows}, LOOKBACK_SECONDS))
-    few = sum(len(values) for values in uuids.values()) <= LATE_SELECT_LIMIT
+    few = sum(len(values) for values in selected.values()) <= LATE_SELECT_LIMIT
     step = max(1, min(cfg.scrape_interval, LOOKBACK_SECONDS)) if few else LOOKBACK_SECONDS
     by = _by(cfg)
     parts: list[str] = []
     for metric in dict.fromkeys((cfg.utilization.name, cfg.fb_used.name, cfg.fb_free.name)):
         selectors = (
-            [f"{metric}{{{label}=~{_regex_of(values)}}}" for label, values in sorted(uuids.items())]
+            [f"{metric}{{{label}=~{_regex_of(values)}}}" for label, values in sorted(selected.items())]
             if few
             else [metric]
         )

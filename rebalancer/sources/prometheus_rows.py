@@ -265,7 +265,10 @@ class Rows:
         labels = self._labels
         for (metric, key), what in sorted(bad.items(), key=lambda item: (item[0][0], labels[item[0][1]])):
             identity = self._identity[key]
-            assert identity is not None
+            if identity is None:  # a bug: only label sets with a group (an identity) are judged
+                raise AssertionError(
+                    f"bad telemetry of {metric}{format_labels(labels[key])}, which has no identity"
+                )
             findings.append(
                 bad_telemetry_finding(
                     identity,
@@ -338,7 +341,8 @@ class Rows:
                     if gpu not in unusable and (held is None or labels[key] < held[0]):
                         first_problem[gpu] = (labels[key], _Unusable(identity, window, problem))
                 continue
-            assert count is not None and total is not None and peak is not None
+            if count is None or total is None or peak is None:  # a bug: a partial answer is a problem
+                raise AssertionError(f"utilisation_problem passed a partial answer: {count}, {total}, {peak}")
             if (group := group_of(key)) is None:
                 continue
             acc = accumulator(group)

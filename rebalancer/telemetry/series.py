@@ -33,7 +33,10 @@ class Series:
 
 
 class ExpositionError(ValueError):
-    """An exposition that prometheus_client cannot parse; the message names the source (and line)."""
+    """An exposition that cannot be read: one prometheus_client's parsers refuse, or one the project's
+    own reader finds wrong (`telemetry.exposition_documents`: a series repeated, or interleaved with
+    others of its family) or `telemetry.exposition` refuses (a timestamp out of its format's range,
+    the same series twice at one instant). The message names the source (and line)."""
 
     def __init__(self, source: str, message: str, line: int | None = None) -> None:
         self.source = source

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from rebalancer.cycle_report import CycleReport, ReportedDecision
+from rebalancer.cycle_report import CycleReport, ReportedDecision, Summary
 from rebalancer.model import PREDICTION_RESULTS, Finding, PredictionResult
 from rebalancer.report_html import render_html
 
@@ -31,28 +31,32 @@ def _rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def summary_dict(s: Summary) -> dict[str, Any]:
+    """The report's `summary`, as the JSON report and the log sink's `cycle report` line give it."""
+    return {
+        "nodes": s.nodes,
+        "gpus": s.gpus,
+        "pods": s.pods,
+        "proposals": s.proposals,
+        "evictions": s.evictions,
+        "blocked": s.blocked,
+        "nodes_freed": s.nodes_freed,
+        "gpus_freed": s.gpus_freed,
+        "estimated_savings_per_hour": s.estimated_savings_per_hour,
+        "reclaims": s.reclaims,
+        "gpus_reclaimed": s.gpus_reclaimed,
+        "blocked_by": dict(s.blocked_by),
+    }
+
+
 def to_dict(report: CycleReport) -> dict[str, Any]:
-    s = report.summary
     return {
         "schema_version": SCHEMA_VERSION,
         "source": report.source or None,
         "policy": {"name": report.policy_name or None, "digest": report.policy_digest or None},
         "mode": report.mode,
         "now": _rfc3339(report.now),
-        "summary": {
-            "nodes": s.nodes,
-            "gpus": s.gpus,
-            "pods": s.pods,
-            "proposals": s.proposals,
-            "evictions": s.evictions,
-            "blocked": s.blocked,
-            "nodes_freed": s.nodes_freed,
-            "gpus_freed": s.gpus_freed,
-            "estimated_savings_per_hour": s.estimated_savings_per_hour,
-            "reclaims": s.reclaims,
-            "gpus_reclaimed": s.gpus_reclaimed,
-            "blocked_by": dict(s.blocked_by),
-        },
+        "summary": summary_dict(report.summary),
         "decisions": [decision_dict(d) for d in report.decisions],
         "findings": [finding_dict(f) for f in report.findings],
         "skipped_strategies": [

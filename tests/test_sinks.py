@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rebalancer.cycle_report import CycleReport, NodeFacts, ReportedDecision, Summary, WorkloadNotice
 from rebalancer.model import Finding, Mode, OutcomeResult
 from rebalancer.policy import SlackSinkConfig, WebhookSinkConfig
-from rebalancer.report import to_dict
+from rebalancer.report import decision_dict, summary_dict, to_dict
 from rebalancer.sinks.log import LogSink
 from rebalancer.sinks.metrics import DaemonMetrics, cycle_state
 from rebalancer.sinks.notify import (
@@ -440,6 +440,23 @@ def test_log_sink_writes_one_line_per_decision_and_a_summary() -> None:
     [summary] = [e for e in logs if e["event"] == "cycle report"]
     assert summary["evictions"] == 2 and summary["blocked"] == 1
     assert summary["findings"] == {"leaked-vram": 1}
+
+
+def test_log_sink_lines_carry_the_json_reports_fields_without_drawing_its_gpu_map() -> None:
+    """The decision lines and the summary are the JSON report's own fields; the GPU map (40,000 cells at
+    5,000 nodes) is for `/report` and `--output json`, not rendered for every cycle's log lines."""
+
+    class Untouchable(tuple):  # type: ignore[type-arg]
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            raise AssertionError("the log sink drew the GPU map")
+
+    report = replace(make_report(decisions=[row("a")]), gpu_nodes=Untouchable())
+    with structlog.testing.capture_logs() as logs:
+        LogSink().publish(report)
+    [decision] = [e for e in logs if e["event"] == "decision"]
+    [summary] = [e for e in logs if e["event"] == "cycle report"]
+    assert {k: decision[k] for k in decision_dict(report.decisions[0])} == decision_dict(report.decisions[0])
+    assert {k: summary[k] for k in summary_dict(report.summary)} == summary_dict(report.summary)
 
 
 # --------------------------------------------------------------------------- metrics

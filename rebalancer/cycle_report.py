@@ -10,7 +10,7 @@ library.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, get_args
@@ -168,8 +168,9 @@ class CycleReport:
     source: str = ""
     policy_name: str = ""
     policy_digest: str = ""
-    # Every GPU node's GPUs as the snapshot showed them (the HTML report draws them).
-    gpu_nodes: tuple[NodeGpus, ...] = ()
+    # Every GPU node's GPUs as the snapshot showed them (the HTML report draws them); a cycle's is a
+    # `gpu_map.GpuMap`, drawn when first read.
+    gpu_nodes: Sequence[NodeGpus] = ()
 
     @property
     def acted(self) -> int:

@@ -11,15 +11,15 @@ decide anything: it describes.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import count
 from operator import itemgetter
+from typing import overload
 
 from rebalancer.cycle_report import GpuCell, GpuState, NodeGpus
-from rebalancer.memo import NodeMemo
 from rebalancer.model import Finding, GpuTelemetry, Node, Pod, Snapshot
 
-__all__ = ["IDLE_FINDING", "LEAKED_FINDING", "ZONE_LABEL", "gpu_map"]
+__all__ = ["IDLE_FINDING", "LEAKED_FINDING", "ZONE_LABEL", "GpuMap", "gpu_map"]
 
 IDLE_FINDING = "idle-gpu"
 LEAKED_FINDING = "leaked-vram"
@@ -165,26 +165,71 @@ def _bare_cell(index: str, state: GpuState, pods: tuple[str, ...]) -> GpuCell:
     return GpuCell(index=index, state=state, pods=pods)
 
 
-# A node no telemetry row names, while no finding calls a pod idle, is drawn from its Node and pods
-# alone: kept from one snapshot to the next while they are the same objects (`rebalancer.memo`).
-_NO_FLAGS = _Flags(())
-_WITHOUT_TELEMETRY: NodeMemo[NodeGpus] = NodeMemo(lambda node, pods: _node_gpus(node, pods, (), _NO_FLAGS))
+class GpuMap(Sequence[NodeGpus]):
+    """The GPU map of one snapshot, drawn when first read, then kept (most cycles' maps are never read:
+    only `/report`, `/report.html`, the webhook and `once`'s JSON and HTML show them; the replay and the
+    log lines do not, and drawing one is 40,000 cells at 5,000 nodes).
+
+    It holds what drawing reads, not the snapshot: its nodes, the pods on them, the rows of the shortest
+    telemetry window by node (a report kept until the next cycle's keeps those, as it kept the drawn
+    cells), and what the findings flag; those go once it is drawn. Drawing is a pure function of
+    immutable objects: two threads reading it at once both draw the same map, and one of them is kept.
+    """
+
+    __slots__ = ("_drawn", "_flags", "_nodes", "_pods", "_rows")
+
+    def __init__(self, snapshot: Snapshot, findings: Iterable[Finding]) -> None:
+        telemetry = snapshot.telemetry
+        window = (
+            telemetry.windows[min(telemetry.windows)] if telemetry.available and telemetry.windows else None
+        )
+        self._rows: Mapping[str, tuple[GpuTelemetry, ...]] = window.by_node if window is not None else {}
+        self._nodes: Mapping[str, Node] = snapshot.nodes
+        self._pods: Mapping[str, tuple[Pod, ...]] = snapshot.pods_by_node
+        self._flags = _Flags(findings)
+        self._drawn: tuple[NodeGpus, ...] | None = None
+
+    def _map(self) -> tuple[NodeGpus, ...]:
+        drawn = self._drawn
+        if drawn is None:
+            nodes, pods, rows, flags = self._nodes, self._pods, self._rows, self._flags
+            drawn = tuple(
+                _node_gpus(node, pods.get(name, ()), rows.get(name, ()), flags)
+                for name, node in sorted(nodes.items())
+                if node.gpu_count > 0
+            )
+            self._drawn = drawn
+            self._nodes, self._pods, self._rows = {}, {}, {}
+        return drawn
+
+    @overload
+    def __getitem__(self, index: int) -> NodeGpus: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[NodeGpus, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> NodeGpus | tuple[NodeGpus, ...]:
+        return self._map()[index]
+
+    def __len__(self) -> int:
+        return len(self._map())
+
+    def __iter__(self) -> Iterator[NodeGpus]:
+        return iter(self._map())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, GpuMap | tuple):
+            return self._map() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._map())
+
+    def __repr__(self) -> str:
+        return f"GpuMap({self._map()!r})"
 
 
-def gpu_map(snapshot: Snapshot, findings: Iterable[Finding]) -> tuple[NodeGpus, ...]:
-    """Every node with whole GPUs, by name, each GPU in index order with its state at the snapshot."""
-    telemetry = snapshot.telemetry
-    window = telemetry.windows[min(telemetry.windows)] if telemetry.available and telemetry.windows else None
-    by_node = window.by_node if window is not None else {}
-    flags = _Flags(findings)
-    rows: Sequence[GpuTelemetry]
-    drawn: list[NodeGpus] = []
-    for name, node in sorted(snapshot.nodes.items()):
-        if node.gpu_count <= 0:
-            continue
-        rows = by_node.get(name, ())
-        if not rows and not flags.idle_pods:
-            drawn.append(_WITHOUT_TELEMETRY(snapshot, name))
-        else:
-            drawn.append(_node_gpus(node, snapshot.pods_on(name), rows, flags))
-    return tuple(drawn)
+def gpu_map(snapshot: Snapshot, findings: Iterable[Finding]) -> GpuMap:
+    """Every node with whole GPUs, by name, each GPU in index order with its state at the snapshot
+    (drawn when first read: `GpuMap`)."""
+    return GpuMap(snapshot, findings)

@@ -55,6 +55,39 @@ def test_gpu_states_come_from_telemetry_and_findings() -> None:
     assert n1.gpus[0].util_avg_percent == 80.0
 
 
+def test_a_cycles_gpu_map_is_drawn_when_read_not_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Most cycles' maps are never read (only `/report`, `/report.html`, the webhook and `once`'s JSON
+    and HTML show them; the replay and the log lines do not): a cycle does not draw it, reading does,
+    once, and what is read is the map `gpu_map` draws."""
+    import rebalancer.gpu_map as gpu_map_module
+    from rebalancer.cycle import run_cycle
+    from rebalancer.evictor import DryRunEvictor
+    from rebalancer.policy import parse_policy
+
+    drawn: list[str] = []
+    draw = gpu_map_module._node_gpus
+
+    def counted(node, *rest):  # type: ignore[no-untyped-def]
+        drawn.append(node.name)
+        return draw(node, *rest)
+
+    busy = pod("train", "n1", gpus=2)
+    snap = snapshot(
+        [node("n1", gpus=4), node("n2", gpus=2)],
+        [busy],
+        telemetry=telemetry([gpu_sample("n1", "GPU-a", pod=busy, util=80.0)]),
+    )
+    monkeypatch.setattr(gpu_map_module, "_node_gpus", counted)
+    report = run_cycle(snap, parse_policy({"strategies": []}), DryRunEvictor())
+    assert drawn == []
+    first = tuple(report.gpu_nodes)
+    assert [n.node for n in first] == ["n1", "n2"] and drawn == ["n1", "n2"]
+    assert tuple(report.gpu_nodes) == first and drawn == ["n1", "n2"]  # drawn once
+    monkeypatch.setattr(gpu_map_module, "_node_gpus", draw)
+    assert report.gpu_nodes == gpu_map(snap, report.findings) == first
+    assert len(report.gpu_nodes) == 2 and report.gpu_nodes[1].node == "n2"
+
+
 def test_a_gpu_pod_without_telemetry_is_unknown_never_idle() -> None:
     quiet = pod("quiet", "n1", gpus=2)
     snap = snapshot([node("n1", gpus=4), node("cpu", gpus=0)], [quiet])  # no telemetry at all

@@ -119,6 +119,14 @@ def test_every_demo_object_reads_the_same_from_bytes_and_from_a_mapping() -> Non
             lambda o: o["spec"]["volumes"][0]["emptyDir"].update(medium=1),
             "Pod ml/train-0: spec.volumes[0].emptyDir.medium: expected a string, got the number 1",
         ),
+        (
+            lambda o: o["spec"]["volumes"][0].update(emptyDir=5),
+            "Pod ml/train-0: spec.volumes[0].emptyDir: expected an object, got the number 5",
+        ),
+        (
+            lambda o: o["spec"]["volumes"][0].update(emptyDir=["Memory"]),
+            "Pod ml/train-0: spec.volumes[0].emptyDir: expected an object, got a list",
+        ),
         (lambda o: o.update(spec=7), "Pod ml/train-0: spec: expected an object, got the number 7"),
         # The metadata's problems first, as the model's checks always began with them.
         (

@@ -333,7 +333,9 @@ def _gang(
     return None
 
 
-def _volumes(reader: FieldReader, volumes: tuple[dict[str, Any], ...] | None) -> tuple[Volume, ...]:
+def _volumes(
+    reader: FieldReader, volumes: tuple[dict[str, kt.VolumeField], ...] | None
+) -> tuple[Volume, ...]:
     """Each volume's name and kind (its first field other than `name`), and an emptyDir's medium."""
     out: list[Volume] = []
     for index, entry in enumerate(volumes or ()):
@@ -345,7 +347,13 @@ def _volumes(reader: FieldReader, volumes: tuple[dict[str, Any], ...] | None) ->
         medium = ""
         if kind == "emptyDir":
             where = f"spec.volumes[{index}].emptyDir"
-            medium = reader.string(reader.mapping(entry["emptyDir"], where).get("medium"), f"{where}.medium")
+            source = entry["emptyDir"]
+            value = (
+                source.medium
+                if isinstance(source, kt.VolumeSource)
+                else reader.mapping(source, where).get("medium")
+            )
+            medium = reader.string(value, f"{where}.medium")
         name = entry.get("name")
         if type(name) is not str:
             name = reader.string(name, f"spec.volumes[{index}].name")

@@ -100,8 +100,11 @@ class Run:
     # eligible_nodes per (topology key, nodeSelector, required affinity): every pod of a group, and
     # most groups, share one.
     eligible_cache: dict[_EligibleKey, Eligible] = field(default_factory=dict)
+    # Every node's name: what a move into one domain excludes is the rest (a set difference, in C).
+    node_names: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
+        self.node_names = frozenset(self.snapshot.nodes)
         grouped: dict[str, list[Pod]] = defaultdict(list)
         for pod in self.snapshot.pods:
             # A terminating pod is leaving its domain: neither counted nor moved (as upstream's

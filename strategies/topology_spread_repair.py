@@ -230,7 +230,7 @@ def _place_into(
     allowed = frozenset(name for name in domain_nodes if allows(name))
     if not allowed:
         return None
-    exclude = [name for name in run.snapshot.nodes if name not in allowed]
+    exclude = run.node_names - allowed
     moving = run.gang_of(pod)
     if len(moving) == 1 and state.best_node(pod, exclude=exclude) is None:
         return None  # cheap refusal before copying the cluster (the pod's own node is excluded)

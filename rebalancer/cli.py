@@ -19,7 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from rebalancer import __version__, rfc3339
+import rebalancer
+from rebalancer import rfc3339
 from rebalancer.daemon.args import (
     add_live_once_arguments,
     add_run_arguments,
@@ -215,7 +216,7 @@ def cmd_strategies(args: argparse.Namespace) -> int:
 
 def cmd_version(_args: argparse.Namespace) -> int:
     """The installed version (pyproject.toml's, through the package metadata)."""
-    print(f"gpu-rebalancer {__version__}")
+    print(f"gpu-rebalancer {rebalancer.__version__}")
     return EXIT_OK
 
 
@@ -428,9 +429,27 @@ def cmd_waste(args: argparse.Namespace) -> int:
     return run_waste(args)
 
 
+class _VersionAction(argparse.Action):
+    """`--version`, as argparse's own version action prints it, with the version looked up only when
+    asked for (`rebalancer.__version__`)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **_: Any) -> None:
+        super().__init__(
+            option_strings,
+            dest,
+            nargs=0,
+            default=argparse.SUPPRESS,
+            help="show program's version number and exit",
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> NoReturn:
+        sys.stdout.write(f"gpu-rebalancer {rebalancer.__version__}\n")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rebalancer", description="A descheduler for GPU clusters.")
-    parser.add_argument("--version", action="version", version=f"gpu-rebalancer {__version__}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     once = sub.add_parser("once", help="run one cycle and print its report")

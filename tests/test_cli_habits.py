@@ -72,6 +72,11 @@ def test_version_is_pyprojects(capsys: pytest.CaptureFixture[str]) -> None:
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert main(["version"]) == 0
     assert capsys.readouterr().out == f"gpu-rebalancer {version}\n"
+    # `--version` too, on standard output as argparse's own action prints it, and exiting 0.
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr() == (f"gpu-rebalancer {version}\n", "")
 
 
 def test_exit_code_fails_ci_when_the_dry_run_would_act(

@@ -14,7 +14,7 @@ from rebalancer.history import Workload
 from rebalancer.model import Finding, GpuRequest
 from rebalancer.policy import ConfiguredStrategy, LoadedPolicy, Policy, parse_policy
 from rebalancer.registry import StrategyArgs
-from rebalancer.sources import kube_types, snapshot_objects
+from rebalancer.sources import snapshot_objects
 from rebalancer.sources.files import SnapshotError, load_snapshot_dir
 from rebalancer.workloads import resolve
 from tests.builders import NOW
@@ -288,56 +288,6 @@ def test_large_json_lists_are_streamed_to_the_same_snapshot(
     streamed = load_snapshot_dir(tmp_path, loaded())
     assert streamed == whole
     assert {p.name for p in streamed.pods} == {"a", "b", "c", "d"}
-
-
-def test_a_list_read_in_one_pass_is_the_list_read_item_by_item(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Lists whose every item decodes typed are read whole in one pass (the kind told by the file's first
-    bytes, as the API server writes it, or its last, as kubectl sorts the keys); the snapshot is the one
-    the item-by-item reading gives."""
-    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
-    items = [
-        {k: v for k, v in pod(name, on).items() if k != "kind"} for name, on in (("b", "n1"), ("e", "n2"))
-    ]
-    typed = {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
-    write(tmp_path, "pods.json", typed)
-    mixed = kube_list(node("n1"), node("n2"), pod("a", "n1", gpus=2), pod("c", None))
-    (tmp_path / "cluster.json").write_text(json.dumps(mixed, indent=4, sort_keys=True))
-    decoded: list[str] = []
-    decode_list = kube_types.decode_list
-
-    def spy(data: Any, kind: str) -> Any:
-        result = decode_list(data, kind)
-        decoded.append(f"{kind}: {len(result.items or ()) if result is not None else None}")
-        return result
-
-    monkeypatch.setattr(kube_types, "decode_list", spy)
-    one_pass = load_snapshot_dir(tmp_path, loaded())
-    assert sorted(decoded) == ["List: 4", "PodList: 2"]
-    monkeypatch.setattr(snapshot_objects, "_listed_kind", lambda data: None)
-    by_item = load_snapshot_dir(tmp_path, loaded())
-    assert one_pass == by_item
-    assert {p.name for p in one_pass.pods} == {"a", "b", "c", "e"} and set(one_pass.nodes) == {"n1", "n2"}
-
-
-def test_a_list_of_another_kind_than_its_last_bytes_tell_is_read_by_its_own(
-    tmp_path: Path, stream_every_json: None
-) -> None:
-    """The kind read off a file's last bytes is a guess: here a note in the List's metadata says
-    PodList, the List is of nodes (whose items, without a kind, would decode as pods), and nodes they
-    are; an item of a kind the model does not read sends the List to the item-by-item reading, which
-    counts it as ignored."""
-    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
-    item = {k: v for k, v in node("n1").items() if k != "kind"}  # a typed List's items carry no kind
-    nodes = {"apiVersion": "v1", "items": [item], "kind": "NodeList"}
-    text = json.dumps(nodes)[:-1] + ', "metadata": {"note": {"kind": "PodList"}}}'
-    (tmp_path / "nodes.json").write_text(text)
-    write(tmp_path, "cluster.json", kube_list(pod("a", "n1"), {"apiVersion": "v1", "kind": "Service"}))
-    snapshot = load_snapshot_dir(tmp_path, loaded())
-    assert set(snapshot.nodes) == {"n1"} and [p.name for p in snapshot.pods] == ["a"]
-    (ignored,) = [f.detail for f in snapshot.findings if f.kind == "ignored-objects"]
-    assert ignored.endswith("Service (1)")
 
 
 def test_streamed_json_problems_name_item_file_and_line(tmp_path: Path, stream_every_json: None) -> None:

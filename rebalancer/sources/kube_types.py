@@ -20,10 +20,9 @@ It must not do I/O, read the clock or build model objects.
 
 from __future__ import annotations
 
-import mmap
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Generic, TypeVar, Union, cast
+from typing import Annotated, Any, TypeVar, Union, cast
 
 import msgspec
 import msgspec.inspect as mi
@@ -37,7 +36,6 @@ __all__ = [
     "ControllerObject",
     "KubeObject",
     "LabelSelector",
-    "ListOf",
     "NodeObject",
     "ObjectMeta",
     "OwnerReference",
@@ -55,7 +53,6 @@ __all__ = [
     "decode",
     "decode_any",
     "decode_item",
-    "decode_list",
     "invalid",
     "kind_of",
     "object_name",
@@ -311,7 +308,6 @@ _ANY_KIND_DECODER: msgspec.json.Decoder[KubeObject] = msgspec.json.Decoder(_ANY_
 _UNTYPED: msgspec.json.Decoder[Any] = msgspec.json.Decoder(float_hook=float)
 
 _T = TypeVar("_T", bound=msgspec.Struct)
-_K = TypeVar("_K")
 
 
 def decode(cls: type[_T], data: bytes | memoryview | msgspec.Raw | str) -> _T:
@@ -330,33 +326,6 @@ def decode_item(data: bytes | memoryview | msgspec.Raw | str, kind: str | None) 
     if decoder is None:
         raise msgspec.ValidationError(f"{kind} is not a kind the model reads")
     return decoder.decode(data)  # type: ignore[no-any-return]
-
-
-class ListOf(msgspec.Struct, Generic[_K]):
-    """A List decoded whole in one pass (`decode_list`): its kind as written, and its typed items."""
-
-    kind: object = None
-    items: list[_K] | None = None
-
-
-_LIST_DECODERS: dict[str, msgspec.json.Decoder[ListOf[KubeObject]]] = {}
-
-
-def decode_list(data: bytes | memoryview | mmap.mmap | str, kind: str) -> ListOf[KubeObject] | None:
-    """A whole JSON List of `kind` (`PodList`: every item a Pod, with its kind or without; `List`: each
-    item of a kind the model reads, by its own kind), every item decoded as `decode_item` decodes it,
-    in one pass over the bytes (finding the items first, then decoding each, reads them twice). None
-    when `kind` is not a List of what the model reads. Raises ValidationError when an item is of
-    another kind or has a field of the wrong type, or the List's kind is not a string, and DecodeError
-    for invalid JSON: the caller then reads the items one by one, which names each problem. The caller
-    checks that the decoded kind is `kind`."""
-    decoder = _LIST_DECODERS.get(kind)
-    if decoder is None:
-        item_type: object = _ANY_KIND if kind == "List" else _TYPES.get(kind.removesuffix("List"))
-        if item_type is None or not kind.endswith("List"):
-            return None
-        decoder = _LIST_DECODERS[kind] = msgspec.json.Decoder(ListOf[item_type], float_hook=float)  # type: ignore[valid-type]
-    return decoder.decode(data)
 
 
 def decode_any(data: bytes | memoryview | msgspec.Raw | str) -> Any:

@@ -9,13 +9,10 @@ skipped silently), and a second object of one kind and name a problem naming the
 text that cannot be read or parsed is named (`read_text`, `yaml_problem`), which `sources.files` also
 uses for `snapshot.yaml`.
 
-A JSON `List` is read from the mapped file, its items straight into their kind's Struct (`kube_types`:
-the fields the model never reads are skipped unread, not even checked as UTF-8), each dropped once it is
-in the model. When the List's kind shows in the file's first or last bytes and every item decodes typed,
-the whole List is decoded in one pass (0.3 s less for 48,567 pods, as the items are not found first;
-their Structs, about 3.5 KB a pod, are held together until they are in the model: 90 MB more peak
-memory then); otherwise msgspec finds the items, then decodes each in turn, and an item of another kind,
-or with a field of the wrong type, is read untyped and named as any document's object is. A file under 64 MiB
+A JSON `List` is read item by item from the mapped file: msgspec finds the items, then decodes each
+straight into its kind's Struct (`kube_types`: the fields the model never reads are skipped unread, not
+even checked as UTF-8), and drops it once it is in the model; an item of another kind, or with a field
+of the wrong type, is read untyped and named as any document's object is. A file under 64 MiB
 (STREAM_JSON_BYTES) that msgspec refuses anywhere is read whole by the standard library instead, which
 names the problem by line and column as before (and takes what only it takes, such as NaN); a larger one
 is never held whole, and msgspec names its problem.
@@ -174,64 +171,15 @@ def _size_hint(file: SnapshotFile) -> int:
         return 0  # the whole-file path reports it
 
 
-# A List's kind where kubectl writes it: after the items (`kubectl get -o json` sorts the keys), in the
-# file's last bytes, or first, before any object or array opens (as the API server writes it).
-_KIND_AT_START = re.compile(rb'\s*\{[^{\[]*?"kind"\s*:\s*"([A-Za-z]*List)"')
-_KIND_AT_END = re.compile(rb'"kind"\s*:\s*"([A-Za-z]*List)"[^\]]*\Z')
-_PEEK_BYTES = 4096
-
-
-def _listed_kind(data: bytes | mmap.mmap) -> str | None:
-    """The kind a file's List most likely has, read off its first or last bytes without decoding it; a
-    guess, which the decoded kind confirms (`_read_typed_list`)."""
-    match = _KIND_AT_START.match(data[:_PEEK_BYTES]) or _KIND_AT_END.search(data[-_PEEK_BYTES:])
-    return match.group(1).decode("ascii") if match is not None else None
-
-
-def _read_typed_list(
-    file: SnapshotFile, data: bytes | mmap.mmap, loaded: LoadedPolicy, out: Collected
-) -> bool:
-    """The fast way to read a List: decoded whole, in one pass, when every item is typed as the model
-    reads it (`kube_types.decode_list`); the typed items are added as the item-by-item reading adds
-    them, each dropped once in the model. False, having read nothing, when the List's kind cannot be
-    told from its first or last bytes, is not one the model reads, or any item is refused (the caller
-    reads the items one by one then, naming each problem)."""
-    kind = _listed_kind(data)
-    if kind is None:
-        return False
-    try:
-        decoded = kube_types.decode_list(data, kind)
-    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
-        return False
-    if decoded is None or decoded.kind != kind:
-        return False
-    items = decoded.items or []
-    del decoded
-    items.reverse()
-    _add_items(kind, _popped(items), str(file.path), loaded, out)
-    return True
-
-
-def _popped(items: list[kube_types.KubeObject]) -> Iterator[tuple[int, object]]:
-    """Each item with its index, in order, taken off the (reversed) list as it is read."""
-    index = 0
-    while items:
-        yield index, items.pop()
-        index += 1
-
-
 def _read_json_list(file: SnapshotFile, loaded: LoadedPolicy, out: Collected) -> bool:
-    """Read a JSON file holding a List from its mapped bytes: whole in one pass when every item decodes
-    typed (`_read_typed_list`), else item by item: msgspec decodes the list's skeleton first, then
-    each item straight into its kind's Struct (`kube_types`) when its turn comes. False, having read
-    nothing, when the file holds something else, or (below STREAM_JSON_BYTES) JSON that msgspec
-    refuses anywhere: it is read whole then, by the standard library, which names the problem by line
-    and column (or takes what only it takes, such as NaN)."""
+    """Read a JSON file holding a List item by item from its mapped bytes: msgspec decodes the list's
+    skeleton first, then each item straight into its kind's Struct (`kube_types`) when its turn comes.
+    False, having read nothing, when the file holds something else, or (below STREAM_JSON_BYTES) JSON
+    that msgspec refuses anywhere: it is read whole then, by the standard library, which names the
+    problem by line and column (or takes what only it takes, such as NaN)."""
     small = _size_hint(file) < STREAM_JSON_BYTES
     try:
         with file.mapped() as data:
-            if _read_typed_list(file, data, loaded, out):
-                return True
             try:
                 head = msgspec.json.decode(data, type=_ListHead)
             except msgspec.ValidationError:

@@ -19,11 +19,12 @@ import re
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import pytest
 import yaml
 
@@ -298,7 +299,7 @@ def assert_same_telemetry(expected: Telemetry, actual: Telemetry) -> None:
         keys = [(r.device_key, r.pod_key) for r in want.gpus]
         assert [(r.device_key, r.pod_key) for r in got.gpus] == keys, f"rows of the {window}s window"
         for a, b in zip(want.gpus, got.gpus, strict=True):
-            for f in fields(a):
+            for f in msgspec.structs.fields(a):
                 va, vb = getattr(a, f.name), getattr(b, f.name)
                 if isinstance(va, float) and isinstance(vb, float):
                     assert vb == pytest.approx(va, rel=1e-12, abs=1e-9), (window, a.device_key, f.name)

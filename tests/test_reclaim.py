@@ -12,6 +12,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import msgspec
 import pytest
 from kubernetes import client
 
@@ -64,7 +65,7 @@ def _idle(pods: Iterable[str], util: float = 0.2) -> Telemetry:
 
 
 def _attributed(row: GpuTelemetry, name: str) -> GpuTelemetry:
-    return replace(row, pod_namespace=NS, pod_name=name)
+    return msgspec.structs.replace(row, pod_namespace=NS, pod_name=name)
 
 
 def _cycle(
@@ -87,7 +88,10 @@ def _at(tel: Telemetry, at: datetime) -> Telemetry:
     """The same telemetry, its newest samples just before `at`."""
     windows = {
         seconds: replace(
-            window, gpus=tuple(replace(row, newest_sample=at - timedelta(seconds=15)) for row in window.gpus)
+            window,
+            gpus=tuple(
+                msgspec.structs.replace(row, newest_sample=at - timedelta(seconds=15)) for row in window.gpus
+            ),
         )
         for seconds, window in tel.windows.items()
     }

@@ -8,7 +8,6 @@ used (a finding says why, and the raw history is read instead); a malformed file
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -361,11 +361,11 @@ def test_the_fast_reader_reads_what_rebalancer_aggregate_writes(aggregates_doc: 
 def test_the_fast_reader_s_rows_are_the_model_s_fields_in_its_order() -> None:
     """The fast reader makes each `GpuTelemetry` from a row's values by position: both name the same
     fields in the same order, and a field a row leaves out has the model's default."""
-    model = dataclasses.fields(GpuTelemetry)
+    model = msgspec.structs.fields(GpuTelemetry)
     assert _FastRow.__struct_fields__ == tuple(field.name for field in model)
     names, defaults = _FastRow.__struct_fields__, _FastRow.__struct_defaults__
     assert dict(zip(names[len(names) - len(defaults) :], defaults, strict=True)) == {
-        field.name: field.default for field in model if field.default is not dataclasses.MISSING
+        field.name: field.default for field in model if field.default is not msgspec.NODEFAULT
     }
 
 

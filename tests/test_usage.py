@@ -11,6 +11,7 @@ import math
 import statistics
 from datetime import timedelta
 
+import msgspec
 import pytest
 
 from rebalancer.model import OwnerRef
@@ -88,7 +89,7 @@ def usage(
     fb: float = 8192,
     steps: int = 200,
 ) -> SeriesUsage:
-    identity = dataclasses.replace(
+    identity = msgspec.structs.replace(
         usage_from_samples(
             [series("DCGM_FI_DEV_GPU_UTIL", [(END - 10, 1.0)], UUID=uuid, pod=pod_name)], CFG, HOUR
         )[0].identity

@@ -22,7 +22,6 @@ finding. This module must not read raw history, aggregate samples, or read the c
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
@@ -324,7 +323,7 @@ class _FastRow(msgspec.Struct, forbid_unknown_fields=True, gc=False):
 
 # `_read_fast` makes a row's GpuTelemetry from its values by position (as fast as it gets): a field
 # added to one and not the other, or moved, is an error on import rather than rows with shifted values.
-if _FastRow.__struct_fields__ != tuple(field.name for field in dataclasses.fields(GpuTelemetry)):
+if _FastRow.__struct_fields__ != GpuTelemetry.__struct_fields__:
     raise TypeError("_FastRow must have GpuTelemetry's fields, in GpuTelemetry's order")
 
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from typing import Literal
+
+from msgspec.structs import replace
 
 from rebalancer.model import Finding, GpuTelemetry, Pod
 from rebalancer.policy import LabelMapping, MetricConfig, TelemetryConfig, TelemetryPreset

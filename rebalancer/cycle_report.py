@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, get_args
 
+import msgspec
+
 from rebalancer.model import (
     Finding,
     Mode,
@@ -78,8 +80,9 @@ class NodeFacts:
     gpus: int
 
 
-@dataclass(frozen=True, slots=True)
-class GpuCell:
+# A frozen msgspec Struct, one per GPU of the report's GPU map (40,000 at 5,000 nodes): built in C
+# (`rebalancer.model` says why).
+class GpuCell(msgspec.Struct, frozen=True):
     """One GPU of a node at the snapshot: its state, the pods holding it, its averaged telemetry."""
 
     index: str  # dcgm-exporter's `gpu` label, or the position on the node when no telemetry names it
@@ -90,8 +93,7 @@ class GpuCell:
     fb_used_mib: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class NodeGpus:
+class NodeGpus(msgspec.Struct, frozen=True):
     """Every GPU of one GPU node, in index order (`gpu_map.gpu_map`)."""
 
     node: str

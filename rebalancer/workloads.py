@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import msgspec
+
 from rebalancer import rfc3339
 from rebalancer.cycle_report import WorkloadNotice
 from rebalancer.history import Workload
@@ -135,8 +137,8 @@ _WALKS_INTO: Mapping[str, frozenset[str]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Resolved:
+# A frozen msgspec Struct, one per pod of every cycle: built in C (`rebalancer.model` says why).
+class Resolved(msgspec.Struct, frozen=True):
     """A pod's workload: its key (a bare pod is its own), the controller object when the snapshot has
     it, and the kind of a parent the walk stopped below on purpose (a Job's CronJob)."""
 

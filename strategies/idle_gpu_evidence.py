@@ -13,10 +13,10 @@ workload leads to is `idle_gpu_reclaim`'s, the strategy's entry point `idle_gpu`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import ClassVar, Literal
 
+import msgspec
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rebalancer.guards import policy_selector
@@ -103,8 +103,8 @@ class IdleGpuArgs(StrategyArgs):
         return next((rule for rule in self.actions if rule.matches(namespace, labels)), REPORT)
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+# A frozen msgspec Struct, one per GPU pod of every cycle: built in C (`rebalancer.model` says why).
+class Verdict(msgspec.Struct, frozen=True):
     """How one pod's GPUs look over the window."""
 
     pod: Pod

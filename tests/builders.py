@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import msgspec
 
 from rebalancer.model import (
     GPU_PRODUCT_LABEL,
@@ -38,6 +41,16 @@ L4 = "NVIDIA-L4"
 
 GIB = 1024**3
 REPLICASET_OWNER = OwnerRef(kind="ReplicaSet", name="trainer-abc")
+
+_Frozen = TypeVar("_Frozen")
+
+
+def replace(obj: _Frozen, **changes: Any) -> _Frozen:
+    """A changed copy of a frozen model object: a msgspec Struct's (`Pod`, `GpuTelemetry`...) by
+    msgspec.structs.replace, a frozen dataclass's by dataclasses.replace."""
+    if isinstance(obj, msgspec.Struct):
+        return msgspec.structs.replace(obj, **changes)
+    return dataclasses.replace(obj, **changes)  # type: ignore[type-var]
 
 
 def node(

@@ -54,6 +54,7 @@ import yaml
 from hypothesis import strategies as st
 
 import rebalancer.cli
+from tests.builders import replace
 
 # --------------------------------------------------------------------------- layout
 
@@ -1178,7 +1179,7 @@ def snapshot_base(draw: st.DrawFn) -> Case:
     if choice == 1:
         name = draw(st.sampled_from(sorted(POLICY_TEXTS)))
         case = base_case(argv_kind, policy=POLICY_TEXTS[name])
-        return dataclasses.replace(case, note=f"policy {name}")
+        return replace(case, note=f"policy {name}")
     return base_case(argv_kind)
 
 
@@ -2717,7 +2718,7 @@ def minimize(case: Case, keeps: Callable[[Case], bool], budget: int = 120) -> Ca
         if name in case.files and len(case.files) > 1:
             candidate = case.without([name], "")
             if attempt(candidate):
-                case = dataclasses.replace(candidate, note=case.note)
+                case = replace(candidate, note=case.note)
     for name in sorted(case.files, key=lambda n: -len(case.files[n])):
         if name.endswith("/"):
             continue

@@ -11,7 +11,6 @@ advice without Prometheus.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import statistics
@@ -34,7 +33,7 @@ from rebalancer.model import Snapshot
 from rebalancer.policy import LoadedPolicy, loads_policy
 from rebalancer.sources.files import load_snapshot_dir
 from rebalancer.sources.usage_history import PrometheusUsage
-from tests.builders import write_snapshot_dir
+from tests.builders import replace, write_snapshot_dir
 from tests.fake_apiserver import FakeApiServer
 from tests.genai_trace import read_genai_trace
 
@@ -431,10 +430,10 @@ def test_the_live_reader_asks_prometheus_once_an_hour(backfilled: Backfilled, tm
     first = reader.attach(snapshot, loaded)
     assert backfilled.server.query_requests() - before == 8
     assert first.usage is not None and len(first.usage.series) == len(HISTORY)
-    later = reader.attach(dataclasses.replace(snapshot, now=snapshot.now + timedelta(minutes=59)), loaded)
+    later = reader.attach(replace(snapshot, now=snapshot.now + timedelta(minutes=59)), loaded)
     assert backfilled.server.query_requests() - before == 8  # kept: no query
     assert later.usage is first.usage
-    reader.attach(dataclasses.replace(snapshot, now=snapshot.now + timedelta(hours=1)), loaded)
+    reader.attach(replace(snapshot, now=snapshot.now + timedelta(hours=1)), loaded)
     assert backfilled.server.query_requests() - before == 16  # an hour on: read again
 
 

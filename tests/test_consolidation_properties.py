@@ -11,7 +11,7 @@ the threshold is drained only by lifting pods onto larger nodes, the rest fittin
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -29,7 +29,7 @@ from rebalancer.model import (
 from rebalancer.placement import ClusterState
 from rebalancer.registry import Refusal, StrategyContext
 from strategies.gpu_consolidation import GpuConsolidationArgs, gpu_consolidation
-from tests.builders import A100, GIB, H100, L4, node, pod, snapshot
+from tests.builders import A100, GIB, H100, L4, node, pod, replace, snapshot
 
 PodKey = tuple[str, str]
 MEMORY_LABEL = "nvidia.com/gpu.memory"

@@ -20,7 +20,6 @@ import re
 import subprocess
 import typing
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from rebalancer.sinks.metrics import CYCLE_RESULTS, DaemonMetrics
 from rebalancer.sources.files import load_snapshot_dir
 from rebalancer.sources.kube_cache import KubeCache, ListStatus
 from rebalancer.sources.snapshot_history import with_directory_usage
+from tests.builders import replace
 from tests.fake_apiserver import FakeApiServer, node_json, pod_json
 from tests.test_deploy import DEPLOY, NAMESPACE, ROOT, find, policy_text
 

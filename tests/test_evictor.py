@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -23,7 +22,7 @@ from rebalancer.model import Decision, Outcome, Pod, Proposal, ProposalKind
 from rebalancer.node_marks import DRAINING_TAINT_KEY, DryRunTainter, KubeTainter, NodeTainter, TaintChange
 from rebalancer.policy import parse_policy
 from rebalancer.sources.kube import KubeSource
-from tests.builders import NOW, pdb, pod, snapshot
+from tests.builders import NOW, pdb, pod, replace, snapshot
 from tests.fake_apiserver import (
     FakeApiServer,
     RecordedRequest,

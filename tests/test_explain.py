@@ -3,7 +3,6 @@ groups, and `rebalancer explain` on builders and on the demo cluster."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterable
 from datetime import timedelta
@@ -23,7 +22,7 @@ from rebalancer.policy import parse_policy
 from rebalancer.report import render
 from strategies.gpu_consolidation import GpuConsolidationArgs, gpu_consolidation
 from strategies.idle_gpu import IdleGpuArgs, idle_gpu
-from tests.builders import L4, gpu_sample, node, pdb, pod, snapshot, telemetry
+from tests.builders import L4, gpu_sample, node, pdb, pod, replace, snapshot, telemetry
 
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo-cluster"
 
@@ -105,7 +104,7 @@ def test_every_gpu_node_not_drained_says_which_rule_left_it_out() -> None:
 
 
 def test_a_node_of_unknown_age_is_too_young() -> None:
-    unknown = dataclasses.replace(node("unknown"), created=None)
+    unknown = replace(node("unknown"), created=None)
     records = consolidation_not_chosen([unknown, node("sink")], [pod("p", "unknown")])
     assert records["unknown"].reason == "not a candidate: the node's creation time is unknown"
 
@@ -406,7 +405,7 @@ def test_explain_json_of_a_node_not_drained_and_of_a_blocked_pod() -> None:
 
 
 def test_explain_yaml_is_the_json_document_and_names_skipped_and_silent_strategies() -> None:
-    report = dataclasses.replace(
+    report = replace(
         cycle(drain_cluster()), skipped_strategies=(SkippedStrategy("gpu-affinity", "needs GPU telemetry"),)
     )
     subject = Subject("untouched", namespace="ml", node="a-3")
@@ -418,7 +417,7 @@ def test_explain_yaml_is_the_json_document_and_names_skipped_and_silent_strategi
     [record] = by_strategy(doc)["gpu-consolidation"]["not_chosen"]
     assert (record["node"], record["pod"], record["code"]) == ("a-3", None, "allocated-above-threshold")
     assert doc["findings"] == []
-    bare = dataclasses.replace(report, skipped_strategies=(), not_chosen=())
+    bare = replace(report, skipped_strategies=(), not_chosen=())
     assert by_strategy(explained_doc(bare, subject))["gpu-affinity"] == {
         "strategy": "gpu-affinity",
         "verdict": "none",
@@ -449,7 +448,7 @@ def test_explain_output_json_on_the_demo_cluster_redacts_and_names_the_findings(
     leaky = Finding(
         kind="telemetry-unavailable", node="a-3", detail="GET https://bob:hunter2@prom/api failed"
     )
-    report = dataclasses.replace(cycle(drain_cluster()), findings=(leaky,))
+    report = replace(cycle(drain_cluster()), findings=(leaky,))
     for fmt in ("text", "json", "yaml"):
         shown = render_explanation(report, Subject("a-3"), ["gpu-consolidation"], fmt)
         assert "hunter2" not in shown and "https://***@prom/api" in shown

@@ -4,7 +4,6 @@ looked at and did not propose, each reason code on builders, and `rebalancer exp
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from rebalancer.model import Node, NotChosen, Pod, Snapshot, StrategyResult
 from rebalancer.registry import StrategyContext
 from strategies.gpu_affinity import GpuAffinityArgs, gpu_affinity
 from strategies.topology_spread import TopologySpreadArgs, topology_spread
-from tests.builders import A100, H100, L4, NOW, node, pod, snapshot
+from tests.builders import A100, H100, L4, NOW, node, pod, replace, snapshot
 from tests.test_gpu_affinity import PREFERRED, fillers, prefers, wants
 from tests.test_topology_spread import (
     HOST,

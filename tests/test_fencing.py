@@ -12,7 +12,6 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -28,7 +27,7 @@ from rebalancer.history import DisruptionHistory, EvictionRecord, Workload
 from rebalancer.kube_evictor import READ_BACK_SECONDS, KubeEvictor
 from rebalancer.policy import EvictionConfig, parse_policy
 from rebalancer.state import TERM_ANNOTATION, ActuatorState, ConfigMapStateStore
-from tests.builders import NOW
+from tests.builders import NOW, replace
 from tests.fake_apiserver import FakeApiServer, node_json, pod_json
 from tests.test_actuator import Sleeps, _node_plan, _plan, _snapshot
 

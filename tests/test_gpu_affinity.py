@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -19,7 +18,7 @@ from rebalancer.model import (
 )
 from rebalancer.registry import StrategyContext, get_strategy
 from strategies.gpu_affinity import GpuAffinityArgs, gpu_affinity
-from tests.builders import A100, H100, L4, node, pod, snapshot
+from tests.builders import A100, H100, L4, node, pod, replace, snapshot
 
 CTX = StrategyContext()
 PREFERRED = GpuAffinityArgs(preferred=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import timedelta
 
 import msgspec
@@ -12,7 +11,7 @@ from pydantic import ValidationError
 from rebalancer.model import Finding, GpuTelemetry, Pod, StrategyResult, Telemetry
 from rebalancer.registry import StrategyContext, get_strategy
 from strategies.idle_gpu import IdleGpuArgs, idle_gpu
-from tests.builders import NOW, gpu_sample, node, pod, snapshot, telemetry
+from tests.builders import NOW, gpu_sample, node, pod, replace, snapshot, telemetry
 
 CTX = StrategyContext()
 OPTED_IN = IdleGpuArgs(namespaces=("ml",))

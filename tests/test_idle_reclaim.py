@@ -4,7 +4,6 @@ planner's guards and the dry run on those workload actions."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -31,7 +30,7 @@ from rebalancer.report import to_dict
 from rebalancer.workloads import IDLE_SINCE, SNOOZE_UNTIL
 from strategies.idle_gpu import IdleGpuArgs, idle_gpu
 from strategies.idle_gpu_reclaim import gpu_equivalents
-from tests.builders import NOW, controller, gpu_sample, node, pod, snapshot, telemetry
+from tests.builders import NOW, controller, gpu_sample, node, pod, replace, snapshot, telemetry
 
 PRICE = 5.10  # per A100-hour in the context below
 CTX = StrategyContext(gpu_prices={"NVIDIA-A100-SXM4-80GB": PRICE})

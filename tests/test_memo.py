@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import textwrap
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ from mypy import api as mypy_api
 
 from rebalancer.memo import MISSING, NodeMemo, ObjectMemo, same_objects
 from rebalancer.model import Node, Pod, Snapshot
-from tests.builders import node, pod, snapshot
+from tests.builders import node, pod, replace, snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 

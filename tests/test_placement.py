@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -24,7 +23,7 @@ from rebalancer.model import (
 )
 from rebalancer.placement import ClusterState, FitResult, PodKey
 from rebalancer.scoring import Prediction
-from tests.builders import GIB, H100, L4, node, pod, snapshot
+from tests.builders import GIB, H100, L4, node, pod, replace, snapshot
 
 GPU_MEMORY = "nvidia.com/gpu.memory"
 GPU_COUNT = "nvidia.com/gpu.count"
@@ -175,13 +174,11 @@ def test_mig_resources_are_counted_per_profile() -> None:
 def test_shared_gpu_resource_is_counted_like_any_extended_resource() -> None:
     shared_node = node("ts", gpus=0, labels={GPU_COUNT: "1"}, extra={SHARED: 4})
     slice_pod = pod("s", gpus=1, gpu_milli=250, extra={SHARED: 1})
-    state = state_of(
-        [shared_node], [dataclasses.replace(slice_pod, name=f"s{i}", node_name="ts") for i in range(3)]
-    )
+    state = state_of([shared_node], [replace(slice_pod, name=f"s{i}", node_name="ts") for i in range(3)])
     assert state.gpu_free_milli("ts") == (250,)
     assert state.fits(slice_pod, "ts").ok
     state.place(slice_pod, "ts")
-    assert state.fits(dataclasses.replace(slice_pod, name="s5"), "ts").reason == f"Insufficient {SHARED}"
+    assert state.fits(replace(slice_pod, name="s5"), "ts").reason == f"Insufficient {SHARED}"
 
 
 # --------------------------------------------------------------------------- GPU devices
@@ -231,12 +228,12 @@ def test_whole_gpus_need_entirely_free_devices() -> None:
 
 def test_multi_device_shares_take_distinct_devices() -> None:
     state = state_of([node("a", gpus=3)], [pod("big", "a", gpus=1, gpu_milli=700)])
-    pair = dataclasses.replace(pod("pair", gpus=0), gpu=GpuRequest(count=2, milli_per_device=500))
+    pair = replace(pod("pair", gpus=0), gpu=GpuRequest(count=2, milli_per_device=500))
     state.place(pair, "a")
     assert state.gpu_free_milli("a") == (300, 500, 500)
     assert state.fits(pair, "a").ok
-    state.place(dataclasses.replace(pair, name="pair-2"), "a")
-    assert state.fits(dataclasses.replace(pair, name="pair-3"), "a") == FitResult(
+    state.place(replace(pair, name="pair-2"), "a")
+    assert state.fits(replace(pair, name="pair-3"), "a") == FitResult(
         False, "fewer than 2 GPU devices with 500 free milli-GPU"
     )
 
@@ -408,7 +405,7 @@ def test_a_pod_without_cpu_or_memory_requests_is_scored_with_the_non_zero_defaul
     # "crowded" runs ten such pods (1000m, 2000 MiB counted), "busy" one pod of 400m and 1 GiB; the
     # newcomer asks for 100m and 128 MiB. Counting what the pods request, "busy" would be the fuller.
     nodes = [node(name, gpus=0, model=None, cpu_milli=4000, memory=8 * GIB) for name in ("busy", "crowded")]
-    best_effort = [dataclasses.replace(pod(f"be-{i}", "crowded", gpus=0), requests={}) for i in range(10)]
+    best_effort = [replace(pod(f"be-{i}", "crowded", gpus=0), requests={}) for i in range(10)]
     state = state_of(nodes, [*best_effort, pod("sized", "busy", gpus=0, cpu_milli=400, memory=GIB)])
     newcomer = pod("new", gpus=0, cpu_milli=100, memory=128 * MIB)
     crowded = ((1000 + 100) * 100 // 4000 + (2000 + 128) * 100 // 8192) // 2  # 26
@@ -416,7 +413,7 @@ def test_a_pod_without_cpu_or_memory_requests_is_scored_with_the_non_zero_defaul
     assert (state.score(newcomer, "crowded"), state.score(newcomer, "busy")) == (crowded, busy) == (26, 13)
     assert state.best_node(newcomer) == "crowded"
     # The newcomer itself without requests counts as 100m and 200 MiB.
-    bare = dataclasses.replace(newcomer, requests={})
+    bare = replace(newcomer, requests={})
     assert state.score(bare, "busy") == (500 * 100 // 4000 + (1024 + 200) * 100 // 8192) // 2
     # An explicit 0 stays 0, as upstream counts it.
     assert state.score(pod("zero", gpus=0, cpu_milli=0, memory=0), "busy") == (10 + 12) // 2
@@ -427,11 +424,11 @@ def test_the_non_zero_defaults_are_for_scoring_only() -> None:
     # score counts their defaults, capped at the allocatable (100).
     state = state_of([node("tiny", gpus=0, model=None, cpu_milli=150, memory=256 * MIB)])
     for i in range(3):
-        bare = dataclasses.replace(pod(f"bare-{i}", gpus=0), requests={})
+        bare = replace(pod(f"bare-{i}", gpus=0), requests={})
         assert state.fits(bare, "tiny").ok
         state.place(bare, "tiny")
     assert state.free("tiny")["cpu"] == 150
-    assert state.score(dataclasses.replace(pod("more", gpus=0), requests={}), "tiny") == 100
+    assert state.score(replace(pod("more", gpus=0), requests={}), "tiny") == 100
 
 
 def test_extended_resources_the_pod_does_not_request_are_left_out() -> None:
@@ -506,9 +503,7 @@ def test_preferred_node_affinity_is_scored_as_node_affinity_normalised_and_weigh
     nodes = [node("n1", zone="a"), node("n2", zone="b"), node("n3", zone="b")]
     state = state_of(nodes)
     assert state.best_node(pod("plain")) == "n1"
-    prefers_b = dataclasses.replace(
-        pod("picky"), preferred_affinity=(PreferredTerm(weight=10, term=zone_term("b")),)
-    )
+    prefers_b = replace(pod("picky"), preferred_affinity=(PreferredTerm(weight=10, term=zone_term("b")),))
     assert state.best_nodes(prefers_b) == Prediction(chosen="n2", tied=frozenset({"n2", "n3"}))
     assert state.best_node(prefers_b) == "n2"
 
@@ -517,9 +512,7 @@ def test_preferred_affinity_weighs_as_much_as_most_allocated() -> None:
     # 10 x MostAllocated + 10 x NodeAffinity (100 on the preferred nodes, 0 on the others): a preference
     # outweighs every difference of MostAllocated short of the whole scale, and among the preferred
     # nodes the fuller one wins.
-    prefers_b = dataclasses.replace(
-        pod("picky"), preferred_affinity=(PreferredTerm(weight=1, term=zone_term("b")),)
-    )
+    prefers_b = replace(pod("picky"), preferred_affinity=(PreferredTerm(weight=1, term=zone_term("b")),))
     full_once_placed = state_of(
         [node("full", zone="a"), node("empty", zone="b")], running("p", "full", 7, cpu_milli=0, memory=0)
     )

@@ -12,7 +12,6 @@ the candidates, the rankings and the packed scheduler's choices must be those of
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -31,7 +30,7 @@ from rebalancer.model import (
 )
 from rebalancer.node_accounting import GPU_INDEX_ANNOTATION
 from rebalancer.placement import ClusterState
-from tests.builders import A100, GIB, H100, L4, node, pod, snapshot
+from tests.builders import A100, GIB, H100, L4, node, pod, replace, snapshot
 
 MODELS = (A100, H100, L4)
 TAINT = Taint(key="dedicated", value="training")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -44,7 +43,7 @@ from rebalancer.scoring import Prediction
 from rebalancer.sinks.metrics import DaemonMetrics
 from rebalancer.sources.kube import KubeSource
 from rebalancer.state import ActuatorState
-from tests.builders import NOW, node, pod, snapshot
+from tests.builders import NOW, node, pod, replace, snapshot
 from tests.fake_apiserver import FakeApiServer, node_json, pod_json
 
 MINUTE = timedelta(minutes=1)

@@ -19,7 +19,7 @@ import re
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,7 +46,7 @@ from rebalancer.sources.prometheus import PrometheusTelemetrySource
 from rebalancer.sources.prometheus_http import PrometheusHttp
 from rebalancer.workloads import IDLE_SINCE, resolve
 from strategies.idle_gpu import IdleGpuArgs, idle_gpu
-from tests.builders import NOW
+from tests.builders import NOW, replace
 from tests.fake_apiserver import FakeApiServer, controller_json
 from tests.genai_trace import read_genai_trace
 from tests.test_prometheus_source import NEAR_MISSES, ODD_UUIDS

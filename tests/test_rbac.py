@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -57,7 +57,7 @@ from rebalancer.sinks.events import KubeEventsSink
 from rebalancer.sources.kube import KubeSource
 from rebalancer.sources.kube_cache import KubeCache
 from rebalancer.workloads import KINDS, RECLAIM_RBAC_TEMPLATE, result_of
-from tests.builders import NOW
+from tests.builders import NOW, replace
 from tests.fake_apiserver import (
     FakeApiServer,
     RecordedRequest,

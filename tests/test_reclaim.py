@@ -8,7 +8,6 @@ the lifecycle needs is on the workload's annotations.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from rebalancer.workloads import (
     SCALED_DOWN_FROM,
     SNOOZE_UNTIL,
 )
-from tests.builders import NOW, gpu_sample, telemetry
+from tests.builders import NOW, gpu_sample, replace, telemetry
 from tests.fake_apiserver import FakeApiServer, controller_json, node_json, pod_json
 from tests.test_daemon_cli import kubeconfig
 

@@ -12,6 +12,7 @@ from rebalancer.cli import build_parser, main
 from rebalancer.daemon.wiring import live_source_description
 from rebalancer.policy import load_policy, loads_policy
 from rebalancer.report import SCHEMA_VERSION
+from tests.builders import replace
 
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo-cluster"
 DEMO_POLICY = DEMO / "policy.yaml"
@@ -102,7 +103,6 @@ def test_the_json_report_carries_every_gpu_node_as_a_row_of_its_gpus(
 def test_the_json_text_is_what_the_standard_library_writes(tmp_path: Path) -> None:
     """`to_json` formats as `json.dumps(indent=2)` does: the demo byte for byte, and a report carrying
     non-ASCII and hostile text decodes to the same document (UTF-8 rather than `\\u` escapes)."""
-    import dataclasses
 
     from rebalancer.cycle import run_cycle
     from rebalancer.evictor import DryRunEvictor
@@ -114,5 +114,5 @@ def test_the_json_text_is_what_the_standard_library_writes(tmp_path: Path) -> No
     report = run_cycle(load_snapshot_dir(DEMO_POLICY.parent, loaded), loaded, DryRunEvictor())
     assert to_json(report) == json.dumps(to_dict(report), indent=2)
     odd = Finding(kind="bad-telemetry", detail='Zürich "GPU" \\ </script>\u2028 \U0001f525 \x00', gpus=1e-05)
-    hostile = dataclasses.replace(report, findings=(*report.findings, odd))
+    hostile = replace(report, findings=(*report.findings, odd))
     assert json.loads(to_json(hostile)) == json.loads(json.dumps(to_dict(hostile), indent=2))

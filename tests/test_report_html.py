@@ -7,7 +7,6 @@ references.
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from rebalancer.cycle_report import CycleReport, GpuCell, NodeGpus, ReportedDeci
 from rebalancer.gpu_map import gpu_map
 from rebalancer.model import Finding
 from rebalancer.report_html import render_html
-from tests.builders import gpu_sample, node, pod, snapshot, telemetry
+from tests.builders import gpu_sample, node, pod, replace, snapshot, telemetry
 from tests.html_dom import parse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,7 +176,7 @@ def _report(**changes: object) -> CycleReport:
             NodeGpus("b", "NVIDIA-L4", None, (GpuCell("0", "busy", ("ml/q",)), GpuCell("1", "free"))),
         ),
     )
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+    return replace(base, **changes)  # type: ignore[arg-type]
 
 
 def test_the_moved_pod_lands_on_its_target_and_the_freed_node_is_empty() -> None:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import yaml
 
 from rebalancer.gpu_catalogue import DEFAULT_CATALOGUE, model_of
 from rebalancer.policy import EXAMPLE_GPU_PRICES
 from rebalancer.rightsizing import Evidence, advise
+from tests.builders import replace
 
 
 def price_of(product: str | None) -> float | None:
@@ -35,7 +34,7 @@ def evidence(**changes: object) -> Evidence:
         p95_utilization_percent=60.0,
         samples=2000,
     )
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+    return replace(base, **changes)  # type: ignore[arg-type]
 
 
 def test_fits_a_cheaper_model_present_in_the_cluster() -> None:

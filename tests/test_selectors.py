@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from rebalancer.model import (
@@ -27,7 +25,7 @@ from rebalancer.selectors import (
     tolerates,
     untolerated_taints,
 )
-from tests.builders import A100, H100, node, pod
+from tests.builders import A100, H100, node, pod, replace
 
 GPU_MEMORY = "nvidia.com/gpu.memory"
 ZONE = "topology.kubernetes.io/zone"
@@ -196,7 +194,7 @@ def test_node_selector_needs_every_label() -> None:
 
 
 def test_preferred_affinity_score_sums_matching_weights() -> None:
-    workload = dataclasses.replace(
+    workload = replace(
         pod("w"),
         preferred_affinity=(
             PreferredTerm(weight=50, term=term(req("nvidia.com/gpu.product", "In", H100))),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from rebalancer.simulate.rebalancers import (
 )
 from rebalancer.simulate.result import render
 from rebalancer.simulate.trace import Job, TraceNode, Window
+from tests.builders import replace
 from tests.test_simulate_cli import REQUIRED_KEYS
 
 HOUR = 3600.0

@@ -7,7 +7,6 @@ import hmac
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -38,7 +37,7 @@ from rebalancer.sinks.webhook import (
     webhook_body,
 )
 from rebalancer.sources.kube_cache import RELIST_REASONS, ListStatus
-from tests.builders import A100, H100, NOW
+from tests.builders import A100, H100, NOW, replace
 from tests.http_receiver import HttpReceiver, http_receiver
 
 __all__ = ["http_receiver"]

@@ -5,7 +5,6 @@ Expected figures are worked out by hand in each test from the samples it writes.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import statistics
@@ -29,7 +28,7 @@ from rebalancer.usage import (
     workload_evidence,
 )
 from strategies.gpu_rightsizing import CatalogueMig, CatalogueModel, GpuRightsizingArgs, gpu_rightsizing
-from tests.builders import A100, L4, NOW, node, pod, snapshot
+from tests.builders import A100, L4, NOW, node, pod, replace, snapshot
 
 CFG = TelemetryConfig()
 HOUR = period(NOW, 3600, 300)  # twelve 5-minute steps ending at NOW
@@ -170,7 +169,7 @@ def test_thin_profiling_data_is_thin_evidence() -> None:
     # 2,000 steps of memory and utilisation, but the engine activity judged was seen in one step.
     cluster = snapshot([node("n1")], [pod("p", "n1", owner=OWNER)])
     row = usage("GPU-1", "p", steps=2000)
-    profiled = dataclasses.replace(row, metrics={**row.metrics, "engine": MetricUsage(1, 0, 5.0, 5.0)})
+    profiled = replace(row, metrics={**row.metrics, "engine": MetricUsage(1, 0, 5.0, 5.0)})
     (evidence,) = workload_evidence(history(profiled), cluster, 5.0)
     assert (evidence.profiled, evidence.samples) == (True, 1)
 
@@ -187,10 +186,10 @@ def test_nvlink_is_measured_only_where_every_gpu_has_it() -> None:
     cluster = snapshot([node("n1")], [pod("p", "n1", gpus=2, owner=OWNER)])
     one, two = usage("GPU-1", "p"), usage("GPU-2", "p")
     link = {"nvlink_tx": MetricUsage(200, 0, 3e8, 2e8), "nvlink_rx": MetricUsage(200, 0, 2e8, 1e8)}
-    measured = dataclasses.replace(one, metrics={**one.metrics, **link})
+    measured = replace(one, metrics={**one.metrics, **link})
     (partial,) = workload_evidence(history(measured, two), cluster, 5.0)
     assert partial.nvlink_bytes_per_second is None
-    both = dataclasses.replace(two, metrics={**two.metrics, **link})
+    both = replace(two, metrics={**two.metrics, **link})
     (full,) = workload_evidence(history(measured, both), cluster, 5.0)
     assert full.nvlink_bytes_per_second == pytest.approx(3e8)
 
@@ -236,7 +235,7 @@ def test_the_strategy_reports_savings_as_findings_and_the_rest_as_not_chosen() -
         [pod("p", "n1", owner=OWNER), pod("big", "n1", owner=OwnerRef(kind="Job", name="big"))],
     )
     rows = (usage("GPU-1", "p", util_p95=40), usage("GPU-2", "big", fb=70 * 1024))
-    result = gpu_rightsizing(dataclasses.replace(cluster, usage=history(*rows)), GpuRightsizingArgs(), CTX)
+    result = gpu_rightsizing(replace(cluster, usage=history(*rows)), GpuRightsizingArgs(), CTX)
     assert result.proposals == ()
     (finding,) = result.findings
     assert (finding.kind, finding.workload, finding.namespace) == (
@@ -270,9 +269,7 @@ strategies:
     assert loaded.usage_period() == (3 * 86400, 600)
     # With the L4 replaced by an 8 GiB one, 8 GiB + 20 % no longer fits it: a MIG slice instead.
     cluster = snapshot([node("n1", model=A100)], [pod("p", "n1", owner=OWNER)])
-    result = gpu_rightsizing(
-        dataclasses.replace(cluster, usage=history(usage("GPU-1", "p", util_p95=10))), args, CTX
-    )
+    result = gpu_rightsizing(replace(cluster, usage=history(usage("GPU-1", "p", util_p95=10))), args, CTX)
     (finding,) = result.findings
     assert "mig-profile" in finding.detail
 

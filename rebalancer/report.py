@@ -10,6 +10,7 @@ import textwrap
 from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from operator import attrgetter
 from typing import Any, Literal
 
 import msgspec
@@ -156,9 +157,13 @@ def finding_dict(f: Finding) -> dict[str, Any]:
 def not_chosen_counts(report: CycleReport) -> dict[str, tuple[int, list[tuple[str, int]]]]:
     """Per strategy (in report order): how many nodes/pods it left alone, and its most frequent
     reason codes (most first, then by code)."""
+    # One count of (strategy, code) pairs, in C: tens of thousands of records a cycle at 5,000 nodes.
     by_strategy: dict[str, Counter[str]] = {}
-    for record in report.not_chosen:
-        by_strategy.setdefault(record.strategy, Counter())[record.code] += 1
+    for (strategy, code), count in Counter(map(attrgetter("strategy", "code"), report.not_chosen)).items():
+        codes = by_strategy.get(strategy)
+        if codes is None:
+            codes = by_strategy[strategy] = Counter()
+        codes[code] = count
     return {
         strategy: (sum(codes.values()), sorted(codes.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_REASONS])
         for strategy, codes in by_strategy.items()

@@ -116,3 +116,23 @@ def test_the_json_text_is_what_the_standard_library_writes(tmp_path: Path) -> No
     odd = Finding(kind="bad-telemetry", detail='Zürich "GPU" \\ </script>\u2028 \U0001f525 \x00', gpus=1e-05)
     hostile = replace(report, findings=(*report.findings, odd))
     assert json.loads(to_json(hostile)) == json.loads(json.dumps(to_dict(hostile), indent=2))
+
+
+def test_not_chosen_counts_are_per_strategy_in_report_order_most_frequent_code_first() -> None:
+    """Strategies in the order of their first record; within one, codes by count, then by name; at most
+    TOP_REASONS of them, the count of every record beside."""
+    from types import SimpleNamespace
+
+    from rebalancer.model import NotChosen
+    from rebalancer.report import TOP_REASONS, not_chosen_counts
+
+    records = [
+        ("b", "x"), ("a", "y"), ("b", "y"), ("b", "x"), ("a", "y"), ("a", "z"), ("b", "w"),
+    ]  # fmt: skip
+    many = [("c", f"code-{index}") for index in range(TOP_REASONS + 2)]
+    report = SimpleNamespace(not_chosen=[NotChosen(s, "n1", code, "why") for s, code in records + many])
+    counts = not_chosen_counts(report)  # type: ignore[arg-type]
+    assert list(counts) == ["b", "a", "c"]
+    assert counts["b"] == (4, [("x", 2), ("w", 1), ("y", 1)])
+    assert counts["a"] == (3, [("y", 2), ("z", 1)])
+    assert counts["c"][0] == TOP_REASONS + 2 and len(counts["c"][1]) == TOP_REASONS

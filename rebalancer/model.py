@@ -6,10 +6,11 @@ This module owns the shape of the data and small derived views over it (indexes,
 helpers). It must not do I/O, read the clock, parse Kubernetes JSON or know about any client
 library: sources build these objects, everything else only reads them.
 
-Frozen dataclasses, except the types a snapshot or a cycle holds by the ten thousand (`Pod`,
-`GpuTelemetry`, `Volume`, `NotChosen`), which are frozen msgspec Structs: built in C, ten times as fast
-as a frozen dataclass, whose every field is set through `object.__setattr__` (3.6 us for a `Pod`). Both
-compare and hash by value; a changed copy of a Struct is `msgspec.structs.replace`'s.
+Frozen dataclasses, except the types a snapshot or a cycle holds by the ten thousand (`Pod` and the
+parts most pods have of their own, `GpuTelemetry`, `NotChosen`), which are frozen msgspec Structs:
+built in C, ten times as fast as a frozen dataclass, whose every field is set through
+`object.__setattr__` (3.6 us for a `Pod`). Both compare and hash by value; a changed copy of a Struct
+is `msgspec.structs.replace`'s.
 
 Units: CPU in millicores, memory and storage in bytes, every other resource in its own integral
 unit (GPUs, MIG instances, shared-GPU slices). Telemetry: utilisation in percent (0-100),
@@ -75,8 +76,7 @@ PREDICTION_RESULTS: tuple[PredictionResult, ...] = ("as-predicted", "equivalent"
 # --------------------------------------------------------------------------- selectors
 
 
-@dataclass(frozen=True, slots=True)
-class LabelRequirement:
+class LabelRequirement(msgspec.Struct, frozen=True):
     """One `matchExpressions` entry of a label selector (In, NotIn, Exists, DoesNotExist)."""
 
     key: str
@@ -84,11 +84,10 @@ class LabelRequirement:
     values: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class LabelSelector:
+class LabelSelector(msgspec.Struct, frozen=True):
     """A metav1.LabelSelector. An empty selector matches everything (as for PDBs in policy/v1)."""
 
-    match_labels: Mapping[str, str] = field(default_factory=dict)
+    match_labels: Mapping[str, str] = msgspec.field(default_factory=dict)
     match_expressions: tuple[LabelRequirement, ...] = ()
 
 
@@ -126,8 +125,7 @@ class Toleration:
     effect: str = ""  # empty tolerates every effect
 
 
-@dataclass(frozen=True, slots=True)
-class TopologySpreadConstraint:
+class TopologySpreadConstraint(msgspec.Struct, frozen=True):
     max_skew: int
     topology_key: str
     when_unsatisfiable: str  # DoNotSchedule | ScheduleAnyway
@@ -168,8 +166,7 @@ class Node:
         return self.gpu_count > 0 or bool(self.mig_resources)
 
 
-@dataclass(frozen=True, slots=True)
-class OwnerRef:
+class OwnerRef(msgspec.Struct, frozen=True):
     kind: str
     name: str
     api_version: str = ""
@@ -213,8 +210,7 @@ class Volume(msgspec.Struct, frozen=True):
     medium: str = ""  # emptyDir medium ("Memory" for /dev/shm style volumes)
 
 
-@dataclass(frozen=True, slots=True)
-class GpuRequest:
+class GpuRequest(msgspec.Struct, frozen=True):
     """How a pod uses GPUs, in per-device terms.
 
     `count` devices, each needing `milli_per_device` thousandths of a device: a whole-GPU pod asking for

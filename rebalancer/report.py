@@ -160,10 +160,7 @@ def not_chosen_counts(report: CycleReport) -> dict[str, tuple[int, list[tuple[st
     # One count of (strategy, code) pairs, in C: tens of thousands of records a cycle at 5,000 nodes.
     by_strategy: dict[str, Counter[str]] = {}
     for (strategy, code), count in Counter(map(attrgetter("strategy", "code"), report.not_chosen)).items():
-        codes = by_strategy.get(strategy)
-        if codes is None:
-            codes = by_strategy[strategy] = Counter()
-        codes[code] = count
+        by_strategy.setdefault(strategy, Counter())[code] = count
     return {
         strategy: (sum(codes.values()), sorted(codes.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_REASONS])
         for strategy, codes in by_strategy.items()

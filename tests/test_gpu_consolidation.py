@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 
-import msgspec
 import pytest
 from pydantic import ValidationError
 
@@ -26,7 +25,7 @@ from rebalancer.placement import ClusterState
 from rebalancer.registry import Refusal, StrategyContext, get_strategy
 from strategies.gpu_consolidation import GpuConsolidationArgs, gpu_consolidation
 from strategies.gpu_consolidation_candidates import Candidate, static_block
-from tests.builders import A100, H100, L4, gpu_sample, node, pod, snapshot, telemetry
+from tests.builders import A100, H100, L4, gpu_sample, node, pod, replace, snapshot, telemetry
 
 # The plainest profile the rules below are read against: allocation alone, node sizes ignored (the
 # defaults keep drains monotone in node size; the tests of those rules switch them on by name).
@@ -522,7 +521,7 @@ def test_too_few_samples_on_any_gpu_is_never_read_as_under_used() -> None:
     pods = [pod("job-1", "gpu-a-1"), pod("job-2", "gpu-a-2"), pod("job-3", "gpu-a-3"), *busy("gpu-b-1", 3)]
     thin = node_rows("gpu-a-2", 1.0, samples=1)  # one sample per GPU: no evidence
     one_thin = [*node_rows("gpu-a-3", 1.0, gpus=7), *node_rows("gpu-a-3", 1.0, gpus=1, samples=9)]
-    one_thin[-1] = msgspec.structs.replace(one_thin[-1], uuid="GPU-gpu-a-3-7")
+    one_thin[-1] = replace(one_thin[-1], uuid="GPU-gpu-a-3-7")
     rows = [*node_rows("gpu-a-1", 1.0, samples=10), *thin, *one_thin, *node_rows("gpu-b-1", 90.0)]
     _, result = run(nodes, pods, UTIL, tel=telemetry(rows, UTIL.window))
     assert drained(result) == ["gpu-a-1"]  # exactly min_samples is enough

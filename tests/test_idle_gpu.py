@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import msgspec
 import pytest
 from pydantic import ValidationError
 
@@ -123,7 +122,7 @@ MIG_1G = "nvidia.com/mig-1g.10gb"
 
 def mig_row(p: Pod, instance: str, util: float) -> GpuTelemetry:
     row = gpu_sample("gpu-a-1", "GPU-1", pod=p, util=util)
-    return msgspec.structs.replace(row, mig_instance=instance, mig_profile="1g.10gb")
+    return replace(row, mig_instance=instance, mig_profile="1g.10gb")
 
 
 def test_a_pod_holding_only_mig_instances_is_judged_by_them() -> None:
@@ -247,7 +246,7 @@ def test_missing_telemetry_is_never_idle() -> None:
 
 def test_no_newest_sample_is_stale() -> None:
     p = pod("train", "gpu-a-1")
-    row = msgspec.structs.replace(gpu_sample("gpu-a-1", "GPU-1", pod=p, util=0.0), newest_sample=None)
+    row = replace(gpu_sample("gpu-a-1", "GPU-1", pod=p, util=0.0), newest_sample=None)
     result = run([p], [row])
     assert result.proposals == ()
     assert len(kinds(result, "stale-telemetry")) == 1
@@ -454,9 +453,7 @@ def test_pod_holding_vram_at_zero_utilisation_is_leaked_too() -> None:
 
 def test_pod_with_any_activity_is_not_leaked() -> None:
     p = pod("warm", "gpu-a-1")
-    row = msgspec.structs.replace(
-        gpu_sample("gpu-a-1", "GPU-1", pod=p, util=0.1, fb_used_mib=30000), util_max_percent=3.0
-    )
+    row = replace(gpu_sample("gpu-a-1", "GPU-1", pod=p, util=0.1, fb_used_mib=30000), util_max_percent=3.0)
     result = run([p], [row])
     assert kinds(result, "leaked-vram") == []
     assert len(result.proposals) == 1

@@ -11,7 +11,6 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 
-import msgspec
 import pytest
 from kubernetes import client
 
@@ -64,7 +63,7 @@ def _idle(pods: Iterable[str], util: float = 0.2) -> Telemetry:
 
 
 def _attributed(row: GpuTelemetry, name: str) -> GpuTelemetry:
-    return msgspec.structs.replace(row, pod_namespace=NS, pod_name=name)
+    return replace(row, pod_namespace=NS, pod_name=name)
 
 
 def _cycle(
@@ -88,9 +87,7 @@ def _at(tel: Telemetry, at: datetime) -> Telemetry:
     windows = {
         seconds: replace(
             window,
-            gpus=tuple(
-                msgspec.structs.replace(row, newest_sample=at - timedelta(seconds=15)) for row in window.gpus
-            ),
+            gpus=tuple(replace(row, newest_sample=at - timedelta(seconds=15)) for row in window.gpus),
         )
         for seconds, window in tel.windows.items()
     }

@@ -10,7 +10,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from rebalancer.cli import EXIT_OK, main
@@ -131,8 +130,8 @@ def test_low_utilisation_alone_is_not_idle() -> None:
 def test_the_gpu_index_label_orders_the_gpus() -> None:
     a, b = pod("a", "n1"), pod("b", "n1")
     rows = [
-        msgspec.structs.replace(gpu_sample("n1", "GPU-z", pod=a), gpu_index="0"),
-        msgspec.structs.replace(gpu_sample("n1", "GPU-y", pod=b), gpu_index="1"),
+        replace(gpu_sample("n1", "GPU-z", pod=a), gpu_index="0"),
+        replace(gpu_sample("n1", "GPU-y", pod=b), gpu_index="1"),
     ]
     [n1] = gpu_map(snapshot([node("n1", gpus=2)], [a, b], telemetry=telemetry(rows)), [])
     assert [(c.index, c.uuid) for c in n1.gpus] == [("0", "GPU-z"), ("1", "GPU-y")]

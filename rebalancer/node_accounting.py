@@ -1,19 +1,20 @@
 """Per-node accounting for the scheduling simulation: what a pod asks for, what a node holds, and how one
 node judges and scores one pod.
 
-Owns `Demand` (a pod's requests, GPU devices and non-zero cpu / memory, computed once per pod object),
-`Holding` (what a placed pod takes on its node), `NodeState` (a node's free capacity, devices and
-accounted pods, cloned copy-on-write by `placement.ClusterState`), the devices a running pod's
-annotation says it was given (`assigned_devices`) and the per-node rules: static
-misfits (taints, cordons, selectors, required affinity), room, shortfall wording, the score
-(`scoring`'s integer MostAllocated) and the raw NodeAffinity score the profile's `addedAffinity` gives
-a node (`added_affinity_score`). It must not do I/O, read the clock, or know about more than one
+Owns `Demand` (a pod's requests, GPU devices and non-zero cpu / memory, computed once per requests
+mapping), `Holding` (what a placed pod takes on its node), `NodeState` (a node's free capacity,
+devices and accounted pods, cloned copy-on-write by `placement.ClusterState`), the devices a running
+pod's annotation says it was given (`assigned_devices`) and the per-node rules: static misfits
+(taints, cordons, selectors, required affinity), room, shortfall wording, the score (`scoring`'s
+integer MostAllocated) and the raw NodeAffinity score the profile's `addedAffinity` gives a node
+(`added_affinity_score`). It must not do I/O, read the clock, or know about more than one
 node at a time: choosing among nodes is `placement`'s.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from rebalancer.gpu_devices import GPU_COUNT_LABEL, has_devices
@@ -21,6 +22,7 @@ from rebalancer.memo import MISSING, ObjectMemo
 from rebalancer.model import (
     GPU_RESOURCE,
     MILLI_PER_GPU,
+    GpuRequest,
     Node,
     NodeSelectorRequirement,
     NodeSelectorTerm,
@@ -88,8 +90,19 @@ COUNTED_APART = frozenset({GPU_RESOURCE, PODS_RESOURCE})
 
 
 def demand_of(pod: Pod) -> Demand:
-    """What the pod takes from a node (computed once per pod object, `rebalancer.memo`)."""
-    return _DEMANDS(pod)
+    """What the pod takes from a node: a function of its requests and GPU request alone, kept by the
+    identity of its requests mapping. The sources give every pod of one template the same mapping
+    (`rebalancer.sources.kube_pods`), so 50,000 pods need a few hundred demands, and a pod of the next
+    snapshot finds its template's. Holding the mapping keeps its id from being reused."""
+    requests = pod.requests
+    entry = _DEMANDS.get(id(requests))
+    if entry is not None and entry[1] == pod.gpu:
+        return entry[2]
+    demand = _demand(pod)
+    if len(_DEMANDS) >= _DEMANDS_KEPT:
+        _DEMANDS.clear()
+    _DEMANDS[id(requests)] = (requests, pod.gpu, demand)
+    return demand
 
 
 def _demand(pod: Pod) -> Demand:
@@ -109,7 +122,9 @@ def _demand(pod: Pod) -> Demand:
     return Demand(tuple(scalar), gpu_count, gpu_milli, score_cpu, score_memory, score_requests(requests))
 
 
-_DEMANDS: ObjectMemo[Pod, Demand] = ObjectMemo(_demand)
+# id(requests) -> (requests, the GPU request, their demand); a table holding `_DEMANDS_KEPT` starts over.
+_DEMANDS: dict[int, tuple[Mapping[str, int], GpuRequest, Demand]] = {}
+_DEMANDS_KEPT = 16384
 
 
 class Holding(NamedTuple):

@@ -26,8 +26,9 @@ the evictions.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -161,9 +162,7 @@ def build_pod(
 ) -> Pod:
     """The pod of a job as the Kubernetes model sees it: a Job's pod with the job's requests, and the GPU
     devices it runs on (`GPU_INDEX_ANNOTATION`, as the GPU-sharing scheduler records them)."""
-    requests = {"cpu": job.cpu_milli, "memory": job.memory_mib * MIB}
-    if job.gpu_milli >= MILLI_PER_GPU:
-        requests[GPU_RESOURCE] = job.num_gpu
+    whole_gpus = job.num_gpu if job.gpu_milli >= MILLI_PER_GPU else 0
     return Pod(
         namespace=NAMESPACE,
         name=job.name,
@@ -175,12 +174,22 @@ def build_pod(
         labels={"job-name": job.name},
         annotations={GPU_INDEX_ANNOTATION: "-".join(map(str, devices))} if devices else {},
         owner=OwnerRef(kind="Job", name=job.name, api_version="batch/v1"),
-        requests=requests,
+        requests=_requests(job.cpu_milli, job.memory_mib, whole_gpus),
         gpu=GpuRequest(count=job.num_gpu, milli_per_device=job.gpu_milli),
         required_affinity=model_affinity(job.models) if required_affinity is None else required_affinity,
         created=sim_datetime(job.arrival),
         started=sim_datetime(started) if started is not None else None,
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _requests(cpu_milli: int, memory_mib: int, whole_gpus: int) -> Mapping[str, int]:
+    """One mapping for the pods of every job of one shape, as the API sources share one per pod template
+    (what is derived from a pod's requests is then kept once per shape: `node_accounting.demand_of`)."""
+    requests = {"cpu": cpu_milli, "memory": memory_mib * MIB}
+    if whole_gpus:
+        requests[GPU_RESOURCE] = whole_gpus
+    return requests
 
 
 class SnapshotBuilder:

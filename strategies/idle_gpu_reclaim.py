@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cached_property
 
 from rebalancer import rfc3339
 from rebalancer.gpu_devices import mig_share
@@ -105,16 +106,22 @@ class Lifecycle:
         self.args = judged.args
         self.verdicts = judged.verdicts
         self._ctx = judged.ctx
-        self.gpus = sum(gpu_equivalents(pod, self._model(pod)) for pod in holders)
-        prices = [self._price(pod) for pod in holders]
-        self.cost_per_hour: float | None = (
-            None if any(p is None for p in prices) else sum(p or 0.0 for p in prices)
-        )
         annotations = workload.controller.annotations if workload.controller is not None else {}
         self.idle_since, self.bad_since = _time(annotations, IDLE_SINCE)
         if self.idle_since is not None and self.idle_since > snapshot.now:
             self.idle_since = snapshot.now  # a clock ahead of ours: the grace period starts now
         self.snooze_until, self.bad_snooze = _time(annotations, SNOOZE_UNTIL)
+
+    # Only the workloads that are idle, or busy again, are told or priced: most cycles judge thousands of
+    # busy workloads and describe none of them.
+    @cached_property
+    def gpus(self) -> float:
+        return sum(gpu_equivalents(pod, self._model(pod)) for pod in self.holders)
+
+    @cached_property
+    def cost_per_hour(self) -> float | None:
+        prices = [self._price(pod) for pod in self.holders]
+        return None if any(p is None for p in prices) else sum(p or 0.0 for p in prices)
 
     def _model(self, pod: Pod) -> str:
         node = self.snapshot.nodes.get(pod.node_name or "")

@@ -17,7 +17,8 @@ shows in the gap between them. The commands:
 main | tar -x -C DIR`), in the same run, each run of this tree followed by one of the baseline, so before
 and after share the machine's load; the baseline reads the same snapshot directories (an older checkout
 ignores `telemetry-windows.json`, or lists it as not read), and the table says whether both wrote the
-same output (standard output, byte for byte).
+same output (standard output, byte for byte). Both trees are byte-compiled first, as an installed
+package is.
 
     python bench/startup.py [--repeat 7] [--nodes 5000] [--raw] [--baseline DIR]
 """
@@ -25,6 +26,7 @@ same output (standard output, byte for byte).
 from __future__ import annotations
 
 import argparse
+import compileall
 import hashlib
 import os
 import shutil
@@ -74,6 +76,15 @@ def run(root: Path, argv: Sequence[str]) -> Timing:
         error_tail=2000,
     )
     return Timing(done.wall, done.cpu, hashlib.sha256(done.stdout).hexdigest())
+
+
+def byte_compile(root: Path) -> None:
+    """The checkout's packages compiled to bytecode, as an installed package is, so that no tree is timed
+    compiling its modules (which a fresh checkout, or an environment that sets PYTHONDONTWRITEBYTECODE,
+    would do on every run: about 0.06 s of the demo's 0.3 s)."""
+    for package in ("rebalancer", "strategies"):
+        if (root / package).is_dir():
+            compileall.compile_dir(root / package, quiet=1)
 
 
 def median(timings: Sequence[Timing]) -> Timing:
@@ -136,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
                 )
         roots = [("this tree", ROOT)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
+        for _name, root in roots:
+            byte_compile(root)
         rows: list[list[str]] = []
         ok = True
         for label, command in commands:

@@ -14,6 +14,11 @@ equality, so two equal objects never share a value by accident) and bounded:
 - `NodeMemo`: one value per node, derived from the Node and the pods on it in a snapshot, reused in
   the next snapshot while the node and each of its pods, in order, are the very same objects. It
   holds the objects of the last snapshot it was asked about, no more.
+- `RequestsMemo`: one value per pod *template*, for what is derived from a pod's requests and GPU
+  request alone: keyed by the identity of the requests mapping, which the sources give every pod of a
+  template (`rebalancer.sources.kube_pods`), with the GPU request checked by value. It holds the
+  mappings it has values for (a mapping takes no weak reference), so their ids stay theirs; a table
+  holding `kept` of them starts over.
 
 A source that builds new objects every cycle simply never hits. This module must not do I/O, read the
 clock, or know what the values mean; callers own what they derive and must derive it from the keyed
@@ -35,9 +40,9 @@ from collections.abc import Callable, Mapping
 from operator import is_
 from typing import Any, Final, Generic, TypeVar
 
-from rebalancer.model import Node, Pod, Snapshot
+from rebalancer.model import GpuRequest, Node, Pod, Snapshot
 
-__all__ = ["MISSING", "Missing", "NodeMemo", "ObjectMemo", "same_objects"]
+__all__ = ["MISSING", "Missing", "NodeMemo", "ObjectMemo", "RequestsMemo", "same_objects"]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -127,6 +132,35 @@ class ObjectMemo(Generic[K, V]):
 
     def put(self, obj: K, value: V) -> None:
         self._values[_track(obj, self._values)] = value
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+class RequestsMemo(Generic[V]):
+    """One value per requests mapping and GPU request: `memo(pod)` derives it (with the `derive` given,
+    which must read nothing of the pod but `requests` and `gpu`) for the first pod of a template, and
+    every other pod sharing that mapping gets the same value. At 5,000 nodes, 48,567 pods have a few
+    hundred templates."""
+
+    __slots__ = ("_derive", "_kept", "_values")
+
+    def __init__(self, derive: Callable[[Pod], V], *, kept: int = 16384) -> None:
+        self._derive = derive
+        self._kept = kept
+        # id(requests) -> (the mapping, held so that its id is not reused; the GPU request; the value).
+        self._values: dict[int, tuple[Mapping[str, int], GpuRequest, V]] = {}
+
+    def __call__(self, pod: Pod) -> V:
+        requests = pod.requests
+        entry = self._values.get(id(requests))
+        if entry is not None and entry[1] == pod.gpu:
+            return entry[2]
+        value = self._derive(pod)
+        if len(self._values) >= self._kept:
+            self._values.clear()
+        self._values[id(requests)] = (requests, pod.gpu, value)
+        return value
 
     def __len__(self) -> int:
         return len(self._values)

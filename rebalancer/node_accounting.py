@@ -14,15 +14,13 @@ node at a time: choosing among nodes is `placement`'s.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping
 from typing import NamedTuple
 
 from rebalancer.gpu_devices import GPU_COUNT_LABEL, has_devices
-from rebalancer.memo import MISSING, ObjectMemo
+from rebalancer.memo import MISSING, ObjectMemo, RequestsMemo
 from rebalancer.model import (
     GPU_RESOURCE,
     MILLI_PER_GPU,
-    GpuRequest,
     Node,
     NodeSelectorRequirement,
     NodeSelectorTerm,
@@ -90,19 +88,9 @@ COUNTED_APART = frozenset({GPU_RESOURCE, PODS_RESOURCE})
 
 
 def demand_of(pod: Pod) -> Demand:
-    """What the pod takes from a node: a function of its requests and GPU request alone, kept by the
-    identity of its requests mapping. The sources give every pod of one template the same mapping
-    (`rebalancer.sources.kube_pods`), so 50,000 pods need a few hundred demands, and a pod of the next
-    snapshot finds its template's. Holding the mapping keeps its id from being reused."""
-    requests = pod.requests
-    entry = _DEMANDS.get(id(requests))
-    if entry is not None and entry[1] == pod.gpu:
-        return entry[2]
-    demand = _demand(pod)
-    if len(_DEMANDS) >= _DEMANDS_KEPT:
-        _DEMANDS.clear()
-    _DEMANDS[id(requests)] = (requests, pod.gpu, demand)
-    return demand
+    """What the pod takes from a node: a function of its requests and GPU request alone, worked out once
+    per pod template (`rebalancer.memo.RequestsMemo`)."""
+    return _DEMANDS(pod)
 
 
 def _demand(pod: Pod) -> Demand:
@@ -122,9 +110,7 @@ def _demand(pod: Pod) -> Demand:
     return Demand(tuple(scalar), gpu_count, gpu_milli, score_cpu, score_memory, score_requests(requests))
 
 
-# id(requests) -> (requests, the GPU request, their demand); a table holding `_DEMANDS_KEPT` starts over.
-_DEMANDS: dict[int, tuple[Mapping[str, int], GpuRequest, Demand]] = {}
-_DEMANDS_KEPT = 16384
+_DEMANDS: RequestsMemo[Demand] = RequestsMemo(_demand)
 
 
 class Holding(NamedTuple):

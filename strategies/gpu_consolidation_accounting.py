@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable
 
 from rebalancer.gpu_devices import gpu_device_count
-from rebalancer.memo import ObjectMemo
+from rebalancer.memo import RequestsMemo
 from rebalancer.model import MIG_RESOURCE_PREFIX, MILLI_PER_GPU, Node, Pod
 
 __all__ = [
@@ -55,7 +55,7 @@ def node_capacity_gpus(node: Node) -> float:
 
 def pod_gpus(pod: Pod) -> float:
     """GPU-equivalents a pod holds: whole GPUs and shares from `pod.gpu`, MIG instances by slices
-    (worked out once per pod object, `rebalancer.memo`)."""
+    (worked out once per pod template, `rebalancer.memo.RequestsMemo`)."""
     return _POD_GPUS(pod)
 
 
@@ -68,7 +68,7 @@ def _pod_gpus(pod: Pod) -> float:
     return pod.gpu.count * pod.gpu.milli_per_device / MILLI_PER_GPU
 
 
-_POD_GPUS: ObjectMemo[Pod, float] = ObjectMemo(_pod_gpus)
+_POD_GPUS: RequestsMemo[float] = RequestsMemo(_pod_gpus)
 
 
 def format_gpus(value: float) -> str:

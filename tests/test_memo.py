@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from mypy import api as mypy_api
 
-from rebalancer.memo import MISSING, NodeMemo, ObjectMemo, same_objects
-from rebalancer.model import Node, Pod, Snapshot
+from rebalancer.memo import MISSING, NodeMemo, ObjectMemo, RequestsMemo, same_objects
+from rebalancer.model import GpuRequest, Node, Pod, Snapshot
 from tests.builders import node, pod, replace, snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,3 +184,60 @@ def test_a_snapshot_made_node_by_node_keeps_its_tuples_as_pods_by_node() -> None
         Snapshot.node_by_node(made.now, {"n1": n1}, {"n1": (pod("done", "n1", phase="Succeeded"),)})
     with pytest.raises(ValueError, match="nodes the snapshot does not have"):
         Snapshot.node_by_node(made.now, {"n1": n1}, {"n1": on_n1, "n9": (pod("x", "n9"),)})
+
+
+# --------------------------------------------------------------------------- RequestsMemo
+
+
+def _per_template() -> tuple[RequestsMemo[str], list[str]]:
+    calls: list[str] = []
+
+    def derive(p: Pod) -> str:
+        calls.append(p.name)
+        return f"cpu {p.requests['cpu']}, {p.gpu.count}x{p.gpu.milli_per_device}"
+
+    return RequestsMemo(derive), calls
+
+
+def test_pods_sharing_a_requests_mapping_share_one_value() -> None:
+    memo, calls = _per_template()
+    first = pod("a", gpus=2)
+    second = replace(pod("b", gpus=2, cpu_milli=1), requests=first.requests)
+
+    assert memo(first) == memo(second) == "cpu 4000, 2x1000"
+    assert calls == ["a"]
+
+
+def test_the_same_mapping_with_another_gpu_request_is_derived_again() -> None:
+    memo, calls = _per_template()
+    share = pod("share", gpus=1, gpu_milli=250)
+    whole = replace(share, name="whole", gpu=GpuRequest(count=1, milli_per_device=1000))
+
+    assert memo(share) == "cpu 4000, 1x250"
+    assert memo(whole) == "cpu 4000, 1x1000"
+    assert memo(share) == "cpu 4000, 1x250"
+    assert calls == ["share", "whole", "share"]
+
+
+def test_equal_mappings_of_their_own_are_derived_each() -> None:
+    memo, calls = _per_template()
+
+    assert memo(pod("a")) == memo(pod("b")) == "cpu 4000, 1x1000"
+    assert calls == ["a", "b"]
+
+
+def test_a_full_requests_memo_starts_over_and_still_answers() -> None:
+    calls: list[str] = []
+
+    def derive(p: Pod) -> int:
+        calls.append(p.name)
+        return p.requests["cpu"]
+
+    memo = RequestsMemo(derive, kept=2)
+    pods = [pod(f"p{n}", cpu_milli=1000 * (n + 1)) for n in range(5)]
+
+    assert [memo(p) for p in pods] == [1000, 2000, 3000, 4000, 5000]
+    assert len(memo) <= 2
+    assert [memo(p) for p in pods] == [1000, 2000, 3000, 4000, 5000]
+    assert memo(pods[-1]) == 5000
+    assert calls == [p.name for p in pods] * 2

@@ -30,7 +30,7 @@ def _cell_order(index: str, uuid: str) -> tuple[int, int | str]:
     """GPUs in index order (numbers by value, then other names), those without an index by UUID last."""
     if not index:
         return (2, uuid)
-    return (0, int(index)) if index.isdigit() else (1, index)
+    return (0, int(index)) if index.isascii() and index.isdigit() else (1, index)
 
 
 def _mean(values: Iterable[float | None]) -> float | None:

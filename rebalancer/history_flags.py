@@ -81,7 +81,7 @@ def _group_by(text: str) -> GroupBy:
 
 
 def _top(text: str) -> int:
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise argparse.ArgumentTypeError(f"expected a number of entries (0 or more), got {quoted(text)}")
     return int(text)
 

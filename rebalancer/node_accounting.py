@@ -13,6 +13,7 @@ node at a time: choosing among nodes is `placement`'s.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import NamedTuple
 
@@ -234,27 +235,23 @@ class NodeState:
 def assigned_devices(pod: Pod, demand: Demand, device_count: int) -> tuple[int, ...] | None:
     """The devices the pod's `GPU_INDEX_ANNOTATION` says it holds, in increasing order: None when the
     pod has none, or one that does not name `demand.gpu_count` distinct devices of the node (the caller
-    then infers the devices as for a pod without it). Kept per pod object, demand and device count."""
-    kept = _ASSIGNED.get(pod)
-    if kept is not MISSING and kept[0] is demand and kept[1] == device_count:
-        return kept[2]
-    devices = _assigned_devices(pod, demand, device_count)
-    _ASSIGNED.put(pod, (demand, device_count, devices))
-    return devices
-
-
-_ASSIGNED: ObjectMemo[Pod, tuple[Demand, int, tuple[int, ...] | None]] = ObjectMemo()
-
-
-def _assigned_devices(pod: Pod, demand: Demand, device_count: int) -> tuple[int, ...] | None:
+    then infers the devices as for a pod without it)."""
     text = pod.annotations.get(GPU_INDEX_ANNOTATION)
     if text is None or not demand.gpu_count:
         return None
+    return _devices_named(text, demand.gpu_count, device_count)
+
+
+@functools.lru_cache(maxsize=4096)
+def _devices_named(text: str, gpu_count: int, device_count: int) -> tuple[int, ...] | None:
+    """`assigned_devices` of an annotation's text: the pods of a node name a handful of device sets."""
     parts = text.split("-")
-    if not all(part.isdigit() for part in parts):
+    # ASCII digits only: str.isdigit takes "²", which int() refuses, and int() takes other scripts'
+    # digits, which no scheduler writes.
+    if not all(part.isascii() and part.isdigit() for part in parts):
         return None
     devices = tuple(sorted({int(part) for part in parts}))
-    if len(devices) != len(parts) or len(devices) != demand.gpu_count or devices[-1] >= device_count:
+    if len(devices) != len(parts) or len(devices) != gpu_count or devices[-1] >= device_count:
         return None
     return devices
 

@@ -244,7 +244,7 @@ class WorkloadWriter:
                 notes.pop(key, None)
             if how == "scale" and not undone:
                 text = ((current.get("metadata") or {}).get("annotations") or {}).get(SCALED_DOWN_FROM, "")
-                if not text.isdigit():
+                if not (text.isascii() and text.isdigit()):
                     raise _Skip("error", f'{where}: {SCALED_DOWN_FROM} is "{text}", not a number of replicas')
                 scale = self._read(target, scale=True)
                 if _replicas(scale) == 0:

@@ -214,6 +214,15 @@ def test_report_listen_flag() -> None:
     assert parse("--allow-service-account-token").allow_service_account_token is True
 
 
+@pytest.mark.parametrize("address", ["9000", "host:", ":65536", ":²", ":９０００"])
+def test_a_listen_address_that_is_not_host_port_is_refused_by_name(
+    address: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse("--listen", address)
+    assert f"argument --listen: expected HOST:PORT or :PORT, got {address!r}" in capsys.readouterr().err
+
+
 def test_a_bad_report_listen_value_is_refused_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         parse("--report-listen", "nowhere")

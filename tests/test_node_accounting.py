@@ -1,9 +1,12 @@
-"""A pod's demand: what it takes from a node, the same for every pod of its template."""
+"""A pod's demand (what it takes from a node, the same for every pod of its template), and the GPU
+devices its annotation says it holds."""
 
 from __future__ import annotations
 
+import pytest
+
 from rebalancer.model import GPU_RESOURCE, GpuRequest
-from rebalancer.node_accounting import demand_of
+from rebalancer.node_accounting import GPU_INDEX_ANNOTATION, assigned_devices, demand_of
 from tests.builders import GIB, pod, replace
 
 
@@ -28,3 +31,23 @@ def test_a_share_on_the_same_requests_is_not_a_whole_gpu() -> None:
 def test_equal_requests_give_equal_demands() -> None:
     assert demand_of(pod("a", memory=8 * GIB)) == demand_of(pod("b", memory=8 * GIB))
     assert demand_of(pod("a", memory=8 * GIB)) != demand_of(pod("b", memory=9 * GIB))
+
+
+@pytest.mark.parametrize(
+    ("text", "devices"),
+    [
+        ("1-7", (1, 7)),
+        ("2-0", (0, 2)),
+        ("0-0", None),  # one device named twice
+        ("0", None),  # one device for a pod of two GPUs
+        ("0-8", None),  # no device 8 on an 8-GPU node
+        ("a-1", None),
+        ("", None),
+        ("²-1", None),  # a digit to str.isdigit, not to int()
+        ("٣-1", None),  # a decimal digit to int(), but not one a scheduler writes
+    ],
+)
+def test_the_devices_an_annotation_names(text: str, devices: tuple[int, ...] | None) -> None:
+    holder = pod("p", "n1", gpus=2, annotations={GPU_INDEX_ANNOTATION: text})
+
+    assert assigned_devices(holder, demand_of(holder), 8) == devices

@@ -229,6 +229,22 @@ def test_restore_scales_back_and_removes_the_record(
     assert "was not reclaimed" in again.detail
 
 
+@pytest.mark.parametrize("recorded", ["two", "²", ""])
+def test_restore_refuses_a_replica_count_it_cannot_read(
+    cluster: FakeApiServer, api_client: client.ApiClient, recorded: str
+) -> None:
+    _notebook(cluster, annotations={IDLE_SINCE: rfc3339.format_utc(NOW - timedelta(hours=5))})
+    _cycle(api_client, _idle(["alice-0"]), NOW)
+    stored = cluster.get("StatefulSet", "alice", NS, "apps/v1")
+    assert stored is not None
+    stored["metadata"]["annotations"][SCALED_DOWN_FROM] = recorded
+    cluster.add(stored)
+    done = WorkloadWriter(api_client).restore(NS, "StatefulSet", "alice")
+    assert not done.ok
+    assert f'{SCALED_DOWN_FROM} is "{recorded}", not a number of replicas' in done.detail
+    assert _replicas(cluster, "StatefulSet", "alice") == 0
+
+
 def test_restore_all_reclaimed_from_the_command_line(
     cluster: FakeApiServer, api_client: client.ApiClient, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -137,6 +137,17 @@ def test_the_gpu_index_label_orders_the_gpus() -> None:
     assert [(c.index, c.uuid) for c in n1.gpus] == [("0", "GPU-z"), ("1", "GPU-y")]
 
 
+def test_an_index_of_other_digits_sorts_after_the_numbers() -> None:
+    a, b, c = pod("a", "n1"), pod("b", "n1"), pod("c", "n1")
+    rows = [
+        replace(gpu_sample("n1", "GPU-x", pod=a), gpu_index="²"),  # a digit to str.isdigit, not to int()
+        replace(gpu_sample("n1", "GPU-y", pod=b), gpu_index="10"),
+        replace(gpu_sample("n1", "GPU-z", pod=c), gpu_index="9"),
+    ]
+    [n1] = gpu_map(snapshot([node("n1", gpus=3)], [a, b, c], telemetry=telemetry(rows)), [])
+    assert [(cell.index, cell.uuid) for cell in n1.gpus] == [("9", "GPU-z"), ("10", "GPU-y"), ("²", "GPU-x")]
+
+
 # --------------------------------------------------------------------------- the page
 
 

@@ -654,6 +654,7 @@ def test_bad_flags_are_exit_2_with_one_line(
         (("--since", "soon"), "argument --since: invalid duration 'soon'"),
         (("--step", "0s"), "argument --step: expected a positive duration, got '0s'"),
         (("--top", "-1"), "argument --top: expected a number of entries (0 or more), got '-1'"),
+        (("--top", "²"), "argument --top: expected a number of entries (0 or more), got '²'"),
     ],
 )
 def test_unparsable_flags_are_exit_2(

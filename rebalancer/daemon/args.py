@@ -33,7 +33,7 @@ def _seconds(text: str) -> float:
 
 def _listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
+    if not sep or not (port.isascii() and port.isdigit()) or int(port) > 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT or :PORT, got {text!r}")
     return (host.strip("[]") or "0.0.0.0"), int(port)
 

@@ -3,7 +3,7 @@ cycle skip the work an earlier cycle (or an earlier strategy of the same cycle) 
 
 A source that keeps its objects from one cycle to the next (the watch cache, the trace replay's
 snapshot builder) hands the same `Pod` and `Node` objects cycle after cycle for everything that did
-not change, and they are immutable: what was derived from them still holds. Owns two caches, both
+not change, and they are immutable: what was derived from them still holds. Owns three caches, all
 deterministic (a value is a pure function of the objects it is keyed on, matched by identity, never by
 equality, so two equal objects never share a value by accident) and bounded:
 

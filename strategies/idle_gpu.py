@@ -178,20 +178,24 @@ def idle_gpu(snapshot: Snapshot, args: IdleGpuArgs, ctx: StrategyContext) -> Str
         return StrategyResult(skipped=f"telemetry unavailable: {problem}")
 
     now = snapshot.now
-    # A terminating pod gives its GPUs back on its own: neither judged nor proposed.
-    holders = [p for p in snapshot.pods if p.is_active and p.uses_gpu and not p.terminating]
-    verdicts: dict[tuple[str, str], Verdict] = {p.key: judge(p, window, args, now) for p in holders}
     resolved = resolve(snapshot)
+    # Every active pod by workload, and the GPU pods' verdicts, in one pass. A terminating pod gives its
+    # GPUs back on its own: neither judged nor proposed.
+    verdicts: dict[tuple[str, str], Verdict] = {}
     by_workload: dict[Workload, list[Pod]] = defaultdict(list)
     members: dict[Workload, list[Pod]] = defaultdict(list)
     for pod in snapshot.pods:
-        if pod.is_active and not pod.terminating:
-            members[resolved[pod.key].key].append(pod)
-    for pod in holders:
-        by_workload[resolved[pod.key].key].append(pod)
+        if not pod.is_active or pod.terminating:
+            continue
+        pod_key = pod.key
+        of = resolved[pod_key].key
+        members[of].append(pod)
+        if pod.uses_gpu:
+            verdicts[pod_key] = judge(pod, window, args, now)
+            by_workload[of].append(pod)
 
     judged = Judged(snapshot, window, args, ctx, verdicts)
-    findings: list[Finding] = [stale_finding(verdicts[p.key]) for p in holders if verdicts[p.key].stale]
+    findings: list[Finding] = [stale_finding(v) for v in verdicts.values() if v.stale]
     proposals: list[Proposal] = []
     gangs_done: set[str] = set()
     for key, pods in by_workload.items():
@@ -209,7 +213,7 @@ def idle_gpu(snapshot: Snapshot, args: IdleGpuArgs, ctx: StrategyContext) -> Str
         findings.extend([finding] if finding is not None else [])
 
     findings.extend(_leaked_vram(window, args, now))
-    left = [why for p in holders if (why := not_idle(verdicts[p.key], args)) is not None]
+    left = [why for verdict in verdicts.values() if (why := not_idle(verdict, args)) is not None]
     proposed = {pod.key for proposal in proposals for pod in proposal.pods}
     left.extend(
         why for why in _busy_siblings(by_workload, verdicts) if (why.namespace, why.pod) not in proposed

@@ -147,18 +147,17 @@ def device_label(row: GpuTelemetry) -> str:
 
 def _row_problems(row: GpuTelemetry, args: IdleGpuArgs, now: datetime) -> list[str]:
     problems: list[str] = []
-    where = device_label(row)
     if row.newest_sample is None:
-        problems.append(f"{where}: no sample in the last {format_duration(args.window)}")
+        problems.append(f"{device_label(row)}: no sample in the last {format_duration(args.window)}")
         return problems
     if now - row.newest_sample > timedelta(seconds=args.max_telemetry_age):
         problems.append(
-            f"{where}: newest sample is {_age(now, row.newest_sample)} old "
+            f"{device_label(row)}: newest sample is {_age(now, row.newest_sample)} old "
             f"(max {format_duration(args.max_telemetry_age)})"
         )
     if row.util_samples < args.min_samples or row.util_avg_percent is None:
         problems.append(
-            f"{where}: {row.util_samples} utilisation samples in {format_duration(args.window)} "
+            f"{device_label(row)}: {row.util_samples} utilisation samples in {format_duration(args.window)} "
             f"(need {args.min_samples})"
         )
     return problems

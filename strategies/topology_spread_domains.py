@@ -19,7 +19,7 @@ pod moves where nor word proposals (the repair and gang compaction do).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -170,8 +170,11 @@ class Run:
             index = self.pods_by_label[namespace] = dict(by_label)
         return min((index.get(label, ()) for label in selector.match_labels.items()), key=len)
 
-    def hard_filter(self, pod: Pod, skip: TopologySpreadConstraint | None) -> Callable[[str], bool]:
-        """The scheduler's PodTopologySpread filter for the pod's DoNotSchedule constraints but `skip`."""
+    def hard_filter(
+        self, pod: Pod, skip: TopologySpreadConstraint | None, names: Iterable[str]
+    ) -> frozenset[str]:
+        """The nodes of `names` the scheduler's PodTopologySpread filter lets the pod onto, for its
+        DoNotSchedule constraints but `skip`."""
         checks: list[tuple[Mapping[str, str], Mapping[str, int], int]] = []
         for constraint in pod.topology_spread:
             if constraint.when_unsatisfiable != HARD or constraint is skip:
@@ -182,6 +185,8 @@ class Run:
             self_match = 1 if label_selector_matches(constraint.label_selector, pod.labels) else 0
             room = constraint.max_skew + global_min(counts, constraint.min_domains or 0) - self_match
             checks.append((eligible.domain_of, counts, room))
+        if not checks:  # most pods: no other hard constraint
+            return frozenset(names)
 
         def allows(node_name: str) -> bool:
             for eligible, counts, room in checks:
@@ -190,7 +195,7 @@ class Run:
                     return False
             return True
 
-        return allows
+        return frozenset(name for name in names if allows(name))
 
 
 def _affinity_allows(pod: Pod, node: Node) -> bool:

@@ -226,8 +226,7 @@ def _place_into(
 ) -> tuple[ClusterState, dict[PodKey, str], frozenset[str]] | None:
     """Place the pod inside one domain (and the rest of its gang anywhere): the new state, the targets
     and the domain's nodes the pod's other DoNotSchedule constraints allow."""
-    allows = run.hard_filter(pod, skip=own)
-    allowed = frozenset(name for name in domain_nodes if allows(name))
+    allowed = run.hard_filter(pod, own, domain_nodes)
     if not allowed:
         return None
     exclude = run.node_names - allowed

@@ -214,7 +214,8 @@ def test_report_listen_flag() -> None:
     assert parse("--allow-service-account-token").allow_service_account_token is True
 
 
-@pytest.mark.parametrize("address", ["9000", "host:", ":65536", ":²", ":９０００"])
+# A superscript two is a digit to str.isdigit that int() refuses; full-width digits int() reads.
+@pytest.mark.parametrize("address", ["9000", "host:", ":65536", ":\u00b2", ":\uff19\uff10\uff10\uff10"])
 def test_a_listen_address_that_is_not_host_port_is_refused_by_name(
     address: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -504,3 +504,18 @@ def test_run_simulation_reports_every_json_key(tmp_path: Path) -> None:
     assert payload["pods"] == result.pods > 0
     assert json.loads(render(result, "json"))["ratio"] == payload["ratio"]
     assert "node-hours" in render(result, "text")
+
+
+def test_replay_pods_of_one_job_shape_share_their_requests_and_no_other_pods_do() -> None:
+    """What is derived from a pod's requests and GPU request is kept per requests mapping
+    (`memo.RequestsMemo`): pods of one shape share one, and a share of another size has its own, or the
+    two would take each other's place at every lookup."""
+    quarter, half = job(0, 0, HOUR, milli=250), job(1, 0, HOUR, milli=500)
+    whole, two = job(2, 0, HOUR), job(3, 0, HOUR, gpus=2)
+    pods = [build_pod(j, None, None, PACKED_SCHEDULER) for j in (quarter, half, whole, two)]
+    again = build_pod(job(4, HOUR, 2 * HOUR, milli=250), None, None, PACKED_SCHEDULER)
+
+    assert again.requests is pods[0].requests
+    assert len({id(p.requests) for p in pods}) == 4
+    assert pods[0].requests == pods[1].requests == {"cpu": 4000, "memory": 1024 * 1024 * 1024}
+    assert pods[3].requests["nvidia.com/gpu"] == 2

@@ -162,7 +162,6 @@ def build_pod(
 ) -> Pod:
     """The pod of a job as the Kubernetes model sees it: a Job's pod with the job's requests, and the GPU
     devices it runs on (`GPU_INDEX_ANNOTATION`, as the GPU-sharing scheduler records them)."""
-    whole_gpus = job.num_gpu if job.gpu_milli >= MILLI_PER_GPU else 0
     return Pod(
         namespace=NAMESPACE,
         name=job.name,
@@ -174,7 +173,7 @@ def build_pod(
         labels={"job-name": job.name},
         annotations={GPU_INDEX_ANNOTATION: "-".join(map(str, devices))} if devices else {},
         owner=OwnerRef(kind="Job", name=job.name, api_version="batch/v1"),
-        requests=_requests(job.cpu_milli, job.memory_mib, whole_gpus),
+        requests=_requests(job.cpu_milli, job.memory_mib, job.num_gpu, job.gpu_milli),
         gpu=GpuRequest(count=job.num_gpu, milli_per_device=job.gpu_milli),
         required_affinity=model_affinity(job.models) if required_affinity is None else required_affinity,
         created=sim_datetime(job.arrival),
@@ -183,12 +182,13 @@ def build_pod(
 
 
 @functools.lru_cache(maxsize=4096)
-def _requests(cpu_milli: int, memory_mib: int, whole_gpus: int) -> Mapping[str, int]:
-    """One mapping for the pods of every job of one shape, as the API sources share one per pod template
-    (what is derived from a pod's requests is then kept once per shape: `node_accounting.demand_of`)."""
+def _requests(cpu_milli: int, memory_mib: int, num_gpu: int, gpu_milli: int) -> Mapping[str, int]:
+    """One mapping for the pods of every job of one shape, GPU share included, as the API sources share
+    one per pod template (what is derived from a pod's requests and GPU request is then kept once per
+    shape: `memo.RequestsMemo`)."""
     requests = {"cpu": cpu_milli, "memory": memory_mib * MIB}
-    if whole_gpus:
-        requests[GPU_RESOURCE] = whole_gpus
+    if gpu_milli >= MILLI_PER_GPU:
+        requests[GPU_RESOURCE] = num_gpu
     return requests
 
 

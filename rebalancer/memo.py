@@ -1,28 +1,33 @@
-"""Values derived from immutable model objects, kept while those very objects are in use: what lets a
-cycle skip the work an earlier cycle (or an earlier strategy of the same cycle) did on the same objects.
+"""Values derived from immutable model objects, kept while those very objects (or, for a pod's requests,
+the pods of its template) are in use: what lets a cycle skip the work an earlier cycle (or an earlier
+strategy of the same cycle) did on the same objects.
 
 A source that keeps its objects from one cycle to the next (the watch cache, the trace replay's
 snapshot builder) hands the same `Pod` and `Node` objects cycle after cycle for everything that did
 not change, and they are immutable: what was derived from them still holds. Owns three caches, all
-deterministic (a value is a pure function of the objects it is keyed on, matched by identity, never by
-equality, so two equal objects never share a value by accident) and bounded:
+deterministic (a value is a pure function of what it is keyed on) and bounded:
 
 - `ObjectMemo`: one value per object (a Pod, a Node, a Policy, a gpu-consolidation Candidate: any
-  object that takes weak references), computed at its first use and forgotten when the object is freed
-  (a weak reference: the memo never keeps an object alive). A value must not refer to its object, or
-  the object would never be freed.
+  object that takes weak references), matched by identity, never by equality (two equal objects never
+  share a value by accident), computed at its first use and forgotten when the object is freed (a weak
+  reference: the memo never keeps an object alive). A value must not refer to its object, or the object
+  would never be freed.
 - `NodeMemo`: one value per node, derived from the Node and the pods on it in a snapshot, reused in
   the next snapshot while the node and each of its pods, in order, are the very same objects. It
   holds the objects of the last snapshot it was asked about, no more.
 - `RequestsMemo`: one value per pod *template*, for what is derived from a pod's requests and GPU
-  request alone: keyed by the identity of the requests mapping, which the sources give every pod of a
-  template (`rebalancer.sources.kube_pods`), with the GPU request checked by value. It holds the
-  mappings it has values for (a mapping takes no weak reference), so their ids stay theirs; a table
-  holding `kept` of them starts over.
+  request alone, and so the same for every pod of the template: keyed by the identity of the requests
+  mapping, which the sources give every pod of a template (`rebalancer.sources.kube_pods`, the replay's
+  snapshot builder), with the GPU request it comes with compared by value (a mapping seen with another
+  one is derived again, and replaces the value). It holds the mappings it has values for (a mapping
+  takes no weak reference), so their ids stay theirs, until a table holding `kept` of them starts over
+  (as the sources' own table of templates does at the same size). A requests mapping is never changed
+  once a pod holds it: a change would reach every pod of its template.
 
-A source that builds new objects every cycle simply never hits. This module must not do I/O, read the
-clock, or know what the values mean; callers own what they derive and must derive it from the keyed
-objects alone (nothing of the snapshot's time, telemetry or policy unless it is part of the key).
+A source that builds new objects every cycle never hits an `ObjectMemo` or a `NodeMemo`. This module
+must not do I/O, read the clock, or know what the values mean; callers own what they derive and must
+derive it from the keyed objects alone (nothing of the snapshot's time, telemetry or policy unless it
+is part of the key).
 
 Used from one thread at a time: values are derived, stored and read only by the thread running the
 cycle (the daemon runs one cycle at a time, the commands have one thread), and nothing here locks. An

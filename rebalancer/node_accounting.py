@@ -67,7 +67,7 @@ PROFILE_PREFERENCES: tuple[PreferredTerm, ...] = tuple(
 
 
 class Demand(NamedTuple):
-    """What one pod takes from a node, resolved once from the pod."""
+    """What one pod takes from a node: the same for every pod of its template (`demand_of`)."""
 
     # Positive scalar requests, `nvidia.com/gpu` first (the likeliest to fail), without `pods`.
     requests: tuple[tuple[str, int], ...]

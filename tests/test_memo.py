@@ -1,4 +1,5 @@
-"""`rebalancer.memo`: values kept per object by identity, never by equality, and forgotten with it."""
+"""`rebalancer.memo`: values kept per object by identity, never by equality, and forgotten with it; and
+per pod template, by the identity of the requests mapping its pods share."""
 
 from __future__ import annotations
 

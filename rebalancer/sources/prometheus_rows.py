@@ -25,9 +25,8 @@ It must not do I/O, read the clock or judge pods.
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -41,7 +40,7 @@ from rebalancer.telemetry.identity import (
     format_labels,
     is_valid_value,
 )
-from rebalancer.telemetry.sanity import unusable_gpu_finding, utilisation_problem
+from rebalancer.telemetry.sanity import UtilisationRule, unusable_gpu_finding
 from rebalancer.telemetry.windows import (
     LOOKBACK_SECONDS,
     Grouping,
@@ -108,15 +107,13 @@ def _newer(current: tuple[int, float] | None, candidate: tuple[int, float]) -> t
     return current
 
 
-def _max(current: float | None, value: float) -> float:
-    return value if current is None else max(current, value)
-
-
 class Rows:
     """The answers of one telemetry read, identified once; `late_uuids`, `add_late`, then `build`.
 
     `answers` holds the answer of every query of the plan, keyed by label set id; `labels[id]` is that
-    label set; `where` names the Prometheus in findings.
+    label set; `where` names the Prometheus in findings; `identity_of(id)`, when given, is the label
+    set's identity, already resolved (`prometheus_labels.LabelSets.identity`; None: unusable, which is
+    then identified here again, metric by metric, for its finding).
     """
 
     def __init__(
@@ -129,6 +126,7 @@ class Rows:
         now_ms: int,
         pods: Mapping[PodKey, Pod] | None,
         where: str,
+        identity_of: Callable[[int], SeriesIdentity | None] | None = None,
     ) -> None:
         self._cfg = cfg
         self._labels = labels
@@ -150,6 +148,11 @@ class Rows:
         self._identity: dict[int, SeriesIdentity | None] = {}
         self._group: dict[int, _Group] = {}
         for key in sorted(set().union(*self.by_metric.values()), key=labels.__getitem__):
+            known = identity_of(key) if identity_of is not None else None
+            if known is not None:
+                admitted = self._identity[key] = self.grouping.admit(known)
+                self._group[key] = self.grouping.group(admitted)
+                continue
             for metric, keys in self.by_metric.items():
                 if key not in keys:
                     continue
@@ -313,18 +316,11 @@ class Rows:
         lo = self._now - window * 1000
         group_of = self._group.get
 
-        def accumulator(group: _Group) -> _Window:
-            found = group.windows.get(window)
-            if found is None:
-                found = group.windows[window] = _Window()
+        def opened(group: _Group) -> _Window:  # the group's first label set in this window
+            found = group.windows[window] = _Window()
             return found
 
-        problem_of = functools.partial(
-            utilisation_problem,
-            window=window,
-            scrape_interval=cfg.scrape_interval,
-            scale=cfg.utilization.scale,
-        )
+        problem_of = UtilisationRule(window, cfg.scrape_interval, cfg.utilization.scale).problem
 
         counts, sums = self._get(util, "count", window), self._get(util, "sum", window)
         maxes, series = self._get(util, "max", window), self._series
@@ -333,7 +329,7 @@ class Rows:
         util_newest = newest_ms.get(util, {})
         for key in {*counts, *sums, *maxes}:
             count, total, peak = counts.get(key), sums.get(key), maxes.get(key)
-            problem = problem_of(count, total, peak, series=series.get(key, 1.0))
+            problem = problem_of(count, total, peak, series.get(key, 1.0))
             if problem is not None:
                 if (identity := self._identity.get(key)) is not None:
                     gpu = (identity.node, identity.uuid)
@@ -342,13 +338,14 @@ class Rows:
                         first_problem[gpu] = (labels[key], _Unusable(identity, window, problem))
                 continue
             if count is None or total is None or peak is None:  # a bug: a partial answer is a problem
-                raise AssertionError(f"utilisation_problem passed a partial answer: {count}, {total}, {peak}")
+                raise AssertionError(f"UtilisationRule passed a partial answer: {count}, {total}, {peak}")
             if (group := group_of(key)) is None:
                 continue
-            acc = accumulator(group)
+            acc = group.windows.get(window) or opened(group)
             acc.util_sums.append(total)
             acc.util_count += int(count)
-            acc.util_max = _max(acc.util_max, peak)
+            if acc.util_max is None or peak > acc.util_max:
+                acc.util_max = peak
             if (ms := util_newest.get(key)) is not None and ms >= lo:
                 acc.seen(ms)
 
@@ -361,15 +358,16 @@ class Rows:
                 continue
             if not _valid(bad, used, key, peak, what):
                 continue
-            acc = accumulator(group)
-            acc.used_max = _max(acc.used_max, peak)
+            acc = group.windows.get(window) or opened(group)
+            if acc.used_max is None or peak > acc.used_max:
+                acc.used_max = peak
             if (ms := used_newest.get(key)) is not None and ms >= lo:
                 acc.seen(ms)
 
         if free != used:
             for key, ms in newest_ms.get(free, {}).items():
                 if ms >= lo and (group := group_of(key)) is not None:
-                    accumulator(group).seen(ms)
+                    (group.windows.get(window) or opened(group)).seen(ms)
 
 
 def _valid(bad: dict[tuple[str, int], str], metric: str, key: int, value: float, what: str) -> bool:

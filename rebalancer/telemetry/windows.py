@@ -28,6 +28,8 @@ from datetime import UTC, datetime, timedelta
 from operator import itemgetter
 from typing import Generic, Literal, Protocol, TypeVar
 
+import msgspec
+
 from rebalancer.model import Finding, GpuTelemetry, Pod, Telemetry, TelemetryWindow
 from rebalancer.policy import TelemetryConfig
 from rebalancer.telemetry.exposition import Series
@@ -99,7 +101,8 @@ G = TypeVar("G", bound=_HasIdentity)
 class Grouping(Generic[G]):
     """Series sorted into groups of (node, GPU UUID, MIG instance, pod), one accumulator `G` each.
 
-    `identify(metric, labels, source)` resolves a series (None: unusable, remembered for the finding);
+    `identify(metric, labels, source)` resolves a series (None: unusable, remembered for the finding),
+    `admit(identity)` one whose labels were identified already;
     `group(identity)` is the group's accumulator, made by `make` on first use, its identity completed
     by every later series of the group.
     """
@@ -132,11 +135,15 @@ class Grouping(Generic[G]):
                 format_labels(labels) + (f" from {source}" if source else "")
             )
             return None
+        attributed = self._identities[cache_key] = self.admit(identity)
+        return attributed
+
+    def admit(self, identity: SeriesIdentity) -> SeriesIdentity:
+        """A series already identified (`identify` of its labels), attributed to a pod of the cluster."""
         self.identified += 1
         attributed = attribute(identity, self._pods)
         if identity.pod_key is not None and attributed.pod_key is None:
             self.claimed[group_key(attributed)].add(identity.pod_key)
-        self._identities[cache_key] = attributed
         return attributed
 
     def group(self, identity: SeriesIdentity) -> G:
@@ -150,7 +157,7 @@ class Grouping(Generic[G]):
 
     def ordered(self) -> list[G]:
         """Every group, in a stable order (by node, UUID, MIG instance, pod)."""
-        return [g for _, g in sorted(self._groups.items(), key=lambda item: tuple(p or "" for p in item[0]))]
+        return [g for _, g in sorted(self._groups.items(), key=_group_order)]
 
     def unusable_findings(self) -> list[Finding]:
         return [
@@ -164,6 +171,12 @@ class Grouping(Generic[G]):
             f"no series of {metric_names} carries both a node and a GPU UUID label "
             f"(tried node labels {', '.join(labels.node)}; UUID labels {', '.join(labels.uuid)})"
         )
+
+
+def _group_order(item: tuple[GroupKey, object]) -> tuple[str, str, str, str, str]:
+    """A group's place in `Grouping.ordered`: its key, a missing MIG instance or pod sorting first."""
+    node, uuid, mig_instance, namespace, pod = item[0]
+    return (node, uuid, mig_instance or "", namespace or "", pod or "")
 
 
 def _scaled(value: float | None, scale: float) -> float | None:
@@ -182,16 +195,12 @@ def row(
     fb_free: float | None = None,
     newest_sample: datetime | None = None,
 ) -> GpuTelemetry:
-    """The identity's row with raw (exporter-unit) aggregates, each metric's `scale` applied."""
-    return GpuTelemetry(  # not `replace`: built for every group and window, and replace is slow
-        node=identity.node,
-        uuid=identity.uuid,
-        gpu_index=identity.gpu_index,
-        model_name=identity.model_name,
-        mig_profile=identity.mig_profile,
-        mig_instance=identity.mig_instance,
-        pod_namespace=identity.pod_namespace,
-        pod_name=identity.pod_name,
+    """The identity's row with raw (exporter-unit) aggregates, each metric's `scale` applied.
+
+    Every aggregate is set, over a copy of the identity (`msgspec.structs.replace` copies the identity's
+    fields in C: 0.2 us a row, against 0.8 us for the constructor, for each group and window)."""
+    return msgspec.structs.replace(
+        identity,
         util_avg_percent=_scaled(util_avg, cfg.utilization.scale),
         util_max_percent=_scaled(util_max, cfg.utilization.scale),
         util_samples=util_samples,

@@ -77,6 +77,7 @@ from rebalancer.sinks.webhook import WebhookSink
 from rebalancer.sources.kube import ClusterReader, KubeSource
 from rebalancer.sources.kube_cache import KubeCache
 from rebalancer.sources.prometheus import PrometheusTelemetrySource
+from rebalancer.sources.prometheus_labels import LabelSets
 from rebalancer.sources.usage_history import PrometheusUsage
 from rebalancer.state import ConfigMapStateStore, FileStateStore, StateStore
 from rebalancer.wording import quoted
@@ -124,12 +125,15 @@ def kube_snapshot_source(
     is handed to the Prometheus source. Telemetry needs `telemetry` in the policy and a strategy with a
     telemetry window. `described` is what the reports say the snapshots' source is (no credential).
     A strategy reading long-window usage (gpu-rightsizing) gets it from the same Prometheus, read once an
-    hour (`sources.usage_history.PrometheusUsage`, kept across this source's cycles). `cluster` is
+    hour (`sources.usage_history.PrometheusUsage`, kept across this source's cycles), and the label
+    sets of the telemetry answers are decoded and identified once for all its snapshots
+    (`sources.prometheus_labels.LabelSets`; one snapshot at a time, as the daemon's cycles run). `cluster` is
     where the nodes, pods and PDBs come from: a `KubeCache.read`, or (None) lists made for each
     snapshot.
     """
 
     usage: dict[str, PrometheusUsage] = {}  # by Prometheus URL, kept across the daemon's cycles
+    label_sets = LabelSets()  # the telemetry answers' label sets, decoded and identified once for all cycles
 
     def source(now: datetime, loaded: LoadedPolicy) -> Snapshot:
         telemetry = None
@@ -138,7 +142,11 @@ def kube_snapshot_source(
         conn = _prometheus(loaded, prometheus_url)
         if cfg is not None and windows and conn is not None:
             telemetry = PrometheusTelemetrySource(
-                cfg, windows, prometheus=conn, allow_service_account_token=allow_service_account_token
+                cfg,
+                windows,
+                prometheus=conn,
+                allow_service_account_token=allow_service_account_token,
+                label_sets=label_sets,
             )
         kube = KubeSource(
             api_client,

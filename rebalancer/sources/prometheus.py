@@ -9,10 +9,11 @@ Owns talking to Prometheus (its HTTP API through requests, `prometheus_http`: pr
   `prometheus_plan.query_plan` (one per metric and aggregate for the whole cluster, aggregated by the
   labels attribution reads, never per node or pod), then, only when some label sets have samples in a
   window but none within the lookback, the one `prometheus_plan.late_query` for their newest samples
-  (`prometheus_plan` says why freshness is asked that way). Each answer's label sets are decoded once
-  (`_Labels`), and the rows are read by `prometheus_rows.Rows`, which goes through the same path from
-  series to rows as a snapshot (`telemetry.windows.Grouping` and `row`), so MIG instances and
-  time-sliced GPUs land on the same rows as in a snapshot;
+  (`prometheus_plan` says why freshness is asked that way). Each answer's label sets are decoded and
+  identified once (`prometheus_labels.LabelSets`, kept across the daemon's reads), and the rows are
+  read by `prometheus_rows.Rows`, which goes through the same path from series to rows as a snapshot
+  (`telemetry.windows.Grouping` and `row`), so MIG instances and time-sliced GPUs land on the same
+  rows as in a snapshot;
 - connection settings, through `sources.prometheus_http`: bearer token from a file or an env var (never
   the pod's own service-account token unless `allow_service_account_token`), CA bundle / TLS
   verification, a total timeout per request and a deadline for the whole read, bounded retries;
@@ -58,7 +59,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import requests
 
 from rebalancer.model import Finding, Pod, Telemetry
@@ -71,11 +71,11 @@ from rebalancer.sources.prometheus_http import (
     Deadline,
     PrometheusError,
     PrometheusHttp,
-    VectorSample,
     bearer_headers,
 )
+from rebalancer.sources.prometheus_labels import LabelSets
 from rebalancer.sources.prometheus_plan import LATE_LABEL, Query, late_query, query_plan
-from rebalancer.sources.prometheus_rows import Rows, Vector
+from rebalancer.sources.prometheus_rows import Rows
 from rebalancer.sources.prometheus_steps import idle_steps_query, steps_of
 from rebalancer.sources.prometheus_usage import usage_of, usage_query
 from rebalancer.telemetry.exposition import Sample, Series
@@ -134,45 +134,6 @@ def _time_param(moment: datetime) -> str:
     return f"{ms // 1000}.{ms % 1000:03d}"
 
 
-class _Labels:
-    """Label sets of answers, each decoded once and known by a small integer id (`keys[id]`).
-
-    Prometheus writes a label set the same way in every answer, so after the first answer that holds
-    it, a series costs one dictionary lookup of its raw bytes, and every later join is on an integer."""
-
-    def __init__(self) -> None:
-        self._ids: dict[bytes, int] = {}
-        self._by_key: dict[LabelKey, int] = {}
-        self.keys: list[LabelKey] = []
-
-    def id(self, raw: msgspec.Raw) -> int:
-        text = bytes(raw)
-        found = self._ids.get(text)
-        if found is None:
-            try:
-                labels = msgspec.json.decode(text, type=dict[str, str])
-            except msgspec.DecodeError:
-                raise PrometheusError(f"malformed series labels: {text[:200]!r}") from None
-            key = tuple(sorted((k, v) for k, v in labels.items() if k != "__name__"))
-            found = self._ids[text] = self.id_of(key)
-        return found
-
-    def id_of(self, key: LabelKey) -> int:
-        found = self._by_key.get(key)
-        if found is None:
-            found = self._by_key[key] = len(self.keys)
-            self.keys.append(key)
-        return found
-
-    def vector(self, samples: list[VectorSample]) -> Vector:
-        vector: Vector = {}
-        ids = self._ids
-        for sample in samples:
-            key = ids.get(bytes(sample.metric))
-            vector[self.id(sample.metric) if key is None else key] = sample.value[1]
-        return vector
-
-
 # --------------------------------------------------------------------------- the source
 
 
@@ -183,7 +144,9 @@ class PrometheusTelemetrySource:
     `bearer_token_env` is looked up (the process environment by default). The pod's own service-account
     token (`service_account_token`, the kubelet's mount by default) is never sent unless
     `allow_service_account_token` (the daemon's `--allow-service-account-token`). `clock` times the
-    deadline (a monotonic timer).
+    deadline (a monotonic timer). `label_sets` is where the answers' label sets are decoded and
+    identified (`prometheus_labels`): the daemon hands every cycle's source the same one; by default the
+    source keeps its own.
     """
 
     def __init__(
@@ -196,8 +159,10 @@ class PrometheusTelemetrySource:
         allow_service_account_token: bool = False,
         service_account_token: Path = SERVICE_ACCOUNT_TOKEN,
         clock: Callable[[], float] | None = None,
+        label_sets: LabelSets | None = None,
     ) -> None:
         self._cfg = resolve_preset(cfg)
+        self._label_sets = label_sets if label_sets is not None else LabelSets()
         self._windows = tuple(sorted({int(w) for w in windows}))
         self._conn = prometheus if prometheus is not None else cfg.prometheus
         self._environ = environ if environ is not None else os.environ
@@ -272,11 +237,19 @@ class PrometheusTelemetrySource:
         self, now: datetime, pods: Mapping[tuple[str, str], Pod] | None
     ) -> tuple[Telemetry, tuple[Finding, ...]]:
         cfg, at = self._cfg, _time_param(now)
-        labels = _Labels()
+        labels = self._label_sets
+        labels.begin(cfg.labels)
         with self._connect() as client:
             answers = {q: labels.vector(client.query_vector(q.expr, at)) for q in self._plan}
             rows = Rows(
-                cfg, self._windows, answers, labels.keys, now_ms=epoch_ms(now), pods=pods, where=self._where()
+                cfg,
+                self._windows,
+                answers,
+                labels.keys,
+                now_ms=epoch_ms(now),
+                pods=pods,
+                where=self._where(),
+                identity_of=labels.identity,
             )
             metric_names = ", ".join(rows.by_metric)
             if not any(rows.by_metric.values()):

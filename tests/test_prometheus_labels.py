@@ -150,3 +150,13 @@ def test_reads_sharing_label_sets_attribute_pods_afresh_and_read_as_fresh_ones(
         pods_seen.append(row.pod_name)
     assert pods_seen == ["p", None, "p"]
     assert len(shared) == 1
+
+
+def test_the_label_sets_of_one_node_s_gpus_share_their_common_labels() -> None:
+    sets = LabelSets()
+    sets.begin(MAPPING)
+    first, second = sets.vector(answer([(A, 1.0), (B, 2.0)]))
+    shared = [pair for pair in sets.keys[first] if pair in sets.keys[second]]
+    assert ("Hostname", "gpu-a-1") in shared
+    for pair in shared:  # one (name, value) pair for both: a 5,000-node cluster has 42,243 label sets
+        assert next(p for p in sets.keys[second] if p == pair) is pair

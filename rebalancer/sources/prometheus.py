@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -239,7 +239,7 @@ class PrometheusTelemetrySource:
         cfg, at = self._cfg, _time_param(now)
         labels = self._label_sets
         labels.begin(cfg.labels)
-        with self._connect() as client:
+        with self._connect() as client, closing(labels):
             answers = {q: labels.vector(client.query_vector(q.expr, at)) for q in self._plan}
             rows = Rows(
                 cfg,

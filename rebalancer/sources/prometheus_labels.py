@@ -12,9 +12,11 @@ Owns `LabelSets`, what `sources.prometheus` reads the label sets of a telemetry 
 - its identity (`telemetry.identity.identify`: node, UUID, MIG instance, pod labels) is resolved once,
   per label mapping; attributing it to a pod of the cluster stays the read's (pods come and go);
 - kept across reads (the daemon keeps one for all its cycles, `daemon.wiring`), so a GPU's label set is
-  decoded and identified once while its series live, not every cycle: 42,243 label sets at 5,000 nodes.
-  Bounded: a read that starts while the sets outnumber twice those the last read saw (plus
-  `SLACK`) starts afresh, so label sets of deleted pods do not pile up.
+  decoded and identified once while its series live, not every cycle: 42,243 label sets at 5,000 nodes,
+  38 MiB kept between cycles (a (name, value) pair is held once: a node's GPUs share its name, model
+  and namespace labels; the last answer is let go when a read ends). Bounded: a read that starts while
+  the sets outnumber twice those the last read saw (plus `SLACK`) starts afresh, so label sets of
+  deleted pods do not pile up.
 
 It must not do I/O or read the clock. Not thread-safe: one read at a time (the daemon's cycles are).
 """
@@ -45,6 +47,8 @@ class LabelSets:
 
     def _start_afresh(self) -> None:
         self._ids: dict[bytes, int] = {}
+        # Each (name, value) pair held once.
+        self._pairs: dict[tuple[str, str], tuple[str, str]] = {}
         self._by_key: dict[LabelKey, int] = {}
         self.keys: list[LabelKey] = []
         self._identities = {}
@@ -63,6 +67,11 @@ class LabelSets:
             self._identities = {}
             self._mapping = mapping
 
+    def close(self) -> None:
+        """A read ended (`contextlib.closing`): let go of its last answer, whose label sets hold that
+        answer's body (8.5 MiB at 5,000 nodes)."""
+        self._last, self._last_ids = [], []
+
     def __len__(self) -> int:
         return len(self.keys)
 
@@ -75,7 +84,8 @@ class LabelSets:
                 labels = msgspec.json.decode(text, type=dict[str, str])
             except msgspec.DecodeError:
                 raise PrometheusError(f"malformed series labels: {text[:200]!r}") from None
-            key = tuple(sorted((k, v) for k, v in labels.items() if k != "__name__"))
+            pairs = self._pairs
+            key = tuple(sorted(pairs.setdefault(kv, kv) for kv in labels.items() if kv[0] != "__name__"))
             found = self._ids[text] = self.id_of(key)
         self._seen.add(found)
         return found

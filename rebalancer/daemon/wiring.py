@@ -127,13 +127,13 @@ def kube_snapshot_source(
     A strategy reading long-window usage (gpu-rightsizing) gets it from the same Prometheus, read once an
     hour (`sources.usage_history.PrometheusUsage`, kept across this source's cycles), and the label
     sets of the telemetry answers are decoded and identified once for all its snapshots
-    (`sources.prometheus_labels.LabelSets`; one snapshot at a time, as the daemon's cycles run). `cluster` is
-    where the nodes, pods and PDBs come from: a `KubeCache.read`, or (None) lists made for each
-    snapshot.
+    (`sources.prometheus_labels.LabelSets`; one snapshot at a time, as the daemon's cycles run).
+    `cluster` is where the nodes, pods and PDBs come from: a `KubeCache.read`, or (None) lists made for
+    each snapshot.
     """
 
     usage: dict[str, PrometheusUsage] = {}  # by Prometheus URL, kept across the daemon's cycles
-    label_sets = LabelSets()  # the telemetry answers' label sets, decoded and identified once for all cycles
+    label_sets = LabelSets()  # the telemetry answers' label sets, kept across the daemon's cycles
 
     def source(now: datetime, loaded: LoadedPolicy) -> Snapshot:
         telemetry = None

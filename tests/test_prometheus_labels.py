@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import pytest
 
-from rebalancer.model import Finding, Telemetry
+from rebalancer.model import Finding, Pod, Telemetry
 from rebalancer.policy import LabelMapping, PrometheusConfig, TelemetryConfig
 from rebalancer.sources.prometheus import PrometheusTelemetrySource
 from rebalancer.sources.prometheus_http import PrometheusError, VectorSample
@@ -113,11 +113,11 @@ def test_malformed_labels_are_a_prometheus_error() -> None:
 
 
 def _read(
-    url: str, pods: Mapping[tuple[str, str], object], label_sets: LabelSets | None
+    url: str, pods: Mapping[tuple[str, str], Pod], label_sets: LabelSets | None
 ) -> tuple[Telemetry, tuple[Finding, ...]]:
     cfg = TelemetryConfig(prometheus=PrometheusConfig(url=url))
     source = PrometheusTelemetrySource(cfg, (1800,), label_sets=label_sets)
-    return source.telemetry(NOW, pods)  # type: ignore[arg-type]
+    return source.telemetry(NOW, pods)
 
 
 def test_reads_sharing_label_sets_attribute_pods_afresh_and_read_as_fresh_ones(

@@ -17,6 +17,7 @@ from operator import itemgetter
 from typing import overload
 
 from rebalancer.cycle_report import GpuCell, GpuState, NodeGpus
+from rebalancer.digits import is_ascii_digits
 from rebalancer.model import Finding, GpuTelemetry, Node, Pod, Snapshot
 
 __all__ = ["IDLE_FINDING", "LEAKED_FINDING", "ZONE_LABEL", "GpuMap", "gpu_map"]
@@ -30,7 +31,7 @@ def _cell_order(index: str, uuid: str) -> tuple[int, int | str]:
     """GPUs in index order (numbers by value, then other names), those without an index by UUID last."""
     if not index:
         return (2, uuid)
-    return (0, int(index)) if index.isascii() and index.isdigit() else (1, index)
+    return (0, int(index)) if is_ascii_digits(index) else (1, index)
 
 
 def _mean(values: Iterable[float | None]) -> float | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from rebalancer.daemon.args import add_service_account_token_argument
+from rebalancer.digits import is_ascii_digits
 from rebalancer.durations import parse_duration
 from rebalancer.group_by import GroupBy
 from rebalancer.wording import quoted
@@ -81,7 +82,7 @@ def _group_by(text: str) -> GroupBy:
 
 
 def _top(text: str) -> int:
-    if not (text.isascii() and text.isdigit()):
+    if not is_ascii_digits(text):
         raise argparse.ArgumentTypeError(f"expected a number of entries (0 or more), got {quoted(text)}")
     return int(text)
 

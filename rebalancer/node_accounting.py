@@ -17,6 +17,7 @@ import functools
 import weakref
 from typing import NamedTuple
 
+from rebalancer.digits import is_ascii_digits
 from rebalancer.gpu_devices import GPU_COUNT_LABEL, has_devices
 from rebalancer.memo import MISSING, ObjectMemo, RequestsMemo
 from rebalancer.model import (
@@ -246,9 +247,7 @@ def assigned_devices(pod: Pod, demand: Demand, device_count: int) -> tuple[int, 
 def _devices_named(text: str, gpu_count: int, device_count: int) -> tuple[int, ...] | None:
     """`assigned_devices` of an annotation's text: the pods of a node name a handful of device sets."""
     parts = text.split("-")
-    # ASCII digits only: str.isdigit takes "²", which int() refuses, and int() takes other scripts'
-    # digits, which no scheduler writes.
-    if not all(part.isascii() and part.isdigit() for part in parts):
+    if not all(is_ascii_digits(part) for part in parts):
         return None
     devices = tuple(sorted({int(part) for part in parts}))
     if len(devices) != len(parts) or len(devices) != gpu_count or devices[-1] >= device_count:

@@ -39,6 +39,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rebalancer import rfc3339
+from rebalancer.digits import is_ascii_digits
 from rebalancer.fence import UNFENCED, Fence, FenceLost, RequestTimeout, clip_timeout
 from rebalancer.kubeapi import (
     Backoff,
@@ -244,7 +245,7 @@ class WorkloadWriter:
                 notes.pop(key, None)
             if how == "scale" and not undone:
                 text = ((current.get("metadata") or {}).get("annotations") or {}).get(SCALED_DOWN_FROM, "")
-                if not (text.isascii() and text.isdigit()):
+                if not is_ascii_digits(text):
                     raise _Skip("error", f'{where}: {SCALED_DOWN_FROM} is "{text}", not a number of replicas')
                 scale = self._read(target, scale=True)
                 if _replicas(scale) == 0:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from rebalancer.daemon.names import DEFAULT_LEASE_NAME, STATE_CONFIGMAP
+from rebalancer.digits import is_ascii_digits
 from rebalancer.durations import parse_duration
 
 __all__ = [
@@ -33,7 +34,7 @@ def _seconds(text: str) -> float:
 
 def _listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+    if not sep or not is_ascii_digits(port) or int(port) > 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT or :PORT, got {text!r}")
     return (host.strip("[]") or "0.0.0.0"), int(port)
 

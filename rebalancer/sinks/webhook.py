@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from rebalancer.daemon.clock import utcnow
+from rebalancer.digits import is_ascii_digits
 from rebalancer.policy import WebhookSinkConfig
 from rebalancer.redaction import redact_tree
 from rebalancer.report import to_dict
@@ -86,7 +87,7 @@ def verify_signature(
             timestamp = value
         elif key == "v1":
             candidates.append(value)  # several when the secret is being rotated
-    if timestamp is None or not (timestamp.isascii() and timestamp.isdigit()) or not candidates:
+    if timestamp is None or not is_ascii_digits(timestamp) or not candidates:
         return False
     if abs(now - int(timestamp)) > tolerance:
         return False

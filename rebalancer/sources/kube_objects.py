@@ -27,6 +27,7 @@ from typing import Any
 
 import msgspec
 
+from rebalancer.digits import is_ascii_digits
 from rebalancer.model import (
     Controller,
     Finding,
@@ -113,7 +114,7 @@ def node_model(obj: kt.NodeObject) -> Node:
     labels = meta.labels or {}
     count = labels.get(GPU_COUNT_LABEL)
     if count is not None and not (
-        count.isascii() and count.isdigit() and len(count) <= 5 and int(count) <= MAX_GPU_DEVICES
+        is_ascii_digits(count) and len(count) <= 5 and int(count) <= MAX_GPU_DEVICES
     ):
         raise reader.error(
             f"metadata.labels.{GPU_COUNT_LABEL}",

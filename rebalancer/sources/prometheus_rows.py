@@ -111,9 +111,9 @@ class Rows:
     """The answers of one telemetry read, identified once; `late_uuids`, `add_late`, then `build`.
 
     `answers` holds the answer of every query of the plan, keyed by label set id; `labels[id]` is that
-    label set; `where` names the Prometheus in findings; `identity_of(id)`, when given, is the label
-    set's identity, already resolved (`prometheus_labels.LabelSets.identity`; None: unusable, which is
-    then identified here again, metric by metric, for its finding).
+    label set; `where` names the Prometheus in findings; `identity_of(id)` is the label set's identity,
+    already resolved (`prometheus_labels.LabelSets.identity`; None: unusable, which is then identified
+    here again, metric by metric, for its finding).
     """
 
     def __init__(
@@ -126,7 +126,7 @@ class Rows:
         now_ms: int,
         pods: Mapping[PodKey, Pod] | None,
         where: str,
-        identity_of: Callable[[int], SeriesIdentity | None] | None = None,
+        identity_of: Callable[[int], SeriesIdentity | None],
     ) -> None:
         self._cfg = cfg
         self._labels = labels
@@ -148,7 +148,7 @@ class Rows:
         self._identity: dict[int, SeriesIdentity | None] = {}
         self._group: dict[int, _Group] = {}
         for key in sorted(set().union(*self.by_metric.values()), key=labels.__getitem__):
-            known = identity_of(key) if identity_of is not None else None
+            known = identity_of(key)
             if known is not None:
                 admitted = self._identity[key] = self.grouping.admit(known)
                 self._group[key] = self.grouping.group(admitted)

@@ -16,7 +16,9 @@ __all__ = ["MAX_DURATION_SECONDS", "format_duration", "parse_duration"]
 
 # Past this no setting means anything, and datetime arithmetic overflows a little further on.
 MAX_DURATION_SECONDS = 3650 * 86400
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+# ASCII digits only (re.ASCII), as Go's time.ParseDuration and Prometheus read them: `\d` alone also
+# takes other scripts' digits ("\uff11h", a full-width one), which float() reads as an hour.
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)", re.ASCII)
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 

@@ -520,6 +520,14 @@ def test_bad_durations_are_refused(written: object) -> None:
         parse_duration(written)
 
 
+@pytest.mark.parametrize("written", ["\uff11h", "\u0665m", "1\uff10s", "\u00b2s"])
+def test_durations_in_digits_other_than_ascii_are_refused(written: str) -> None:
+    # Full-width or Arabic-Indic digits are no duration any Kubernetes or Prometheus component writes
+    # (Go reads ASCII digits only); reading "\uff11h" as an hour would be a silent surprise.
+    with pytest.raises(ValueError, match="invalid duration"):
+        parse_duration(written)
+
+
 @pytest.mark.parametrize("written", ["99999999999w", "3651d", 10**12, 1e300, "1" * 400 + "s"])
 def test_durations_past_ten_years_are_refused_not_an_overflow(written: object) -> None:
     with pytest.raises(ValueError, match="longer than 3650d"):

@@ -3,8 +3,9 @@
 Owns the order in which the pieces run and the assembly of the CycleReport. `run_cycle` is what every
 mode runs (`once` on a snapshot or live, the daemon, the trace replay, the benchmarks): the evictor's
 frame opens, the memory of earlier cycles judges where the replacements of its awaited evictions landed
-(`history.judge_landings`, into the report) and gives the history to plan with, every approved decision
-is evicted (and recorded in the memory as it ends), the frame closes, the report goes to every sink.
+(`history_landings.judge_landings`, into the report) and gives the history to plan with, every approved
+decision is evicted (and recorded in the memory as it ends), the frame closes, the report goes to every
+sink.
 `evaluate` is its strategies-and-planner half (collecting, beside the proposals, what each
 strategy left alone and why) and `propose` the strategies alone, public so that a
 benchmark times each phase by calling it, never by patching.
@@ -30,15 +31,8 @@ from rebalancer.gcpause import collector_paused
 from rebalancer.gpu_map import gpu_map
 from rebalancer.guards import CIRCUIT_OPEN as CIRCUIT_OPEN_FINDING
 from rebalancer.guards import first_refusal, pod_refusal
-from rebalancer.history import (
-    NO_HISTORY,
-    DisruptionHistory,
-    EvictionRecord,
-    Landings,
-    Memory,
-    judge_landings,
-    open_circuits,
-)
+from rebalancer.history import NO_HISTORY, DisruptionHistory, EvictionRecord, Memory, open_circuits
+from rebalancer.history_landings import Landings, judge_landings
 from rebalancer.model import (
     Decision,
     Finding,

@@ -10,9 +10,9 @@ across restarts by the state store) and the trace replay:
   circuit breaker (`circuit-open`): when `reschedule_timeout` after an eviction pods of that workload
   created since are still unscheduled, every eviction stops until they are placed;
 - `awaiting`: every pod evicted with a predicted destination (the decision's target and the nodes tied
-  with it), until its workload's replacement is placed and `judge_landings` says whether it landed
-  as predicted, on an equivalent (tied) node or elsewhere, or, none placed `reschedule_timeout` after
-  the eviction, that it is still pending;
+  with it), until its workload's replacement is placed and the landing judgement
+  (`rebalancer.history_landings`) says whether it landed as predicted, on an equivalent (tied) node or
+  elsewhere, or, none placed `reschedule_timeout` after the eviction, that it is still pending;
 - `failed_drains`: per node, when its last drain failed and how many failed in a row (the
   `drain-backoff` guard waits 1, 2, 4... intervals, at most an hour, before the next; a drain that
   completes clears it);
@@ -23,27 +23,28 @@ across restarts by the state store) and the trace replay:
 
 `recorded` adds one decision's outcomes (only pods that were really `evicted` count: a dry run changes
 nothing), `pruned` drops what no guard can refuse with any more, `settled` drops the evictions whose
-workloads are placed again and the landings judged (`for_cycle`: both, what a cycle plans with),
-`open_circuits` says which workloads keep the circuit open, and `judge_landings` which awaited
-landings are in, and how they went. It also reads and writes the history as JSON for the state
-store. It must do no I/O and read no clock. It keeps one thing between calls (`_OLDEST`): the oldest
-disruption time of the last `disruptions` mapping `pruned` looked at, and that mapping (held, so its
-identity stays its own), so that a cycle in which nothing expires looks at no workload. A history's
-mappings are never changed once made (a new history gets new ones), so the time kept is that of the
-mapping it is found with, and every answer is what it would be without it.
+workloads are placed again and the landings judged (`for_cycle`: both, what a cycle plans with), and
+`open_circuits` says which workloads keep the circuit open. `by_workload` and `replacements` say which
+pods replace an evicted one, for `settled` and for `rebalancer.history_landings`, which judges the
+awaited landings (`judge_landings`: which are in, and how they went) and imports this module, so that
+`settled` imports it only when its caller has not judged them. It also reads and writes the history as
+JSON for the state store. It must do no I/O and read no clock. It keeps one thing between calls
+(`_OLDEST`): the oldest disruption time of the last `disruptions` mapping `pruned` looked at, and that
+mapping (held, so its identity stays its own), so that a cycle in which nothing expires looks at no
+workload. A history's mappings are never changed once made (a new history gets new ones), so the time
+kept is that of the mapping it is found with, and every answer is what it would be without it.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from rebalancer import rfc3339
-from rebalancer.cycle_report import PredictionCheck
-from rebalancer.model import NOT_ATTEMPTED, Decision, Outcome, Pod, PredictionResult, Snapshot
+from rebalancer.model import NOT_ATTEMPTED, Decision, Outcome, Pod, Snapshot
 from rebalancer.policy import Policy
 from rebalancer.scoring import Prediction
 
@@ -52,13 +53,13 @@ __all__ = [
     "NO_HISTORY",
     "DisruptionHistory",
     "EvictionRecord",
-    "Landings",
     "Memory",
     "Trip",
     "Workload",
     "WorkloadKey",
-    "judge_landings",
+    "by_workload",
     "open_circuits",
+    "replacements",
     "workload_key",
 ]
 
@@ -298,6 +299,9 @@ class DisruptionHistory:
         history = self
         if self.awaiting:
             if judged is None:
+                # Imported here, not at the top: rebalancer.history_landings imports this module.
+                from rebalancer.history_landings import judge_landings  # noqa: PLC0415
+
                 judged = judge_landings(snapshot, self, reschedule_timeout).judged
             if judged:
                 history = replace(self, awaiting=tuple(r for r in self.awaiting if r not in judged))
@@ -309,9 +313,9 @@ class DisruptionHistory:
         timeout = timedelta(seconds=reschedule_timeout)
         waiting = _unplaced(snapshot)
         kept: list[EvictionRecord] = []
-        for workload, records in _by_workload(self.evictions).items():
+        for workload, records in by_workload(self.evictions).items():
             oldest = min(r.evicted_at for r in records)
-            if snapshot.now - oldest < timeout or _replacements(waiting.get(workload, ()), oldest):
+            if snapshot.now - oldest < timeout or replacements(waiting.get(workload, ()), oldest):
                 kept.extend(records)
             else:
                 kept.extend(r for r in records if snapshot.now - r.evicted_at < timeout)
@@ -473,12 +477,12 @@ def open_circuits(
     timeout = timedelta(seconds=reschedule_timeout)
     waiting = _unplaced(snapshot)
     trips: list[Trip] = []
-    for workload, records in sorted(_by_workload(history.evictions).items()):
+    for workload, records in sorted(by_workload(history.evictions).items()):
         oldest = min(r.evicted_at for r in records)
         age = snapshot.now - oldest
         if age < timeout:
             continue
-        pending = _replacements(waiting.get(workload, ()), oldest)
+        pending = replacements(waiting.get(workload, ()), oldest)
         if pending:
             trips.append(Trip(workload, oldest, len(pending), int(age.total_seconds() // 60)))
     return tuple(trips)
@@ -494,113 +498,17 @@ def _unplaced(snapshot: Snapshot) -> dict[Workload, list[Pod]]:
     return unplaced
 
 
-def _by_workload(records: Iterable[EvictionRecord]) -> dict[Workload, list[EvictionRecord]]:
+def by_workload(records: Iterable[EvictionRecord]) -> dict[Workload, list[EvictionRecord]]:
+    """The records grouped by their workload, each group in the order given."""
     grouped: dict[Workload, list[EvictionRecord]] = defaultdict(list)
     for record in records:
         grouped[record.workload].append(record)
     return grouped
 
 
-def _replacements(pods: Iterable[Pod], evicted_at: datetime) -> list[Pod]:
+def replacements(pods: Iterable[Pod], evicted_at: datetime) -> list[Pod]:
     """The pods created since the eviction (or of unknown age): the replacements it waits for."""
     return [p for p in pods if p.created is None or p.created >= evicted_at - CLOCK_SKEW]
-
-
-# --------------------------------------------------------------------------- landings
-
-
-@dataclass(frozen=True, slots=True)
-class Landings:
-    """The awaited landings judged on one snapshot (`checks`, from the `judged` records), and how many
-    records still await theirs."""
-
-    checks: tuple[PredictionCheck, ...] = ()
-    judged: frozenset[EvictionRecord] = frozenset()
-    awaiting: int = 0
-
-
-def judge_landings(snapshot: Snapshot, history: DisruptionHistory, reschedule_timeout: int) -> Landings:
-    """Where the replacements of the awaited evictions landed, against each prediction.
-
-    A replacement is a pod of the evicted pod's workload created since the eviction (`CLOCK_SKEW`
-    allowed; of unknown age too), placed on a node and not terminating; each is matched to one eviction,
-    those on the predicted node first, then those on a tied node. A workload's awaited evictions are
-    judged together once each has a replacement placed (`as-predicted`, `equivalent`: on a tied node,
-    `elsewhere`); until then each waits, at most `reschedule_timeout` after its eviction (then judged
-    on its match, or `pending` without one)."""
-    if not history.awaiting:
-        return Landings()
-    timeout = timedelta(seconds=reschedule_timeout)
-    placed = _placed(snapshot, {r.workload for r in history.awaiting})
-    checks: list[PredictionCheck] = []
-    judged: set[EvictionRecord] = set()
-    for workload, records in sorted(_by_workload(history.awaiting).items()):
-        records.sort(key=lambda r: (r.evicted_at, r.pod))
-        matched = _match(records, placed.get(workload, []))
-        complete = len(matched) == len(records)
-        for record in records:
-            if not complete and snapshot.now - record.evicted_at < timeout:
-                continue
-            judged.add(record)
-            if record.predicted is not None:
-                checks.append(_check(record, record.predicted, matched.get(record)))
-    return Landings(tuple(checks), frozenset(judged), len(history.awaiting) - len(judged))
-
-
-def _placed(snapshot: Snapshot, workloads: set[Workload]) -> dict[Workload, list[Pod]]:
-    """The placed pods of these workloads, oldest first (unknown age last)."""
-    found: dict[Workload, list[Pod]] = defaultdict(list)
-    names = {w.name for w in workloads}  # a cheap test first: most pods are of no such workload
-    for pod in snapshot.pods:
-        if (pod.name if pod.owner is None else pod.owner.name) not in names:
-            continue
-        if pod.is_active and not pod.terminating and (workload := Workload.of(pod)) in workloads:
-            found[workload].append(pod)
-    for pods in found.values():
-        pods.sort(key=lambda p: (p.created is None, p.created or snapshot.now, p.name))
-    return found
-
-
-def _match(records: Sequence[EvictionRecord], pods: Sequence[Pod]) -> dict[EvictionRecord, Pod]:
-    """One replacement per eviction: on its predicted node first, then on a tied node, then anywhere."""
-    free = list(pods)
-    matched: dict[EvictionRecord, Pod] = {}
-    passes: tuple[Callable[[Prediction, str], bool], ...] = (
-        lambda predicted, node: node == predicted.chosen,
-        lambda predicted, node: predicted.accepts(node),
-        lambda predicted, node: True,
-    )
-    for lands in passes:
-        for record in records:
-            if record in matched or record.predicted is None:
-                continue
-            for pod in _replacements(free, record.evicted_at):
-                if pod.node_name is not None and lands(record.predicted, pod.node_name):
-                    matched[record] = pod
-                    free.remove(pod)
-                    break
-    return matched
-
-
-def _check(record: EvictionRecord, predicted: Prediction, pod: Pod | None) -> PredictionCheck:
-    result: PredictionResult
-    if pod is None or pod.node_name is None:
-        result = "pending"
-    elif pod.node_name == predicted.chosen:
-        result = "as-predicted"
-    elif predicted.accepts(pod.node_name):
-        result = "equivalent"
-    else:
-        result = "elsewhere"
-    return PredictionCheck(
-        strategy=record.strategy or "unknown",
-        namespace=record.workload.namespace,
-        pod=record.pod,
-        predicted=predicted.chosen,
-        result=result,
-        landed=pod.node_name if pod is not None else None,
-        replacement=pod.name if pod is not None else None,
-    )
 
 
 # --------------------------------------------------------------------------- memory

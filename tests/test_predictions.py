@@ -1,9 +1,9 @@
 """Live prediction feedback: where the replacements of evicted pods landed, against the prediction.
 
-- `history.judge_landings` (pure): a replacement is a placed pod of the evicted pod's workload created
-  since the eviction; it landed `as-predicted`, `equivalent` (on a node tied with the predicted one),
-  `elsewhere`, or, none placed `reschedule_timeout` after the eviction, `pending`; judged evictions
-  leave the watch list, which the state store keeps (older states without it still load);
+- `history_landings.judge_landings` (pure): a replacement is a placed pod of the evicted pod's workload
+  created since the eviction; it landed `as-predicted`, `equivalent` (on a node tied with the predicted
+  one), `elsewhere`, or, none placed `reschedule_timeout` after the eviction, `pending`; judged
+  evictions leave the watch list, which the state store keeps (older states without it still load);
 - the planner records the tied set of each approved pod;
 - the report (JSON and text) and the metrics sink carry the judged landings;
 - end to end against the fake API server: live cycles evict a node's pods, a scheduler stand-in
@@ -25,15 +25,8 @@ from rebalancer.actuator import ClusterActuator
 from rebalancer.cycle import run_cycle
 from rebalancer.cycle_report import PredictionCheck
 from rebalancer.evictor import DryRunEvictor
-from rebalancer.history import (
-    MAX_TIED_KEPT,
-    NO_HISTORY,
-    DisruptionHistory,
-    EvictionRecord,
-    Memory,
-    Workload,
-    judge_landings,
-)
+from rebalancer.history import MAX_TIED_KEPT, NO_HISTORY, DisruptionHistory, EvictionRecord, Memory, Workload
+from rebalancer.history_landings import judge_landings
 from rebalancer.model import Decision, Outcome, OwnerRef, Proposal
 from rebalancer.planner import plan
 from rebalancer.policy import EvictionConfig, parse_policy

@@ -57,7 +57,8 @@ from rebalancer.fence import UNFENCED, Fence, RequestTimeout, WriteFence
 from rebalancer.guards import (
     CHECKPOINT_PENDING,
 )
-from rebalancer.history import DisruptionHistory, EvictionRecord, Workload, open_circuits
+from rebalancer.history import DisruptionHistory, EvictionRecord, Workload
+from rebalancer.history_circuit import open_circuits
 from rebalancer.kube_evictor import REQUESTER, KubeEvictor
 from rebalancer.kubeapi import (
     Backoff,

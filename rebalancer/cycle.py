@@ -31,7 +31,8 @@ from rebalancer.gcpause import collector_paused
 from rebalancer.gpu_map import gpu_map
 from rebalancer.guards import CIRCUIT_OPEN as CIRCUIT_OPEN_FINDING
 from rebalancer.guards import first_refusal, pod_refusal
-from rebalancer.history import NO_HISTORY, DisruptionHistory, EvictionRecord, Memory, open_circuits
+from rebalancer.history import NO_HISTORY, DisruptionHistory, EvictionRecord, Memory
+from rebalancer.history_circuit import open_circuits
 from rebalancer.history_landings import Landings, judge_landings
 from rebalancer.model import (
     Decision,

@@ -7,8 +7,9 @@ across restarts by the state store) and the trace replay:
 - `workloads`: when each workload (namespace, controller kind and name) last had a pod evicted (the
   `cooldown` guard), and `disruptions`: the time of every cycle that did (`disruption-budget`);
 - `evictions`: every pod evicted, with its workload (a bare pod is its own) and when, watched by the
-  circuit breaker (`circuit-open`): when `reschedule_timeout` after an eviction pods of that workload
-  created since are still unscheduled, every eviction stops until they are placed;
+  circuit breaker (`circuit-open`, `rebalancer.history_circuit`): when `reschedule_timeout` after an
+  eviction pods of that workload created since are still unscheduled, every eviction stops until they
+  are placed;
 - `awaiting`: every pod evicted with a predicted destination (the decision's target and the nodes tied
   with it), until its workload's replacement is placed and the landing judgement
   (`rebalancer.history_landings`) says whether it landed as predicted, on an equivalent (tied) node or
@@ -23,16 +24,17 @@ across restarts by the state store) and the trace replay:
 
 `recorded` adds one decision's outcomes (only pods that were really `evicted` count: a dry run changes
 nothing), `pruned` drops what no guard can refuse with any more, `settled` drops the evictions whose
-workloads are placed again and the landings judged (`for_cycle`: both, what a cycle plans with), and
-`open_circuits` says which workloads keep the circuit open. `by_workload` and `replacements` say which
-pods replace an evicted one, for `settled` and for `rebalancer.history_landings`, which judges the
-awaited landings (`judge_landings`: which are in, and how they went) and imports this module, so that
-`settled` imports it only when its caller has not judged them. It also reads and writes the history as
-JSON for the state store. It must do no I/O and read no clock. It keeps one thing between calls
-(`_OLDEST`): the oldest disruption time of the last `disruptions` mapping `pruned` looked at, and that
-mapping (held, so its identity stays its own), so that a cycle in which nothing expires looks at no
-workload. A history's mappings are never changed once made (a new history gets new ones), so the time
-kept is that of the mapping it is found with, and every answer is what it would be without it.
+workloads are placed again and the landings judged (`for_cycle`: both, what a cycle plans with).
+`unplaced`, `by_workload` and `replacements` find the pods that replace evicted ones, for `settled` and
+for the two modules that read the history: `rebalancer.history_circuit` (`open_circuits`: which
+workloads keep the circuit open) and `rebalancer.history_landings` (`judge_landings`: which awaited
+landings are in, and how they went). Both import this module, so `settled` imports `judge_landings`
+only when its caller has not judged the landings. It also reads and writes the history as JSON for the
+state store. It must do no I/O and read no clock. It keeps one thing between calls (`_OLDEST`): the
+oldest disruption time of the last `disruptions` mapping `pruned` looked at, and that mapping (held, so
+its identity stays its own), so that a cycle in which nothing expires looks at no workload. A history's
+mappings are never changed once made (a new history gets new ones), so the time kept is that of the
+mapping it is found with, and every answer is what it would be without it.
 """
 
 from __future__ import annotations
@@ -54,12 +56,11 @@ __all__ = [
     "DisruptionHistory",
     "EvictionRecord",
     "Memory",
-    "Trip",
     "Workload",
     "WorkloadKey",
     "by_workload",
-    "open_circuits",
     "replacements",
+    "unplaced",
     "workload_key",
 ]
 
@@ -311,7 +312,7 @@ class DisruptionHistory:
         if not self.evictions:  # nothing watched: no pod to look at
             return self
         timeout = timedelta(seconds=reschedule_timeout)
-        waiting = _unplaced(snapshot)
+        waiting = unplaced(snapshot)
         kept: list[EvictionRecord] = []
         for workload, records in by_workload(self.evictions).items():
             oldest = min(r.evicted_at for r in records)
@@ -451,51 +452,18 @@ def _awaiting_from_json(item: Mapping[str, Any]) -> EvictionRecord:
 NO_HISTORY = DisruptionHistory()
 
 
-# --------------------------------------------------------------------------- the circuit breaker
+# --------------------------------------------------------------------------- the replacements of evicted pods
 
 
-@dataclass(frozen=True, slots=True)
-class Trip:
-    """A workload that keeps the circuit open: pods of it created since its eviction are unscheduled."""
-
-    workload: Workload
-    evicted_at: datetime
-    pending: int
-    minutes: int
-
-    @property
-    def detail(self) -> str:
-        return f"circuit open: {self.workload.ref} still Pending {self.minutes}m after eviction"
-
-
-def open_circuits(
-    snapshot: Snapshot, history: DisruptionHistory, reschedule_timeout: int
-) -> tuple[Trip, ...]:
-    """The workloads whose pods evicted `reschedule_timeout` or more ago are not placed again."""
-    if not history.evictions:
-        return ()
-    timeout = timedelta(seconds=reschedule_timeout)
-    waiting = _unplaced(snapshot)
-    trips: list[Trip] = []
-    for workload, records in sorted(by_workload(history.evictions).items()):
-        oldest = min(r.evicted_at for r in records)
-        age = snapshot.now - oldest
-        if age < timeout:
-            continue
-        pending = replacements(waiting.get(workload, ()), oldest)
-        if pending:
-            trips.append(Trip(workload, oldest, len(pending), int(age.total_seconds() // 60)))
-    return tuple(trips)
-
-
-def _unplaced(snapshot: Snapshot) -> dict[Workload, list[Pod]]:
-    unplaced: dict[Workload, list[Pod]] = defaultdict(list)
+def unplaced(snapshot: Snapshot) -> dict[Workload, list[Pod]]:
+    """The snapshot's unscheduled pods (Pending, on no node), by workload."""
+    found: dict[Workload, list[Pod]] = defaultdict(list)
     if sum(map(len, snapshot.pods_by_node.values())) == len(snapshot.pods):  # every pod is bound
-        return unplaced
+        return found
     for pod in snapshot.pods:
         if pod.phase == "Pending" and pod.node_name is None:
-            unplaced[Workload.of(pod)].append(pod)
-    return unplaced
+            found[Workload.of(pod)].append(pod)
+    return found
 
 
 def by_workload(records: Iterable[EvictionRecord]) -> dict[Workload, list[EvictionRecord]]:

@@ -39,15 +39,8 @@ from datetime import datetime, timedelta
 
 from rebalancer import guards, rfc3339
 from rebalancer.destinations import Landed, Misfit, land
-from rebalancer.history import (
-    NO_HISTORY,
-    DisruptionHistory,
-    Trip,
-    Workload,
-    drain_backoff,
-    open_circuits,
-    workload_key,
-)
+from rebalancer.history import NO_HISTORY, DisruptionHistory, Workload, drain_backoff, workload_key
+from rebalancer.history_circuit import Trip, open_circuits
 from rebalancer.model import Decision, Pdb, Pod, Proposal, Snapshot
 from rebalancer.placement import ClusterState
 from rebalancer.policy import Policy, format_duration

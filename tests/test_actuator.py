@@ -22,7 +22,8 @@ from rebalancer.guards import (
     CIRCUIT_OPEN,
     EVICTION_REQUESTED_AT_ANNOTATION,
 )
-from rebalancer.history import DisruptionHistory, EvictionRecord, Workload, open_circuits
+from rebalancer.history import DisruptionHistory, EvictionRecord, Workload
+from rebalancer.history_circuit import open_circuits
 from rebalancer.kube_evictor import KubeEvictor
 from rebalancer.model import Decision, Outcome, Pod, Proposal, ProposalKind, Snapshot
 from rebalancer.node_marks import DRAINING_TAINT_KEY, KubeTainter

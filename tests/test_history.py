@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from rebalancer.cycle import run_cycle
 from rebalancer.cycle_report import NodeFacts
 from rebalancer.evictor import DryRunEvictor
-from rebalancer.history import NO_HISTORY, DisruptionHistory, EvictionRecord, Memory, Workload, open_circuits
+from rebalancer.history import NO_HISTORY, DisruptionHistory, EvictionRecord, Memory, Workload
+from rebalancer.history_circuit import open_circuits
 from rebalancer.model import Decision, Finding, Outcome, Proposal
 from rebalancer.planner import plan
 from rebalancer.policy import parse_policy

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rebalancer.telemetry import exposition_documents
+from rebalancer.telemetry import exposition_lines
 from rebalancer.telemetry.exposition import (
     DOCUMENT_SAMPLES,
     ExpositionError,
@@ -243,7 +243,7 @@ def test_a_line_the_fast_reading_does_not_know_leaves_its_document_to_the_librar
 @pytest.fixture
 def broken_newline_escape(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The fast reading with `\\n` read as `n`, a plausible slip."""
-    monkeypatch.setitem(exposition_documents._ESCAPES, "\\n", "n")
+    monkeypatch.setitem(exposition_lines._ESCAPES, "\\n", "n")
     with unchecked():
         yield
 

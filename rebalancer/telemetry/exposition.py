@@ -35,8 +35,8 @@ from rebalancer.telemetry.exposition_documents import (
     Read,
     SeriesKey,
     documents,
-    series_text,
 )
+from rebalancer.telemetry.exposition_lines import series_text
 from rebalancer.telemetry.series import ExpositionError, Sample, Series
 from rebalancer.wording import clip
 

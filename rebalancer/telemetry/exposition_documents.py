@@ -3,11 +3,15 @@
 Owns `documents`: the lines of a Prometheus text-format or OpenMetrics exposition, read one at a time,
 cut into `Document`s of about `samples` sample lines that prometheus_client can parse on their own
 (`telemetry.exposition` hands them over), and, while cutting, a fast reading of each document:
-`Document.read` holds the samples the document gives when every one of its lines is of a form this module
+`Document.read` holds the samples the document gives when every one of its lines is of a form the reader
 knows prometheus_client reads in one way, and None otherwise (then prometheus_client reads it, so
-everything unusual keeps the library's semantics, messages and line numbers).
+everything unusual keeps the library's semantics, messages and line numbers). What one line, or a piece
+of it, reads as is `telemetry.exposition_lines`' (the series text the cut goes by, and the plain forms of
+names, label texts, values, timestamps and metadata lines); what spans lines is this module's: the scan,
+the families and groups, the memories of series and samples, and the cut.
 
-The forms read here are what dcgm-exporter and `rebalancer snapshot` write, and nothing more:
+The forms read (within a line by `telemetry.exposition_lines`, across lines here) are what dcgm-exporter
+and `rebalancer snapshot` write, and nothing more:
 
 - a sample `name value [timestamp]` or `name{label="value",...} value [timestamp]`: a legacy metric name,
   legacy label names not starting with `__`, each once, values in double quotes with the escapes `\\\\`,
@@ -34,21 +38,32 @@ bounded memories that start afresh when full.
 
 `documents` also makes the checks that span documents (the same series twice in a row without a
 timestamp, an OpenMetrics series interleaved with others of its family), raising `ExpositionError`.
-It must not do I/O, read the clock, import prometheus_client or decide what a document means when its
-reading differs from the library's: such a document is left to the library.
+It must not read a line's pieces itself (`telemetry.exposition_lines` does), do I/O, read the clock,
+import prometheus_client or decide what a document means when its reading differs from the library's:
+such a document is left to the library.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TypeVar
 
+from rebalancer.telemetry.exposition_lines import (
+    ASCII_SPACE,
+    METRIC_NAME,
+    OM_META,
+    OM_TYPES,
+    TEXT_META,
+    parse_labels,
+    parse_om_stamp,
+    parse_text_stamp,
+    parse_value,
+    remember,
+    series_text,
+    without_timestamp,
+)
 from rebalancer.telemetry.series import ExpositionError, Sample
-
-_T = TypeVar("_T")
 
 __all__ = [
     "MAX_TIMESTAMP_SECONDS",
@@ -58,7 +73,6 @@ __all__ = [
     "Read",
     "SeriesKey",
     "documents",
-    "series_text",
 ]
 
 # Prometheus text format timestamps are milliseconds. One that lands before this (March 1973) was
@@ -107,125 +121,10 @@ class Document:
         return self.first + index - len(self.header)
 
 
-def series_text(line: str) -> str:
-    """The `name{labels}` part of a sample line (as written: two spellings of one series differ)."""
-    brace = line.find("{")
-    space = line.find(" ")
-    if brace != -1 and (space == -1 or brace < space):
-        return line[: line.rfind("}") + 1]
-    return line[:space] if space != -1 else line
-
-
-def _without_timestamp(line: str, series: str) -> bool:
-    """Whether a sample line gives only a value (an OpenMetrics exemplar after `#` aside)."""
-    rest = line[len(series) :].partition("#")[0].split()
-    return len(rest) == 1
-
-
-# --------------------------------------------------------------------------- the plain forms
-
-_METRIC = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-_METRIC_NAME = re.compile(_METRIC)
-_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_QUOTED = r'"[^"\\]*(?:\\.[^"\\]*)*"'  # a label value: any character but a quote, or a backslash pair
-_LABELS = re.compile(rf"[a-zA-Z_][a-zA-Z0-9_]*={_QUOTED}(?:,[a-zA-Z_][a-zA-Z0-9_]*={_QUOTED})*", re.S)
-_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*(?:\\.[^"\\]*)*)"', re.S)
-_ESCAPE = re.compile(r'\\[\\n"]')
-_ESCAPES = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
-_VALUE = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?Inf|NaN")
-_INTEGER = re.compile(r"[-+]?[0-9]+")
-_OM_STAMP = re.compile(r"([0-9]{1,20})(?:\.([0-9]{1,20}))?")
-_TEXT_STAMP = re.compile(r"[0-9]{1,20}")
-_OM_META = re.compile(rf"# (HELP|TYPE|UNIT) ({_METRIC}) (.*)", re.S)
-_TEXT_META = re.compile(
-    rf"# (?:HELP ({_METRIC})(?: .*)?|TYPE ({_METRIC}) (gauge|untyped|unknown|counter))", re.S
-)
-_ASCII_SPACE = re.compile(r"[ \t\n\r\x0b\x0c]+")  # string.whitespace, what the text parser splits on
-_OM_TYPES = frozenset({"gauge", "unknown"})
-
-_REMEMBERED = 1 << 16  # texts remembered, of each kind
-_REMEMBERED_LABEL_TEXTS = 1 << 17  # a GPU's labels, some 250 characters: at most ~35 MB
-_NEVER = "\n\n"  # no line starts with it: no series is being continued
-
-
-def _value(text: str) -> float | None:
-    """`float(prometheus_client.parser._parse_value(text))` for the values read here, else None."""
-    if len(text) > 64 or _VALUE.fullmatch(text) is None:
-        return None
-    return float(int(text)) if _INTEGER.fullmatch(text) else float(text)
-
-
-def _om_stamp(text: str) -> float | None:
-    """`float()` of the OpenMetrics parser's `Timestamp` for a timestamp of digits, else None."""
-    match = _OM_STAMP.fullmatch(text[:-1] if text.endswith("\n") else text)
-    if match is None:
-        return None
-    seconds, fraction = match.groups()
-    nanoseconds = int(fraction[:9].ljust(9, "0")) if fraction is not None else 0
-    return float(int(seconds)) + float(nanoseconds) / 1e9
-
-
-def _text_stamp(text: str) -> float | None:
-    """The text parser's timestamp (`int(text) / 1000`, in seconds) for integer milliseconds, else None."""
-    digits = text[:-1] if text.endswith("\n") else text
-    return int(digits) / 1000 if _TEXT_STAMP.fullmatch(digits) else None
-
-
-def _labels(text: str) -> tuple[tuple[str, str], ...] | None:
-    """The sorted label pairs of the text between a series' braces; None unless it is `name="value"`
-    pairs joined by commas, each name legacy, not reserved (`__`) and given once."""
-    if not text:
-        return ()
-    pairs = _split_pairs(text) if "\\" not in text else None
-    if pairs is None:
-        if _LABELS.fullmatch(text) is None:
-            return None
-        pairs = [(name, _ESCAPE.sub(_unescaped, value)) for name, value in _PAIR.findall(text)]
-        if any(name.startswith("__") for name, _ in pairs):
-            return None
-    if len(dict(pairs)) != len(pairs):
-        return None
-    return tuple(sorted(pairs))
-
-
-def _split_pairs(text: str) -> list[tuple[str, str]] | None:
-    """`_labels`' pairs of a label text without a backslash, by splitting (several times faster than the
-    expression), names not reserved; None when splitting does not give them. Without a backslash no
-    value holds a quote, so a value ends at the first quote after it opens, followed by `,` or the end
-    of the text. Splitting at every `",` also splits where a value starts with a comma, and then a piece
-    is not `name="value`: None, and the expression decides."""
-    if text[-1] != '"' or text.startswith("__") or '",__' in text:
-        return None
-    pairs: list[tuple[str, str]] = []
-    for piece in text[:-1].split('",'):
-        name, equals, value = piece.partition('="')
-        if not equals or '"' in value:
-            return None
-        known = _NAMES.get(name)
-        if known is None:
-            known = _LABEL_NAME.fullmatch(name) is not None
-            _remember(_NAMES, name, known)
-        if not known:
-            return None
-        pairs.append((name, value))
-    return pairs
-
-
-_NAMES: dict[str, bool] = {}  # label names: whether legacy
-
-
-def _remember(texts: dict[str, _T], text: str, value: _T, limit: int = _REMEMBERED) -> None:
-    """Remember what `text` reads as; a full memory starts afresh, so it follows what the file repeats."""
-    if len(texts) >= limit:
-        texts.clear()
-    texts[text] = value
-
-
-def _unescaped(match: re.Match[str]) -> str:
-    return _ESCAPES[match.group(0)]
-
-
 # --------------------------------------------------------------------------- the scan
+
+_REMEMBERED_LABEL_TEXTS = 1 << 17  # label texts remembered (a GPU's labels, ~250 characters): ~35 MB at most
+_NEVER = "\n\n"  # no line starts with it: no series is being continued
 
 
 class _Scan:
@@ -255,7 +154,7 @@ class _Scan:
         # every metric family.
         self.label_texts: dict[str, tuple[tuple[str, str], ...] | None] = {}
         self.metric_names: dict[str, bool] = {}
-        self.stamp_of = _om_stamp if openmetrics else _text_stamp
+        self.stamp_of = parse_om_stamp if openmetrics else parse_text_stamp
         self.document = Document()
         self._start_reading()
 
@@ -314,7 +213,7 @@ class _Scan:
             if content == "# EOF":
                 self.eof = True
                 return
-            match = _OM_META.fullmatch(content)
+            match = OM_META.fullmatch(content)
             if match is None or match.group(1) == "UNIT":
                 self._give_up()
                 return
@@ -329,15 +228,15 @@ class _Scan:
                     self._give_up()
                 self.has_help = True
             else:
-                if self.has_type or rest not in _OM_TYPES:
+                if self.has_type or rest not in OM_TYPES:
                     self._give_up()
                 self.has_type = True
                 self.type = rest
             return
         content = line.strip()
-        match = _TEXT_META.fullmatch(content)
+        match = TEXT_META.fullmatch(content)
         if match is None:
-            if '"' in content or _ASCII_SPACE.split(content, maxsplit=2)[1:2] in (["HELP"], ["TYPE"]):
+            if '"' in content or ASCII_SPACE.split(content, maxsplit=2)[1:2] in (["HELP"], ["TYPE"]):
                 self._give_up()  # metadata the text parser reads otherwise, or refuses
             return  # a comment: ignored
         help_name, type_name, type_ = match.groups()
@@ -440,8 +339,8 @@ class _Scan:
         name = head if brace == -1 else head[:brace]
         known = self.metric_names.get(name)
         if known is None:
-            known = _METRIC_NAME.fullmatch(name) is not None
-            _remember(self.metric_names, name, known)
+            known = METRIC_NAME.fullmatch(name) is not None
+            remember(self.metric_names, name, known)
         if not known:
             return None
         if brace == -1:
@@ -452,16 +351,16 @@ class _Scan:
         if text in self.label_texts:
             labels = self.label_texts[text]
         else:
-            labels = _labels(text)
-            _remember(self.label_texts, text, labels, _REMEMBERED_LABEL_TEXTS)
+            labels = parse_labels(text)
+            remember(self.label_texts, text, labels, _REMEMBERED_LABEL_TEXTS)
         return (name, labels) if labels is not None else None
 
     def value(self, text: str) -> float | None:
         value = self.values.get(text)
         if value is None:
-            value = _value(text)
+            value = parse_value(text)
             if value is not None:
-                _remember(self.values, text, value)
+                remember(self.values, text, value)
         return value
 
     def stamp(self, text: str) -> float | None:
@@ -469,7 +368,7 @@ class _Scan:
         if stamp is None:
             stamp = self.stamp_of(text)
             if stamp is not None:
-                _remember(self.stamps, text, stamp)
+                remember(self.stamps, text, stamp)
         return stamp
 
     def sample(self, rest: str) -> tuple[Sample, float] | None:
@@ -482,7 +381,7 @@ class _Scan:
         if value is None or stamp is None:
             return None
         read = (Sample(value, stamp), stamp)
-        _remember(self.samples_read, rest, read)
+        remember(self.samples_read, rest, read)
         return read
 
     def _low(self) -> float:
@@ -593,7 +492,7 @@ def _general(scan: _Scan, line: str, number: int) -> Document | None:
         # Read first (the reading gives the series text and timestamp presence of a plain line), but
         # into the right document: a line that starts a new series may end the current document.
         series = series_text(line)
-        untimed = _without_timestamp(line, series)
+        untimed = without_timestamp(line, series)
         if series == scan.previous and untimed and scan.previous_untimed:
             # Two values of one series at one instant: undefined in both formats, refused by Prometheus
             # (prometheus_client's OpenMetrics parser silently keeps the first).

@@ -2,8 +2,8 @@
 
 Owns the device arithmetic shared by the placement simulation and the trace replay: a node's devices
 are a list of free milli-GPU (1000 a device); a pod needs `count` distinct devices with `milli` free
-each. Also what share of its GPU a MIG instance is (`mig_share`), for idle GPU-hours and their cost.
-It must stay pure.
+each. Also what share of its GPU a MIG instance is (`mig_share`), for idle GPU-hours and their cost,
+and for gpu-consolidation's GPU-equivalents. It must stay pure.
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 # Compute slices of a MIG-capable GPU, by a part of its model name (NVIDIA's MIG user guide: A30 has
 # 4, A100, H100, H200 and B200 have 7). A profile `<N>g.<memory>` holds N of them.
 _MIG_SLICES = (("A30", 4), ("A100", 7), ("H100", 7), ("H200", 7), ("B200", 7))
-_MIG_PROFILE = re.compile(r"^(\d+)g\.")
+_MIG_PROFILE = re.compile(r"^(\d+)g\.", re.ASCII)
 
 
-def mig_share(profile: str, model: str) -> float | None:
+def mig_share(profile: str, model: str, *, slices_if_unknown: int | None = None) -> float | None:
     """The share of its GPU a MIG instance of `profile` (`3g.40gb`) is on `model`; None when the profile
-    or the model does not say."""
+    does not say, or the model does not and no `slices_if_unknown` is given."""
     found = _MIG_PROFILE.match(profile)
-    slices = next((count for part, count in _MIG_SLICES if part in model), None)
+    slices = next((count for part, count in _MIG_SLICES if part in model), slices_if_unknown)
     if found is None or slices is None:
         return None
     return min(int(found.group(1)), slices) / slices

@@ -157,7 +157,7 @@ _pct = format_pct
 
 def _no_fit(candidate: Candidate, trial: ClusterState, exclude: Collection[str]) -> Finding:
     """Name a pod that cannot be re-placed even alone, else say they cannot all fit at once."""
-    for pod in largest_first(candidate.pods):
+    for pod in largest_first(candidate.pods, candidate.node.gpu_model):
         if trial.best_node(pod, exclude=exclude) is None:
             return blocked(candidate, pod, "cannot be re-placed on any other node")
     return blocked(
@@ -193,9 +193,10 @@ def _reason(
     if room_makers:
         peers = ", ".join(sorted({pod.node_name or "?" for pod in room_makers}))
         lifted_to = ", ".join(sorted({targets[pod.key] for pod in room_makers}))
+        model = candidate.node.gpu_model  # room makers run on peers: nodes of the candidate's model
         text += (
             f"; room made on {peers} by moving {plural(len(room_makers), 'pod')} "
-            f"({format_gpus(sum(pod_gpus(pod) for pod in room_makers))} GPUs) to {lifted_to}"
+            f"({format_gpus(sum(pod_gpus(pod, model) for pod in room_makers))} GPUs) to {lifted_to}"
         )
     return text
 

@@ -1,10 +1,12 @@
 """GPU accounting of `gpu-consolidation`: how many GPUs a node offers and a pod holds, in GPU-equivalents.
 
 Owns the one way the strategy's parts count GPUs: a node's capacity is its devices as placement counts
-them, or, on a MIG node, its whole GPUs plus its MIG instances by compute slices (a profile `<N>g.<memory>`
-holds N of a GPU's `MIG_SLICES_PER_GPU`); a pod holds its whole GPUs and shares (`pod.gpu`), or its MIG
-instances by slices. These sums judge thresholds, order candidates and compare node sizes; they never
-decide whether a pod fits (that is per-device packing, `rebalancer.placement`'s job). Also owns how a GPU
+them, or, on a MIG node, its whole GPUs plus its MIG instances by compute slices (a profile
+`<N>g.<memory>` holds N of its GPU model's slices, `rebalancer.gpu_devices.mig_share`: 4 on an A30, 7 on
+an A100 or H100, `MIG_SLICES_PER_GPU` on a model it does not know); a pod holds its whole GPUs and shares
+(`pod.gpu`), or its MIG instances by the slices of the GPU model it is counted on (its node's, which is
+its peers'). These sums judge thresholds, order candidates and compare node sizes; they never decide
+whether a pod fits (that is per-device packing, `rebalancer.placement`'s job). Also owns how a GPU
 amount and a percentage are written, and the strategy's name, which every part writes into its
 findings and proposals.
 
@@ -14,10 +16,9 @@ or pods (candidates, telemetry, size rules are the other parts'), nor import any
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
-from rebalancer.gpu_devices import gpu_device_count
+from rebalancer.gpu_devices import gpu_device_count, mig_share
 from rebalancer.memo import RequestsMemo
 from rebalancer.model import MIG_RESOURCE_PREFIX, MILLI_PER_GPU, Node, Pod
 
@@ -32,16 +33,17 @@ __all__ = [
 ]
 
 NAME = "gpu-consolidation"
-# A MIG profile `<N>g.<memory>` holds N of a GPU's (usually 7) compute slices.
+# Compute slices of a GPU whose model `mig_share` does not know (most MIG-capable models have 7).
 MIG_SLICES_PER_GPU = 7
-_MIG_PROFILE = re.compile(r"(\d+)g\.")
 
 
-def _mig_gpus(resource: str) -> float:
-    """GPU-equivalents of one instance of a MIG resource (`nvidia.com/mig-3g.40gb` -> 3/7)."""
-    match = _MIG_PROFILE.match(resource.removeprefix(MIG_RESOURCE_PREFIX))
-    slices = int(match.group(1)) if match else 1
-    return min(slices, MIG_SLICES_PER_GPU) / MIG_SLICES_PER_GPU
+def _mig_gpus(resource: str, model: str | None) -> float:
+    """GPU-equivalents of one instance of a MIG resource on a GPU `model` (`nvidia.com/mig-3g.40gb` on an
+    A100: 3/7; `nvidia.com/mig-2g.12gb` on an A30: 2/4); a profile that names no slices counts one."""
+    share = mig_share(
+        resource.removeprefix(MIG_RESOURCE_PREFIX), model or "", slices_if_unknown=MIG_SLICES_PER_GPU
+    )
+    return share if share is not None else 1 / MIG_SLICES_PER_GPU
 
 
 def node_capacity_gpus(node: Node) -> float:
@@ -50,25 +52,28 @@ def node_capacity_gpus(node: Node) -> float:
     mig = node.mig_resources
     if not mig:
         return float(gpu_device_count(node))
-    return node.gpu_count + sum(count * _mig_gpus(res) for res, count in mig.items())
+    return node.gpu_count + sum(count * _mig_gpus(res, node.gpu_model) for res, count in mig.items())
 
 
-def pod_gpus(pod: Pod) -> float:
-    """GPU-equivalents a pod holds: whole GPUs and shares from `pod.gpu`, MIG instances by slices
-    (worked out once per pod template, `rebalancer.memo.RequestsMemo`)."""
-    return _POD_GPUS(pod)
+def pod_gpus(pod: Pod, model: str | None) -> float:
+    """GPU-equivalents a pod holds, counted on GPU `model`: whole GPUs and shares from `pod.gpu`, or its
+    MIG instances by that model's slices (what it requests is read once per pod template,
+    `rebalancer.memo.RequestsMemo`)."""
+    whole, mig = _HOLDING(pod)
+    if not mig:
+        return whole
+    return sum(count * _mig_gpus(resource, model) for resource, count in mig)
 
 
-def _pod_gpus(pod: Pod) -> float:
-    mig = sum(
-        count * _mig_gpus(res) for res, count in pod.requests.items() if res.startswith(MIG_RESOURCE_PREFIX)
+def _holding(pod: Pod) -> tuple[float, tuple[tuple[str, int], ...]]:
+    """The GPUs and shares of `pod.gpu`, and the MIG resources requested with their counts."""
+    mig = tuple(
+        (res, count) for res, count in pod.requests.items() if res.startswith(MIG_RESOURCE_PREFIX) and count
     )
-    if mig:
-        return mig
-    return pod.gpu.count * pod.gpu.milli_per_device / MILLI_PER_GPU
+    return pod.gpu.count * pod.gpu.milli_per_device / MILLI_PER_GPU, mig
 
 
-_POD_GPUS: RequestsMemo[float] = RequestsMemo(_pod_gpus)
+_HOLDING: RequestsMemo[tuple[float, tuple[tuple[str, int], ...]]] = RequestsMemo(_holding)
 
 
 def format_gpus(value: float) -> str:
@@ -81,6 +86,6 @@ def format_pct(value: float) -> str:
     return f"{value:.1f}".rstrip("0").rstrip(".") + "%"
 
 
-def largest_first(pods: Iterable[Pod]) -> list[Pod]:
-    """The pods holding the most GPUs first, then by key."""
-    return sorted(pods, key=lambda p: (-pod_gpus(p), p.key))
+def largest_first(pods: Iterable[Pod], model: str | None) -> list[Pod]:
+    """The pods holding the most GPUs (counted on GPU `model`) first, then by key."""
+    return sorted(pods, key=lambda p: (-pod_gpus(p, model), p.key))

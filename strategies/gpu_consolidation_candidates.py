@@ -72,7 +72,7 @@ class Candidate:
 
     @property
     def moved_gpus(self) -> float:
-        return sum(pod_gpus(pod) for pod in self.pods)
+        return sum(pod_gpus(pod, self.node.gpu_model) for pod in self.pods)
 
     def order(self) -> tuple[int, float, float, float, str]:
         """Fewest evictions (pods, then GPUs held) first, then the priciest node, then more GPUs."""
@@ -116,7 +116,7 @@ def _facts(node: Node, pods: tuple[Pod, ...]) -> _NodeFacts:
         record=_record(node),
         movable=movable,
         capacity=node_capacity_gpus(node),
-        allocated=sum(pod_gpus(pod) for pod in pods),
+        allocated=sum(pod_gpus(pod, node.gpu_model) for pod in pods),
         on_node=frozenset(by_key),
         moving=tuple(by_key[key] for key in sorted(by_key)),
         in_gangs=any(pod.gang is not None for pod in movable),

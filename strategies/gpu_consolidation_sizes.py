@@ -279,7 +279,7 @@ def _may_drain_upward(candidate: Candidate, sizes: Sizes, args: GpuConsolidation
         if sizes.could_go_larger(pod, candidate.capacity):
             lifts = True
         else:
-            stuck += pod_gpus(pod)
+            stuck += pod_gpus(pod, candidate.node.gpu_model)
     return lifts and (args.peer_pods_to_make_room > 0 or stuck <= free + _EPSILON)
 
 
@@ -294,17 +294,18 @@ class Landing:
 
 
 def landing_of(candidate: Candidate, targets: Mapping[PodKey, str], sizes: Sizes) -> Landing:
+    model = candidate.node.gpu_model
     lifted = same = 0.0
     lifts = smaller = False
     for pod in candidate.pods:
         size = sizes.of(targets[pod.key])
         if size > candidate.capacity:
-            lifted += pod_gpus(pod)
+            lifted += pod_gpus(pod, model)
             lifts = True
         elif size < candidate.capacity:
             smaller = True
         else:
-            same += pod_gpus(pod)
+            same += pod_gpus(pod, model)
     return Landing(lifted=lifted, same=same, lifts=lifts, smaller=smaller)
 
 
@@ -381,7 +382,7 @@ def _peers(run: Run, model: str | None, size: float) -> tuple[tuple[str, tuple[P
                     and not pod.is_mirror
                     and pod.gang is None
                     and pod.scheduler_name in packed
-                    and pod_gpus(pod) > 0
+                    and pod_gpus(pod, model) > 0
                 ),
             )
             for name, node in run.snapshot.nodes.items()
@@ -409,17 +410,17 @@ def _room_makers(candidate: Candidate, run: Run) -> list[Pod]:
     return makers
 
 
-def _fewest_covering(pods: Sequence[Pod], needed: float) -> list[Pod]:
-    """Few pods holding at least `needed` GPUs: the smallest single pod that does, else the largest
-    pods first; empty when all of them together hold less."""
-    singles = [pod for pod in pods if pod_gpus(pod) >= needed - _EPSILON]
+def _fewest_covering(pods: Sequence[Pod], needed: float, model: str | None) -> list[Pod]:
+    """Few pods holding at least `needed` GPUs (counted on GPU `model`): the smallest single pod that
+    does, else the largest pods first; empty when all of them together hold less."""
+    singles = [pod for pod in pods if pod_gpus(pod, model) >= needed - _EPSILON]
     if singles:
-        return [min(singles, key=lambda p: (pod_gpus(p), p.key))]
+        return [min(singles, key=lambda p: (pod_gpus(p, model), p.key))]
     chosen: list[Pod] = []
     held = 0.0
-    for pod in largest_first(pods):
+    for pod in largest_first(pods, model):
         chosen.append(pod)
-        held += pod_gpus(pod)
+        held += pod_gpus(pod, model)
         if held >= needed - _EPSILON:
             return chosen
     return []
@@ -433,7 +434,8 @@ def with_room_made(
     enough of them to make that room; None when no such set of pods does it."""
     if shortfall <= _EPSILON:
         return None
-    makers = _fewest_covering(_room_makers(candidate, run), shortfall)
+    model = candidate.node.gpu_model  # the makers run on its peers: nodes of its model
+    makers = _fewest_covering(_room_makers(candidate, run), shortfall, model)
     if not makers or len(makers) > run.args.peer_pods_to_make_room:
         return None
     trial = state.copy()
@@ -441,7 +443,7 @@ def with_room_made(
     if targets is None or any(run.sizes.of(targets[pod.key]) <= candidate.capacity for pod in makers):
         return None
     landing = landing_of(candidate, targets, run.sizes)
-    room = sum(pod_gpus(pod) for pod in makers)
+    room = sum(pod_gpus(pod, model) for pod in makers)
     if not size_rules_allow(candidate, landing, run.args, room_made=room):
         return None
     return trial, makers, targets, landing

@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from pydantic import ValidationError
 
+from rebalancer.gpu_devices import mig_share
 from rebalancer.model import (
     NO_TELEMETRY,
     Finding,
@@ -24,6 +25,7 @@ from rebalancer.model import (
 from rebalancer.placement import ClusterState
 from rebalancer.registry import Refusal, StrategyContext, get_strategy
 from strategies.gpu_consolidation import GpuConsolidationArgs, gpu_consolidation
+from strategies.gpu_consolidation_accounting import MIG_SLICES_PER_GPU, node_capacity_gpus, pod_gpus
 from strategies.gpu_consolidation_candidates import Candidate, static_block
 from tests.builders import A100, H100, L4, gpu_sample, node, pod, replace, snapshot, telemetry
 
@@ -397,6 +399,39 @@ def test_allocation_counts_shares_in_milli() -> None:
     strict = GpuConsolidationArgs(max_utilization_percent=None, max_allocated_percent=40)
     _, result = run(nodes, [*shares, *busy("gpu-b-1", 4)], strict)
     assert result.proposals == ()
+
+
+A30 = "NVIDIA-A30"
+
+
+@pytest.mark.parametrize(
+    ("model", "mig", "gpus"),
+    [
+        (A30, {"nvidia.com/mig-2g.12gb": 4}, 2.0),  # an A30 has 4 compute slices: 2 GPUs in halves
+        (A30, {"nvidia.com/mig-1g.6gb": 4}, 1.0),
+        (A100, {"nvidia.com/mig-3g.40gb": 2, "nvidia.com/mig-1g.10gb": 1}, 1.0),  # 7 slices
+        ("NVIDIA-Unknown", {"nvidia.com/mig-1g.10gb": 7}, 1.0),  # a model not known: 7 slices
+    ],
+)
+def test_mig_instances_count_by_the_slices_of_their_gpu_model(
+    model: str, mig: dict[str, int], gpus: float
+) -> None:
+    mig_node = node("mig-1", gpus=0, model=model, extra=mig)
+    assert node_capacity_gpus(mig_node) == pytest.approx(gpus)
+    for resource, count in mig.items():
+        held = pod("p", "mig-1", gpus=0, extra={resource: count})
+        share = mig_share(resource.removeprefix("nvidia.com/mig-"), model) or 1 / MIG_SLICES_PER_GPU
+        assert pod_gpus(held, model) == pytest.approx(count * share)
+
+
+def test_a_mixed_mig_node_is_judged_on_its_own_model_s_slices() -> None:
+    # One A30 whole and one in four 1g.6gb instances: 2 GPUs, half allocated by the whole-GPU pod. Counted
+    # in sevenths the instances made 1 + 4/7 GPUs and the node 64 % allocated, above the threshold.
+    mixed = node("a30-mixed", gpus=1, model=A30, extra={"nvidia.com/mig-1g.6gb": 4})
+    other = node("a30-other", gpus=4, model=A30)
+    args = ALLOCATION_ONLY.model_copy(update={"max_allocated_percent": 60})
+    _, result = run([mixed, other], [*busy("a30-mixed", 1), *busy("a30-other", 3)], args)
+    assert drained(result) == ["a30-mixed"]
 
 
 # --------------------------------------------------------------------------- schedulers

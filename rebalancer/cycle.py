@@ -8,8 +8,7 @@ decision is evicted (and recorded in the memory as it ends), the frame closes, t
 sink.
 `evaluate` is its strategies-and-planner half (collecting, beside the proposals, what each
 strategy left alone and why) and `propose` the strategies alone, public so that a
-benchmark times each phase by calling it, never by patching. The strategies plan with the same history
-as the planner: what its cooldown and disruption budget refuse, they leave out (`strategy_context`).
+benchmark times each phase by calling it, never by patching.
 
 It takes an already built Snapshot (the clock was read when the snapshot was made), so it never reads
 the clock itself, and it never talks to the cluster or Prometheus directly: the evictor, the memory and
@@ -41,15 +40,14 @@ from rebalancer.model import (
     Mode,
     NotChosen,
     Outcome,
-    Pod,
     Proposal,
     SkippedStrategy,
     Snapshot,
     StrategyResult,
 )
-from rebalancer.planner import history_refusal, plan
+from rebalancer.planner import plan
 from rebalancer.policy import LoadedPolicy, Policy
-from rebalancer.registry import Refusal, StrategyContext, get_strategy
+from rebalancer.registry import StrategyContext, get_strategy
 from rebalancer.wording import plural
 from rebalancer.workloads import RESULTS, notice
 
@@ -92,37 +90,11 @@ class Evaluation:
     not_chosen: tuple[NotChosen, ...] = ()
 
 
-def strategy_context(
-    snapshot: Snapshot, loaded: LoadedPolicy, history: DisruptionHistory = NO_HISTORY
-) -> StrategyContext:
-    """What the strategies may consult: the static pod guards and, when `history` holds disruptions,
-    the guards that read it (a workload's cooldown and disruption budget), so that a strategy proposes
-    the next best move rather than one the planner refuses, and prices."""
+def strategy_context(snapshot: Snapshot, loaded: LoadedPolicy) -> StrategyContext:
     prices = loaded.policy.prices
-    cfg = loaded.policy.guards
-    static = partial(pod_refusal, snapshot=snapshot, cfg=cfg)
-    static_first = partial(first_refusal, snapshot=snapshot, cfg=cfg)
-    if not history.workloads and not history.disruptions:
-        return StrategyContext(
-            refusal=static,
-            refusals=static_first,
-            gpu_prices=prices.per_gpu_hour,
-            default_gpu_price=prices.default_per_gpu_hour,
-        )
-    judged = partial(history_refusal, history=history, now=snapshot.now, cfg=cfg)
-
-    def refusal(pod: Pod) -> Refusal | None:
-        return static(pod) or judged(pod)
-
-    def refusals(pods: Sequence[Pod]) -> tuple[Pod, Refusal] | None:
-        found = static_first(pods)
-        if found is not None:
-            return found
-        return next(((pod, refused) for pod in pods if (refused := judged(pod)) is not None), None)
-
     return StrategyContext(
-        refusal=refusal,
-        refusals=refusals,
+        refusal=partial(pod_refusal, snapshot=snapshot, cfg=loaded.policy.guards),
+        refusals=partial(first_refusal, snapshot=snapshot, cfg=loaded.policy.guards),
         gpu_prices=prices.per_gpu_hour,
         default_gpu_price=prices.default_per_gpu_hour,
     )
@@ -139,10 +111,9 @@ class Proposed:
     not_chosen: tuple[NotChosen, ...] = ()
 
 
-def propose(snapshot: Snapshot, loaded: LoadedPolicy, history: DisruptionHistory = NO_HISTORY) -> Proposed:
-    """Run every enabled strategy in policy order: the strategies half of `evaluate`, planning around
-    what `history` makes the planner refuse."""
-    ctx = strategy_context(snapshot, loaded, history)
+def propose(snapshot: Snapshot, loaded: LoadedPolicy) -> Proposed:
+    """Run every enabled strategy in policy order: the strategies half of `evaluate`."""
+    ctx = strategy_context(snapshot, loaded)
     proposals: list[Proposal] = []
     findings: list[Finding] = []
     skipped: list[SkippedStrategy] = []
@@ -173,8 +144,8 @@ def evaluate(
 ) -> Evaluation:
     """Run every enabled strategy in policy order, then let the planner judge all proposals together."""
     with collector_paused():
+        proposed = propose(snapshot, loaded)
         history = history or NO_HISTORY
-        proposed = propose(snapshot, loaded, history)
         decisions = plan(proposed.proposals, snapshot, loaded.policy, history=history)
         circuits = _circuit_findings(snapshot, history, loaded.policy)
         return Evaluation(

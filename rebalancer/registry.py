@@ -69,12 +69,10 @@ def _never_refuse(_pod: Pod) -> Refusal | None:
 class StrategyContext:
     """Pure helpers a strategy may consult, built by the orchestrator from the policy.
 
-    `refusal(pod)` runs the static per-pod guards (daemonset, opt-out, namespace, ...) and, in a cycle
-    with a history, the planner's guards that read it (a workload's cooldown and disruption budget,
-    `planner.history_refusal`), so a strategy can avoid proposing a node it cannot drain whole this
-    cycle; `first_refusal(pods)` runs them on several pods in order (the cycle's keeps the static
-    guards' answers per tuple of pods: asking again with the same tuple is cheap). `gpu_prices` maps a
-    GPU model to its hourly price per GPU. Nothing here performs I/O.
+    `refusal(pod)` runs the static per-pod guards (daemonset, opt-out, namespace, ...), so a strategy can
+    avoid proposing a node it could never drain whole; `first_refusal(pods)` runs them on several pods
+    in order (the cycle's keeps its answers per tuple of pods: asking again with the same tuple is
+    cheap). `gpu_prices` maps a GPU model to its hourly price per GPU. Nothing here performs I/O.
     """
 
     refusal: PodRefusalCheck = _never_refuse

@@ -26,9 +26,8 @@ instances (placement's job: nothing here sums GPUs as a fluid), and only pods a 
 will re-place are moved.
 
 This module must stay pure: no I/O, no clock (`snapshot.now` is the time), no cluster or Prometheus
-clients, no evictions. It consults the per-pod guards through `StrategyContext.first_refusal` (the
-static ones, and a workload's cooldown and disruption budget as the planner judges them) only to avoid
-proposing nodes it cannot drain whole this cycle; PDBs, the cycle's budgets and re-placement are the
+clients, no evictions. It consults the static per-pod guards through `StrategyContext.first_refusal`
+only to avoid proposing nodes it could never drain whole; PDBs, budgets and cooldowns are the
 planner's. Its parts must not import it but for the arguments' type (under TYPE_CHECKING): it imports
 them all.
 """

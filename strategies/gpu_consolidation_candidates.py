@@ -8,9 +8,8 @@ telemetry averaging strictly below it. What would move is every non-DaemonSet po
 member of a gang one of them belongs to, wherever that member runs. Candidates are tried fewest evictions
 first (pods, then GPUs held), then the most expensive node, then the most GPUs. Also owns the static
 blocks: a static pod, or a pod the per-pod guards would refuse (`StrategyContext.first_refusal`, asked
-about the same tuple of a candidate's pods each time, so that its kept answer serves; a workload's
-cooldown and disruption budget among them), means the node cannot be drained whole this cycle, which a
-`consolidation-blocked` finding says. Every GPU node that is
+about the same tuple of a candidate's pods each time, so that its kept answer serves), means the node
+can never be drained whole, which a `consolidation-blocked` finding says. Every GPU node that is
 no candidate gets a `NotChosen` record saying which rule left it out.
 
 This module must stay pure: no I/O, no clock (`snapshot.now` is the time), no cluster or Prometheus

@@ -10,8 +10,7 @@ import pytest
 from rebalancer.cycle import assemble_report, evaluate, execute, propose, run_cycle
 from rebalancer.cycle_report import CycleReport
 from rebalancer.evictor import DryRunEvictor
-from rebalancer.history import DisruptionHistory, Workload
-from rebalancer.model import Decision, Outcome, OwnerRef, Snapshot
+from rebalancer.model import Decision, Outcome, Snapshot
 from rebalancer.policy import LoadedPolicy, parse_policy
 from rebalancer.report import render, to_dict
 from tests.builders import A100, H100, NOW, gpu_sample, node, pdb, pod, snapshot, telemetry
@@ -152,45 +151,6 @@ def test_propose_is_the_strategies_half_that_evaluate_plans_from() -> None:
     assert [p.strategy for p in proposed.proposals] == ["idle-gpu", "gpu-consolidation"]
     assert [d.proposal for d in evaluation.decisions] == list(proposed.proposals)
     assert set(proposed.findings) <= set(evaluation.findings)
-
-
-def held_back_by_history() -> tuple[Snapshot, LoadedPolicy, DisruptionHistory]:
-    """Three under-used nodes and a full one, one drain a cycle: the cheapest (one pod) holds a workload
-    in its cooldown, the next (two pods) one out of its disruption budget; the third (three pods) may go."""
-    nodes = [node("a-1"), node("a-2"), node("a-3"), node("full")]
-    owners = {name: OwnerRef(kind="StatefulSet", name=name) for name in ("cooling", "spent", "free")}
-    pods = [
-        pod("cooling-0", "a-1", owner=owners["cooling"]),
-        *(pod(f"spent-{i}", "a-2", owner=owners["spent"]) for i in range(2)),
-        *(pod(f"free-{i}", "a-3", owner=owners["free"]) for i in range(3)),
-        *(pod(f"full-{i}", "full") for i in range(6)),
-    ]
-    doc = {
-        "strategies": [
-            {"name": "gpu-consolidation", "args": {"max_utilization_percent": None, "max_nodes_per_cycle": 1}}
-        ],
-        "guards": {"max_disruptions_per_workload": 2},
-        "telemetry": None,
-    }
-    history = DisruptionHistory(
-        workloads={Workload("ml", "StatefulSet", "cooling"): NOW - timedelta(minutes=10)},
-        disruptions={
-            Workload("ml", "StatefulSet", "spent"): (NOW - timedelta(days=2), NOW - timedelta(hours=5))
-        },
-    )
-    return snapshot(nodes, pods), policy(doc), history
-
-
-def test_strategies_plan_around_what_the_history_refuses_instead_of_spending_their_turn() -> None:
-    cluster, loaded, history = held_back_by_history()
-    evaluation = evaluate(cluster, loaded, history=history)
-
-    assert [(d.proposal.node, d.approved) for d in evaluation.decisions] == [("a-3", True)]
-    why = {r.node: r.reason for r in evaluation.not_chosen if r.code == "pod-may-not-move"}
-    assert "cooldown" in why["a-1"] and "StatefulSet ml/cooling was disrupted 10m ago" in why["a-1"]
-    assert "disruption-budget" in why["a-2"] and "StatefulSet ml/spent was disrupted 2 times" in why["a-2"]
-    # Without the history the cheapest node is the one drained, as before.
-    assert [d.proposal.node for d in evaluate(cluster, loaded).decisions] == ["a-1"]
 
 
 class FailingSink:

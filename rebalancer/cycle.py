@@ -8,7 +8,9 @@ decision is evicted (and recorded in the memory as it ends), the frame closes, t
 sink.
 `evaluate` is its strategies-and-planner half (collecting, beside the proposals, what each
 strategy left alone and why) and `propose` the strategies alone, public so that a
-benchmark times each phase by calling it, never by patching.
+benchmark times each phase by calling it, never by patching. The strategies are told what the history
+the planner judges with holds back this cycle (`strategy_context`), so that such moves take none of
+their turns; the planner still refuses them, by its own guards.
 
 It takes an already built Snapshot (the clock was read when the snapshot was made), so it never reads
 the clock itself, and it never talks to the cluster or Prometheus directly: the evictor, the memory and
@@ -45,7 +47,7 @@ from rebalancer.model import (
     Snapshot,
     StrategyResult,
 )
-from rebalancer.planner import plan
+from rebalancer.planner import history_refusal, plan
 from rebalancer.policy import LoadedPolicy, Policy
 from rebalancer.registry import StrategyContext, get_strategy
 from rebalancer.wording import plural
@@ -90,11 +92,19 @@ class Evaluation:
     not_chosen: tuple[NotChosen, ...] = ()
 
 
-def strategy_context(snapshot: Snapshot, loaded: LoadedPolicy) -> StrategyContext:
+def strategy_context(
+    snapshot: Snapshot, loaded: LoadedPolicy, history: DisruptionHistory = NO_HISTORY
+) -> StrategyContext:
+    """What the strategies may consult: the static pod guards, what `history` holds back this cycle
+    (when it holds any disruption), and prices."""
     prices = loaded.policy.prices
+    cfg = loaded.policy.guards
+    held = history.workloads or history.disruptions
+    judged = partial(history_refusal, history=history, now=snapshot.now, cfg=cfg) if held else None
     return StrategyContext(
-        refusal=partial(pod_refusal, snapshot=snapshot, cfg=loaded.policy.guards),
-        refusals=partial(first_refusal, snapshot=snapshot, cfg=loaded.policy.guards),
+        refusal=partial(pod_refusal, snapshot=snapshot, cfg=cfg),
+        refusals=partial(first_refusal, snapshot=snapshot, cfg=cfg),
+        history_refusal=judged,
         gpu_prices=prices.per_gpu_hour,
         default_gpu_price=prices.default_per_gpu_hour,
     )
@@ -111,9 +121,10 @@ class Proposed:
     not_chosen: tuple[NotChosen, ...] = ()
 
 
-def propose(snapshot: Snapshot, loaded: LoadedPolicy) -> Proposed:
-    """Run every enabled strategy in policy order: the strategies half of `evaluate`."""
-    ctx = strategy_context(snapshot, loaded)
+def propose(snapshot: Snapshot, loaded: LoadedPolicy, history: DisruptionHistory = NO_HISTORY) -> Proposed:
+    """Run every enabled strategy in policy order: the strategies half of `evaluate`, told what
+    `history` holds back."""
+    ctx = strategy_context(snapshot, loaded, history)
     proposals: list[Proposal] = []
     findings: list[Finding] = []
     skipped: list[SkippedStrategy] = []
@@ -144,8 +155,8 @@ def evaluate(
 ) -> Evaluation:
     """Run every enabled strategy in policy order, then let the planner judge all proposals together."""
     with collector_paused():
-        proposed = propose(snapshot, loaded)
         history = history or NO_HISTORY
+        proposed = propose(snapshot, loaded, history)
         decisions = plan(proposed.proposals, snapshot, loaded.policy, history=history)
         circuits = _circuit_findings(snapshot, history, loaded.policy)
         return Evaluation(

@@ -24,7 +24,8 @@ guards that bear on that change (`_WORKLOAD_CHECKS`). An approved decision
 also says, per pod, the nodes tied with its target (`Decision.tied`: kube-scheduler picks among equal
 top scores at random), so that where the replacement lands can be judged, and the order it placed the
 pods in (`Decision.order`), which the evictors follow. `plan()` judges a
-whole cycle; `decide()` one proposal against a caller's `Ledger`.
+whole cycle; `decide()` one proposal against a caller's `Ledger`; `history_refusal` what the guards
+reading the history (`cooldown` of a workload, `disruption-budget`) say of one pod, for the strategies.
 
 This module must stay pure: no I/O, no clock (`snapshot.now` is the time), no evictions, and it never
 mutates the Snapshot or the proposals. It does not order proposals either: the caller does.
@@ -43,7 +44,8 @@ from rebalancer.history import NO_HISTORY, DisruptionHistory, Workload, drain_ba
 from rebalancer.history_circuit import Trip, open_circuits
 from rebalancer.model import Decision, Pdb, Pod, Proposal, Snapshot
 from rebalancer.placement import ClusterState
-from rebalancer.policy import Policy, format_duration
+from rebalancer.policy import GuardsConfig, Policy, format_duration
+from rebalancer.registry import Refusal
 from rebalancer.selectors import label_selector_matches
 from rebalancer.wording import plural
 
@@ -207,15 +209,25 @@ def _cooldown(ctx: _Context) -> _Block | None:
                 f"{format_duration(period)}",
             )
     for pod, key in _workloads(ctx):
-        last = ctx.history.workloads.get(key)
-        if last is not None and now - last < window:
-            return _Block(
-                guards.COOLDOWN,
-                f"workload {key.kind} {key.ref} was disrupted {_ago(now - last)}, within the "
-                f"cooldown of {format_duration(period)}",
-                pod,
-            )
+        reason = _workload_cooldown(key, ctx.history, now, ctx.policy.guards)
+        if reason is not None:
+            return _Block(guards.COOLDOWN, reason, pod)
     return None
+
+
+def _workload_cooldown(
+    key: Workload, history: DisruptionHistory, now: datetime, cfg: GuardsConfig
+) -> str | None:
+    """Why the workload is in its cooldown at `now`; None when it is not (or there is no cooldown)."""
+    if cfg.cooldown <= 0:
+        return None
+    last = history.workloads.get(key)
+    if last is None or now - last >= timedelta(seconds=cfg.cooldown):
+        return None
+    return (
+        f"workload {key.kind} {key.ref} was disrupted {_ago(now - last)}, within the cooldown of "
+        f"{format_duration(cfg.cooldown)}"
+    )
 
 
 def _workloads(ctx: _Context) -> Iterator[tuple[Pod, Workload]]:
@@ -227,21 +239,43 @@ def _workloads(ctx: _Context) -> Iterator[tuple[Pod, Workload]]:
 
 
 def _disruption_budget(ctx: _Context) -> _Block | None:
-    limit = ctx.policy.guards.max_disruptions_per_workload
+    if ctx.policy.guards.max_disruptions_per_workload is None:
+        return None
+    for pod, key in _workloads(ctx):
+        reason = _budget_spent(key, ctx.history, ctx.snapshot.now, ctx.policy.guards)
+        if reason is not None:
+            return _Block(guards.DISRUPTION_BUDGET, reason, pod)
+    return None
+
+
+def _budget_spent(key: Workload, history: DisruptionHistory, now: datetime, cfg: GuardsConfig) -> str | None:
+    """Why the workload has no disruption left in its budget at `now`; None while it has (or no budget)."""
+    limit = cfg.max_disruptions_per_workload
     if limit is None:
         return None
-    period = ctx.policy.guards.disruption_window
-    now = ctx.snapshot.now
-    for pod, key in _workloads(ctx):
-        recent = sum(1 for t in ctx.history.disruptions.get(key, ()) if now - t < timedelta(seconds=period))
-        if recent >= limit:
-            return _Block(
-                guards.DISRUPTION_BUDGET,
-                f"workload {key.kind} {key.ref} was disrupted {plural(recent, 'time')} in the last "
-                f"{format_duration(period)} (max_disruptions_per_workload: {limit})",
-                pod,
-            )
-    return None
+    period = timedelta(seconds=cfg.disruption_window)
+    recent = sum(1 for t in history.disruptions.get(key, ()) if now - t < period)
+    if recent < limit:
+        return None
+    return (
+        f"workload {key.kind} {key.ref} was disrupted {plural(recent, 'time')} in the last "
+        f"{format_duration(cfg.disruption_window)} (max_disruptions_per_workload: {limit})"
+    )
+
+
+def history_refusal(pod: Pod, history: DisruptionHistory, now: datetime, cfg: GuardsConfig) -> Refusal | None:
+    """What the guards reading the history say of evicting `pod` alone at `now`: its workload's
+    `cooldown`, then its `disruption-budget` (None: neither refuses it). The very rules `plan` judges a
+    proposal's pods by, for a strategy to leave out what the planner would refuse and propose the next
+    best instead (`cycle.strategy_context`)."""
+    key = workload_key(pod)
+    if key is None:
+        return None
+    reason = _workload_cooldown(key, history, now, cfg)
+    if reason is not None:
+        return Refusal(guards.COOLDOWN, reason)
+    reason = _budget_spent(key, history, now, cfg)
+    return Refusal(guards.DISRUPTION_BUDGET, reason) if reason is not None else None
 
 
 def _ago(delta: timedelta) -> str:

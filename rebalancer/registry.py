@@ -72,7 +72,10 @@ class StrategyContext:
     `refusal(pod)` runs the static per-pod guards (daemonset, opt-out, namespace, ...), so a strategy can
     avoid proposing a node it could never drain whole; `first_refusal(pods)` runs them on several pods
     in order (the cycle's keeps its answers per tuple of pods: asking again with the same tuple is
-    cheap). `gpu_prices` maps a GPU model to its hourly price per GPU. Nothing here performs I/O.
+    cheap). `first_held_back(pods)` says which pod the history holds back this cycle (the planner's
+    cooldown and disruption budget, `planner.history_refusal`): a strategy still proposes such a move,
+    for the planner to refuse and count, but spends none of its own per-cycle turns on it.
+    `gpu_prices` maps a GPU model to its hourly price per GPU. Nothing here performs I/O.
     """
 
     refusal: PodRefusalCheck = _never_refuse
@@ -80,6 +83,9 @@ class StrategyContext:
     default_gpu_price: float | None = None
     # `first_refusal` as one call, when the orchestrator has a faster one than `refusal` pod by pod.
     refusals: Callable[[Sequence[Pod]], tuple[Pod, Refusal] | None] | None = None
+    # What the planner's guards reading the history say of a pod (its workload's cooldown and
+    # disruption budget): None when the cycle has no history.
+    history_refusal: PodRefusalCheck | None = None
 
     def first_refusal(self, pods: Sequence[Pod]) -> tuple[Pod, Refusal] | None:
         """The first of `pods` that `refusal` refuses, with the refusal; None when it refuses none."""
@@ -90,6 +96,14 @@ class StrategyContext:
             if refusal is not None:
                 return pod, refusal
         return None
+
+    def first_held_back(self, pods: Sequence[Pod]) -> tuple[Pod, Refusal] | None:
+        """The first of `pods` the history holds back this cycle (its workload in its cooldown or out of
+        its disruption budget), with the planner's refusal; None when it holds back none."""
+        check = self.history_refusal
+        if check is None:
+            return None
+        return next(((pod, refused) for pod in pods if (refused := check(pod)) is not None), None)
 
     def price_per_gpu_hour(self, gpu_model: str | None) -> float | None:
         if gpu_model is not None and gpu_model in self.gpu_prices:

@@ -27,9 +27,12 @@ will re-place are moved.
 
 This module must stay pure: no I/O, no clock (`snapshot.now` is the time), no cluster or Prometheus
 clients, no evictions. It consults the static per-pod guards through `StrategyContext.first_refusal`
-only to avoid proposing nodes it could never drain whole; PDBs, budgets and cooldowns are the
-planner's. Its parts must not import it but for the arguments' type (under TYPE_CHECKING): it imports
-them all.
+only to avoid proposing nodes it could never drain whole, and `StrategyContext.first_held_back` to
+know which drains the history holds back this cycle (a workload's cooldown or disruption budget): such
+a drain takes none of `max_nodes_per_cycle`'s turns and reserves no room, and is still proposed after
+the cycle's drains (at most that many of them) for the planner to refuse and count. PDBs, budgets and
+cooldowns are the planner's. Its parts must not import it but for the arguments' type (under
+TYPE_CHECKING): it imports them all.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from rebalancer.memo import MISSING, ObjectMemo
 from rebalancer.model import Finding, NotChosen, Pod, Proposal, Snapshot, StrategyResult, TelemetryWindow
 from rebalancer.placement import ClusterState
 from rebalancer.policy import Duration, Percent, format_duration
-from rebalancer.registry import StrategyArgs, StrategyContext, strategy
+from rebalancer.registry import Refusal, StrategyArgs, StrategyContext, strategy
 from rebalancer.wording import plural
 from strategies.gpu_consolidation_accounting import (
     MIG_SLICES_PER_GPU,
@@ -65,6 +68,7 @@ from strategies.gpu_consolidation_candidates import (
     static_block,
 )
 from strategies.gpu_consolidation_sizes import (
+    Landing,
     Run,
     destination_rules,
     landing_of,
@@ -334,7 +338,8 @@ def _simulate(
     is worth more. A candidate that received pods, or whose pods already move, is no longer drained.
     The size rules (`size_rules_allow`) judge where the packed scheduler would put the pods; they never
     steer it. When only room on its peers is missing, `with_room_made` may add peer pods to the drain.
-    A node at or above the threshold that fails them is no finding: it is not under-used.
+    A node at or above the threshold that fails them is no finding: it is not under-used. A drain the
+    history holds back is proposed after the others, for the planner to refuse, and counts for nothing.
     """
     state = ClusterState.from_snapshot(snapshot)
     proposals: list[Proposal] = []
@@ -347,6 +352,11 @@ def _simulate(
     left.extend(_above_threshold_record(c, args) for c in drainable if c.name not in kept)
     drainable = upward
     by_name = {c.name: c for c in drainable}
+    # Candidates the history holds back this cycle: proposed for the planner to refuse and count, but
+    # they take none of the cycle's drains and are no upcoming drain either.
+    held = {c.name: found for c in drainable if (found := ctx.first_held_back(c.pods)) is not None}
+    drains = 0
+    held_proposals: list[Proposal] = []
 
     def viable(candidate: Candidate) -> bool:
         return (
@@ -370,7 +380,7 @@ def _simulate(
         )
 
     for index, candidate in enumerate(drainable):
-        room = args.max_nodes_per_cycle - len(proposals)
+        room = args.max_nodes_per_cycle - drains
         if room <= 0:
             capped = (
                 f"not drained: max_nodes_per_cycle {args.max_nodes_per_cycle} reached by nodes cheaper "
@@ -384,7 +394,7 @@ def _simulate(
             why = not_viable(candidate)
             left.extend([why] if why is not None else [])
             continue
-        later = (c.name for c in drainable[index + 1 :] if viable(c))
+        later = (c.name for c in drainable[index + 1 :] if viable(c) and c.name not in held)
         upcoming = list(islice(later, room - 1))
         exclude = {candidate.name, *upcoming}
         trial = state.copy()
@@ -437,6 +447,23 @@ def _simulate(
                     )
                 continue
             trial, makers, targets, landing = made
+        if candidate.name in held:  # the history holds it back: proposed, refused, and not counted
+            if len(held_proposals) < args.max_nodes_per_cycle:
+                priority = -float(len(held_proposals) + 1)  # after the cycle's drains
+                held_proposals.append(
+                    _drain(
+                        candidate,
+                        run,
+                        targets=targets,
+                        makers=makers,
+                        landing=landing,
+                        freed=(candidate.name,),
+                        priority=priority,
+                    )
+                )
+            else:
+                left.append(_held_back(candidate, held[candidate.name]))
+            continue
         trial.cordon(candidate.name)
         moving = {pod.key for pod in (*makers, *candidate.pods)}
         landed = set(targets.values())
@@ -457,19 +484,44 @@ def _simulate(
         moved |= moving
         receivers |= landed
         done.update(freed)
-        gangs = {pod.gang for pod in candidate.pods if pod.gang is not None}
-        proposals.append(
-            Proposal(
-                strategy=NAME,
-                kind="node",
-                pods=(*makers, *candidate.pods),  # room first, then the drain
-                reason=_reason(candidate, args, targets, landing.lifted, makers),
-                priority=float(args.max_nodes_per_cycle - len(proposals)),
-                node=candidate.name,
-                group=next(iter(gangs)) if len(gangs) == 1 else None,
-                targets=dict(targets),
-                nodes_freed=tuple(freed),
-                destinations=destination_rules(candidate, targets, makers, freed, run),
-            )
+        drains += 1
+        priority = float(args.max_nodes_per_cycle - len(proposals))
+        drain = _drain(
+            candidate, run, targets=targets, makers=makers, landing=landing, freed=freed, priority=priority
         )
-    return proposals
+        proposals.append(drain)
+    return [*proposals, *held_proposals]
+
+
+def _drain(
+    candidate: Candidate,
+    run: Run,
+    *,
+    targets: Mapping[PodKey, str],
+    makers: Sequence[Pod],
+    landing: Landing,
+    freed: Sequence[str],
+    priority: float,
+) -> Proposal:
+    """The proposal to drain the candidate: the room-making pods first, then its own."""
+    gangs = {pod.gang for pod in candidate.pods if pod.gang is not None}
+    return Proposal(
+        strategy=NAME,
+        kind="node",
+        pods=(*makers, *candidate.pods),
+        reason=_reason(candidate, run.args, targets, landing.lifted, makers),
+        priority=priority,
+        node=candidate.name,
+        group=next(iter(gangs)) if len(gangs) == 1 else None,
+        targets=dict(targets),
+        nodes_freed=tuple(freed),
+        destinations=destination_rules(candidate, targets, makers, freed, run),
+    )
+
+
+def _held_back(candidate: Candidate, refused: tuple[Pod, Refusal]) -> NotChosen:
+    """The record of a drain the history holds back beyond the `max_nodes_per_cycle` such drains a cycle
+    proposes for the planner to refuse (and count)."""
+    pod, refusal = refused
+    why = f"not drained: {pod.ref} is held back ({refusal.guard}: {refusal.reason})"
+    return not_chosen(candidate.name, "held-back", why)

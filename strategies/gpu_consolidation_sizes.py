@@ -394,7 +394,8 @@ def _peers(run: Run, model: str | None, size: float) -> tuple[tuple[str, tuple[P
 
 def _room_makers(candidate: Candidate, run: Run) -> list[Pod]:
     """Pods of the candidate's peers (schedulable nodes of its GPU model and size) that could run on a
-    larger node and may be moved: placed by a packed scheduler, evictable, in no gang, not yet moving."""
+    larger node and may be moved: placed by a packed scheduler, evictable and not held back by the
+    history this cycle, in no gang, not yet moving."""
     size = candidate.capacity
     makers: list[Pod] = []
     for name, pods in _peers(run, candidate.node.gpu_model, size):
@@ -406,6 +407,7 @@ def _room_makers(candidate: Candidate, run: Run) -> list[Pod]:
             if pod.key not in run.moved
             and run.sizes.could_go_larger(pod, size)
             and run.ctx.refusal(pod) is None
+            and run.ctx.first_held_back((pod,)) is None  # a held-back maker would sink the drain
         )
     return makers
 

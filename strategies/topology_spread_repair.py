@@ -197,9 +197,11 @@ def _own_constraint(pod: Pod, key: _GroupKey) -> TopologySpreadConstraint | None
 
 
 def _preference(run: Run, pod: Pod) -> tuple[bool, float, int, float, str]:
-    """Unrefused first, then fewest GPUs (a gang counts whole), fewest pods, newest, name."""
+    """Unrefused (by the static guards or the history) first, then fewest GPUs (a gang counts whole),
+    fewest pods, newest, name."""
     moving = run.gang_of(pod)
     refused = any(run.ctx.refusal(p) is not None for p in moving)
+    refused = refused or run.ctx.first_held_back(moving) is not None
     created = pod.created.timestamp() if pod.created is not None else 0.0
     return (refused, sum(p.gpu.gpus for p in moving), len(moving), -created, pod.ref)
 

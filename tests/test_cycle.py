@@ -10,7 +10,8 @@ import pytest
 from rebalancer.cycle import assemble_report, evaluate, execute, propose, run_cycle
 from rebalancer.cycle_report import CycleReport
 from rebalancer.evictor import DryRunEvictor
-from rebalancer.model import Decision, Outcome, Snapshot
+from rebalancer.history import DisruptionHistory, Workload
+from rebalancer.model import Decision, Outcome, OwnerRef, Snapshot
 from rebalancer.policy import LoadedPolicy, parse_policy
 from rebalancer.report import render, to_dict
 from tests.builders import A100, H100, NOW, gpu_sample, node, pdb, pod, snapshot, telemetry
@@ -151,6 +152,66 @@ def test_propose_is_the_strategies_half_that_evaluate_plans_from() -> None:
     assert [p.strategy for p in proposed.proposals] == ["idle-gpu", "gpu-consolidation"]
     assert [d.proposal for d in evaluation.decisions] == list(proposed.proposals)
     assert set(proposed.findings) <= set(evaluation.findings)
+
+
+def held_back_by_history(drains: int = 2) -> tuple[Snapshot, LoadedPolicy, DisruptionHistory]:
+    """Three under-used nodes and a full one, `drains` a cycle: the cheapest (one pod) holds a workload
+    in its cooldown, the next (two pods) one out of its disruption budget; the third (three pods) may go."""
+    nodes = [node("a-1"), node("a-2"), node("a-3"), node("full")]
+    owners = {name: OwnerRef(kind="StatefulSet", name=name) for name in ("cooling", "spent", "free")}
+    pods = [
+        pod("cooling-0", "a-1", owner=owners["cooling"]),
+        *(pod(f"spent-{i}", "a-2", owner=owners["spent"]) for i in range(2)),
+        *(pod(f"free-{i}", "a-3", owner=owners["free"]) for i in range(3)),
+        *(pod(f"full-{i}", "full") for i in range(6)),
+    ]
+    doc = {
+        "strategies": [
+            {
+                "name": "gpu-consolidation",
+                "args": {"max_utilization_percent": None, "max_nodes_per_cycle": drains},
+            }
+        ],
+        "guards": {"max_disruptions_per_workload": 2},
+        "telemetry": None,
+    }
+    history = DisruptionHistory(
+        workloads={Workload("ml", "StatefulSet", "cooling"): NOW - timedelta(minutes=10)},
+        disruptions={
+            Workload("ml", "StatefulSet", "spent"): (NOW - timedelta(days=2), NOW - timedelta(hours=5))
+        },
+    )
+    return snapshot(nodes, pods), policy(doc), history
+
+
+def test_drains_the_history_holds_back_are_refused_by_the_planner_without_spending_the_cycle_s_turn() -> None:
+    cluster, loaded, history = held_back_by_history()
+    evaluation = evaluate(cluster, loaded, history=history)
+
+    # The next candidate is drained; the two held back are still proposed, after it, and refused by
+    # the planner's own guards, so that reports, logs and blocked_total count them.
+    decided = [(d.proposal.node, d.approved, d.blocked_by) for d in evaluation.decisions]
+    assert decided == [("a-3", True, None), ("a-1", False, "cooldown"), ("a-2", False, "disruption-budget")]
+    reasons = {d.proposal.node: d.reason for d in evaluation.decisions}
+    assert "StatefulSet ml/cooling was disrupted 10m ago" in reasons["a-1"]
+    assert "StatefulSet ml/spent was disrupted 2 times" in reasons["a-2"]
+    # Without the history the two cheapest nodes are the ones drained, as before.
+    assert [d.proposal.node for d in evaluate(cluster, loaded).decisions] == ["a-1", "a-2"]
+
+
+def test_at_most_max_nodes_per_cycle_held_back_drains_are_proposed_the_rest_are_recorded() -> None:
+    cluster, loaded, history = held_back_by_history(drains=1)
+    cooling = Workload("ml", "StatefulSet", "free")
+    more = DisruptionHistory(
+        workloads={**history.workloads, cooling: NOW - timedelta(minutes=1)}, disruptions=history.disruptions
+    )
+    evaluation = evaluate(cluster, loaded, history=more)
+
+    assert [(d.proposal.node, d.blocked_by) for d in evaluation.decisions] == [("a-1", "cooldown")]
+    held = {r.node: r.reason for r in evaluation.not_chosen if r.code == "held-back"}
+    assert set(held) == {"a-2", "a-3"}
+    assert "disruption-budget" in held["a-2"] and "ml/spent-0 is held back" in held["a-2"]
+    assert "cooldown" in held["a-3"]
 
 
 class FailingSink:

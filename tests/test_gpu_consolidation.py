@@ -809,6 +809,10 @@ def test_room_is_made_only_by_pods_that_may_move_and_do_land_on_larger_nodes() -
     assert not drains(pod("flexible-2gpu", "gpu-l4-2", gpus=2, scheduler_name="default-scheduler"))
     protected = StrategyContext(refusal=refuse("flexible-2gpu"))
     assert not drains(pod("flexible-2gpu", "gpu-l4-2", gpus=2), ctx=protected)
+    # Held back by the history this cycle (its workload cooling down): its eviction would sink the
+    # drain, so it makes no room either, and the node is not drained this cycle.
+    cooling = StrategyContext(history_refusal=refuse("flexible-2gpu", guard="cooldown"))
+    assert not drains(pod("flexible-2gpu", "gpu-l4-2", gpus=2), ctx=cooling)
     # A pod the packed scheduler would put back on a node of the same size makes no room: with the
     # 8-GPU nodes emptier, the fullest node after placing it is its own again.
     nodes, pods, _ = room_cluster(big_busy=(3, 3, 7))

@@ -19,7 +19,7 @@ from rebalancer.model import (
     ProposalKind,
     Snapshot,
 )
-from rebalancer.planner import DisruptionHistory, Ledger, plan
+from rebalancer.planner import DisruptionHistory, Ledger, history_refusal, plan
 from rebalancer.policy import GuardsConfig, LimitsConfig, Policy
 from tests.builders import NOW, node, pdb, pod, snapshot
 
@@ -306,6 +306,34 @@ def test_zero_cooldown_disables_the_guard() -> None:
     history = DisruptionHistory(nodes={"gpu-a-1": NOW}, workloads={("ml", "ReplicaSet", "trainer-abc"): NOW})
     policy = Policy(guards=GuardsConfig(cooldown=0))
     assert plan([drain(snap, "gpu-a-1")], snap, policy, history=history)[0].approved
+
+
+@pytest.mark.parametrize(
+    ("history", "guard"),
+    [
+        (
+            DisruptionHistory(workloads={("ml", "StatefulSet", "trainer"): NOW - timedelta(minutes=10)}),
+            "cooldown",
+        ),
+        (DisruptionHistory(disruptions={("ml", "StatefulSet", "trainer"): (NOW,) * 3}), "disruption-budget"),
+        (DisruptionHistory(workloads={("ml", "StatefulSet", "other"): NOW}), None),
+    ],
+)
+def test_history_refusal_is_what_the_planner_refuses_a_pod_for(
+    history: DisruptionHistory, guard: str | None
+) -> None:
+    # What the strategies are told of one pod is the planner's own verdict on it, reason and all.
+    p = pod("p", "gpu-a-1", owner=OwnerRef(kind="StatefulSet", name="trainer"))
+    policy = Policy(guards=GuardsConfig(max_disruptions_per_workload=3))
+    decision = plan([proposal(p)], roomy_cluster(p), policy, history=history)[0]
+    refusal = history_refusal(p, history, NOW, policy.guards)
+    assert decision.blocked_by == guard
+    assert (refusal.guard if refusal is not None else None) == guard
+    if refusal is not None:
+        assert refusal.reason in decision.reason
+    # A pod without a controller has no workload: nothing in the history refuses it.
+    bare = pod("bare", "gpu-a-1", owner=None)
+    assert history_refusal(bare, history, NOW, policy.guards) is None
 
 
 def test_a_workload_disrupted_too_often_in_the_window_is_refused() -> None:

@@ -538,6 +538,9 @@ def test_prefers_pods_no_guard_refuses_but_does_not_filter_them() -> None:
 
     # Everything refused: still proposed (the planner refuses and reports), newest first.
     assert moved_to(run(snap, StrategyContext(refusal=refuse_all))) == {"opted-out": "gpu-b-1"}
+    # A pod the history holds back this cycle (its workload cooling down) is passed over alike.
+    cooling = StrategyContext(history_refusal=refuse_opted_out)
+    assert moved_to(run(snap, cooling)) == {"movable": "gpu-b-1"}
 
 
 def test_gang_member_violating_skew_moves_its_whole_gang() -> None:

@@ -91,24 +91,23 @@ class StrategyContext:
         """The first of `pods` that `refusal` refuses, with the refusal; None when it refuses none."""
         if self.refusals is not None:
             return self.refusals(pods)
-        for pod in pods:
-            refusal = self.refusal(pod)
-            if refusal is not None:
-                return pod, refusal
-        return None
+        return _first_refused(self.refusal, pods)
 
     def first_held_back(self, pods: Sequence[Pod]) -> tuple[Pod, Refusal] | None:
         """The first of `pods` the history holds back this cycle (its workload in its cooldown or out of
         its disruption budget), with the planner's refusal; None when it holds back none."""
         check = self.history_refusal
-        if check is None:
-            return None
-        return next(((pod, refused) for pod in pods if (refused := check(pod)) is not None), None)
+        return None if check is None else _first_refused(check, pods)
 
     def price_per_gpu_hour(self, gpu_model: str | None) -> float | None:
         if gpu_model is not None and gpu_model in self.gpu_prices:
             return self.gpu_prices[gpu_model]
         return self.default_gpu_price
+
+
+def _first_refused(check: PodRefusalCheck, pods: Sequence[Pod]) -> tuple[Pod, Refusal] | None:
+    """The first of `pods` that `check` refuses, with the refusal; None when it refuses none."""
+    return next(((pod, refused) for pod in pods if (refused := check(pod)) is not None), None)
 
 
 ArgsT = TypeVar("ArgsT", bound=StrategyArgs)

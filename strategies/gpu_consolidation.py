@@ -355,8 +355,7 @@ def _simulate(
     # Candidates the history holds back this cycle: proposed for the planner to refuse and count, but
     # they take none of the cycle's drains and are no upcoming drain either.
     held = {c.name: found for c in drainable if (found := ctx.first_held_back(c.pods)) is not None}
-    drains = 0
-    held_proposals: list[Proposal] = []
+    held_proposals: list[Proposal] = []  # kept apart: `proposals` are the cycle's drains
 
     def viable(candidate: Candidate) -> bool:
         return (
@@ -380,7 +379,7 @@ def _simulate(
         )
 
     for index, candidate in enumerate(drainable):
-        room = args.max_nodes_per_cycle - drains
+        room = args.max_nodes_per_cycle - len(proposals)
         if room <= 0:
             capped = (
                 f"not drained: max_nodes_per_cycle {args.max_nodes_per_cycle} reached by nodes cheaper "
@@ -484,7 +483,6 @@ def _simulate(
         moved |= moving
         receivers |= landed
         done.update(freed)
-        drains += 1
         priority = float(args.max_nodes_per_cycle - len(proposals))
         drain = _drain(
             candidate, run, targets=targets, makers=makers, landing=landing, freed=freed, priority=priority

@@ -41,7 +41,6 @@ class LabelSets:
 
     def __init__(self) -> None:
         self._mapping: LabelMapping | None = None
-        self._identities: dict[int, SeriesIdentity | None] = {}
         self._seen_before = 0
         self._start_afresh()
 
@@ -51,7 +50,7 @@ class LabelSets:
         self._pairs: dict[tuple[str, str], tuple[str, str]] = {}
         self._by_key: dict[LabelKey, int] = {}
         self.keys: list[LabelKey] = []
-        self._identities = {}
+        self._identities: dict[int, SeriesIdentity | None] = {}
         self._last: list[msgspec.Raw] = []  # the label sets of the last answer read, in its order
         self._last_ids: list[int] = []
         self._seen: set[int] = set()  # the ids this read has answered

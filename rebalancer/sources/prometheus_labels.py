@@ -85,8 +85,9 @@ class LabelSets:
                 raise PrometheusError(f"malformed series labels: {text[:200]!r}") from None
             pairs = self._pairs
             key = tuple(sorted(pairs.setdefault(kv, kv) for kv in labels.items() if kv[0] != "__name__"))
-            found = self._ids[text] = self.id_of(key)
-        self._seen.add(found)
+            found = self._ids[text] = self.id_of(key)  # marks it seen
+        else:
+            self._seen.add(found)
         return found
 
     def id_of(self, key: LabelKey) -> int:

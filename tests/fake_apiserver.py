@@ -22,8 +22,9 @@ the code under test runs its real request building, serialisation and error hand
 - list (all namespaces or one), with `labelSelector`, `fieldSelector` (`=`, `==`, `!=`) and pagination
   (`limit` / `continue` over a consistent snapshot, `metadata.continue` in the List; a token can be
   expired to get the API server's 410); get; create; update (PUT, with the `resourceVersion` conflict
-  check); patch (strategic merge, JSON merge, JSON patch); delete (with uid / resourceVersion
-  preconditions); `dryRun=All` on every write;
+  check); patch (strategic merge, JSON merge, JSON patch); an update or patch that leaves the uid out
+  keeps it, one that changes it is a 422 (`metadata.uid` is immutable), both before admission; delete
+  (with uid / resourceVersion preconditions); `dryRun=All` on every write;
 - watch (`?watch=1&resourceVersion=RV&allowWatchBookmarks=true&timeoutSeconds=N`), as the watch cache
   serves it: chunked JSON lines `{"type", "object"}` for the changes after RV (no RV or "0": ADDED for
   every current object first), DELETED carrying the deletion's own resourceVersion (as etcd3's watcher),
@@ -35,11 +36,15 @@ the code under test runs its real request building, serialisation and error hand
   `drop_watches()` cuts every open stream without its last chunk (an API server restarting, a proxy
   dropping the connection). Differs on purpose: one history shared by all kinds, bookmarks every 0.5 s
   of quiet instead of about once a minute;
-- `POST .../pods/{name}/eviction` with the API server's rules: 404 for a missing pod; PDBs of the
-  namespace that select the pod: none -> delete; more than one -> 500; `disruptionsAllowed` 0 -> 429 with
-  the real message and a `DisruptionBudget` cause; otherwise decrement and delete; a uid precondition
-  that does not hold -> 409; terminal or Pending pods skip the PDB check, and not-ready pods do not spend
-  the budget (as the API server does);
+- `POST .../pods/{name}/eviction` in the order of the API server's EvictionREST.Create: 404 for a
+  missing pod; terminal, Pending or terminating pods are deleted without a look at the PDBs; else PDBs
+  of the namespace that select the pod: none -> delete; more than one -> 500; a not-ready pod the budget
+  can spare is deleted without spending it; a budget whose status is behind its spec -> 429 "still being
+  processed" (Retry-After 10); `disruptionsAllowed` 0 -> 429 with the real message and a
+  `DisruptionBudget` cause; otherwise decrement, then delete. The delete checks the uid precondition,
+  after the budget is spent: a failed one is a 409, or the 429 "still being processed" for a spared
+  not-ready pod. Differs on purpose: a conflicting delete of a pod that skips the PDBs is answered at
+  once, where the API server retries it for about 10 s;
 - authorization: `forbid(verb, resource, namespace)` refuses what no role grants, as the API server's
   authorizer does (403 Forbidden, its message naming the user and what it cannot do, before the
   object is looked up), until `permit` lifts it; `deny_updates(resource, namespace, policy=...)`
@@ -1307,6 +1312,7 @@ class FakeApiServer:
             )
         if wanted and wanted != current["metadata"]["resourceVersion"]:
             raise _conflict(kind, name, _MODIFIED)
+        _keep_uid(kind, name, current=current, obj=obj)
         self._admit(kind, ns, name)
         return self._commit(kind, ns, name, current=current, obj=obj, dry_run=dry_run)
 
@@ -1345,6 +1351,7 @@ class FakeApiServer:
             raise ApiError(
                 422, f'{kind.kind} "{name}" is invalid: metadata.name: Invalid value: field is immutable'
             )
+        _keep_uid(kind, name, current=current, obj=patched)
         self._admit(kind, ns, name)
         return self._commit(kind, ns, name, current=current, obj=patched, dry_run=dry_run)
 
@@ -1529,33 +1536,44 @@ class FakeApiServer:
         }
 
         phase = (pod.get("status") or {}).get("phase") or "Pending"
-        terminating = bool(pod["metadata"].get("deletionTimestamp"))
-        budget = None
-        if phase not in ("Succeeded", "Failed", "Pending") and not terminating:
-            labels = pod["metadata"].get("labels") or {}
-            pdb_kind = _BY_PATH[("policy", "v1", "poddisruptionbudgets")]
-            matching = [
-                pdb
-                for (pdb_ns, _), pdb in sorted(self._store(pdb_kind).items())
-                if pdb_ns == ns and selector_matches((pdb.get("spec") or {}).get("selector"), labels)
-            ]
-            if len(matching) > 1:
-                raise ApiError(500, MULTIPLE_PDBS)
-            if matching:
-                budget = self._pdb_verdict(matching[0], pod)
-        self._check_preconditions(pods, name, pod, options)
-        if dry_run:
-            return 201, success
-        if budget is not None:
+        if phase in ("Succeeded", "Failed", "Pending") or pod["metadata"].get("deletionTimestamp"):
+            # canIgnorePDB: deleted without a look at the budgets. (The API server retries a conflicting
+            # delete for about 10 s before its 409; this answers at once.)
+            self._check_preconditions(pods, name, pod, options)
+            return 201, success if dry_run else self._evicted(pods, ns, name, success)
+        labels = pod["metadata"].get("labels") or {}
+        pdb_kind = _BY_PATH[("policy", "v1", "poddisruptionbudgets")]
+        matching = [
+            pdb
+            for (pdb_ns, _), pdb in sorted(self._store(pdb_kind).items())
+            if pdb_ns == ns and selector_matches((pdb.get("spec") or {}).get("selector"), labels)
+        ]
+        if len(matching) > 1:
+            raise ApiError(500, MULTIPLE_PDBS)
+        budget = self._pdb_verdict(matching[0], pod) if matching else None
+        if budget is not None and not dry_run:  # checkAndDecrement, before the delete's preconditions
             before = copy.deepcopy(budget)
             status = budget.setdefault("status", {})
             status["disruptionsAllowed"] = int(status.get("disruptionsAllowed") or 0) - 1
             status.setdefault("disruptedPods", {})[name] = self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
             budget["metadata"]["resourceVersion"] = self._next_rv()
             self._emit(_BY_KIND[(budget["apiVersion"], budget["kind"])], "MODIFIED", budget, before)
+        try:
+            self._check_preconditions(pods, name, pod, options)
+        except ApiError as conflict:
+            spared = (
+                bool(matching) and budget is None
+            )  # a not-ready pod deleted under a resourceVersion check
+            if spared and (options.get("preconditions") or {}).get("resourceVersion") is None:
+                raise _still_processing(matching[0]["metadata"]["name"]) from conflict
+            raise
+        return 201, success if dry_run else self._evicted(pods, ns, name, success)
+
+    def _evicted(self, pods: _Kind, ns: str, name: str, success: JsonObj) -> JsonObj:
+        """The evicted pod deleted; the eviction's Status."""
         gone = self._store(pods).pop(self._key(pods, ns, name))
         self._emit(pods, "DELETED", gone)
-        return 201, success
+        return success
 
     @staticmethod
     def _pdb_verdict(pdb: JsonObj, pod: JsonObj) -> JsonObj | None:
@@ -1564,27 +1582,17 @@ class FakeApiServer:
         name = pdb["metadata"]["name"]
         generation = pdb["metadata"].get("generation")
         observed = status.get("observedGeneration")
-        if generation is not None and observed is not None and observed < generation:
-            raise ApiError(
-                429,
-                EVICTION_REFUSED,
-                causes=[
-                    {
-                        "reason": "DisruptionBudget",
-                        "message": f"The disruption budget {name} is still being processed by the server.",
-                    }
-                ],
-                retry_after=10,
-            )
         ready = any(
             c.get("type") == "Ready" and c.get("status") == "True"
             for c in (pod.get("status") or {}).get("conditions") or ()
         )
         current, desired = int(status.get("currentHealthy") or 0), int(status.get("desiredHealthy") or 0)
-        if not ready:
+        if not ready:  # before checkAndDecrement's look at the generation, as the API server does
             policy = (pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy")
             if policy == "AlwaysAllow" or (current >= desired > 0):
                 return None
+        if generation is not None and observed is not None and observed < generation:
+            raise _still_processing(name)
         allowed = int(status.get("disruptionsAllowed") or 0)
         if allowed < 0:
             raise ApiError(
@@ -1603,6 +1611,36 @@ class FakeApiServer:
                 ],
             )
         return pdb
+
+
+def _still_processing(pdb: str) -> ApiError:
+    """createTooManyRequestsError: the budget's status is behind its spec, or the delete of a not-ready
+    pod it spared conflicted; a 429 to retry in 10 s."""
+    return ApiError(
+        429,
+        EVICTION_REFUSED,
+        causes=[
+            {
+                "reason": "DisruptionBudget",
+                "message": f"The disruption budget {pdb} is still being processed by the server.",
+            }
+        ],
+        retry_after=10,
+    )
+
+
+def _keep_uid(kind: _Kind, name: str, *, current: JsonObj, obj: JsonObj) -> None:
+    """An update's uid, as rest.BeforeUpdate and ValidateObjectMetaUpdate judge it before admission:
+    none given is the stored one; another one is a 422 (metadata.uid is immutable), so a write meant
+    for an earlier incarnation of a re-created object never lands on the new one."""
+    meta = obj["metadata"]
+    uid, stored = meta.get("uid"), current["metadata"]["uid"]
+    if not uid:
+        meta["uid"] = stored
+    elif uid != stored:
+        raise _invalid(
+            kind.group, kind.kind, name, path="metadata.uid", value=json.dumps(uid), why="field is immutable"
+        )
 
 
 def _default(kind: _Kind, obj: JsonObj) -> None:

@@ -572,13 +572,9 @@ def test_a_checkpoint_request_for_a_vanished_or_replaced_pod_is_dropped_and_a_fa
     actuator = _actuator(api_client)
     snap = _snapshot(api_client)
     api.remove("Pod", "deleted", "ml")
-    # The API server refuses a patch that would change the uid (a pod re-created under the same name).
-    api.inject(
-        "/api/v1/namespaces/ml/pods/replaced",
-        method="PATCH",
-        status=422,
-        message='Pod "replaced" is invalid: metadata.uid: Invalid value: "uid-x": field is immutable',
-    )
+    # Re-created under the same name: the API server refuses a patch that would change the uid (422).
+    api.remove("Pod", "replaced", "ml")
+    api.add(pod_json("replaced", "a-1", uid="uid-new", annotations={CHECKPOINT_ANNOTATION: "true"}))
     # An admission policy's denial, even with reason Forbidden (403), is no missing grant: noted per
     # pod and asked again next cycle.
     rule = "gpu-rebalancer may ask for a checkpoint only on a pod annotated rebalancer.gpu/checkpoint"
@@ -602,6 +598,8 @@ def test_a_checkpoint_request_for_a_vanished_or_replaced_pod_is_dropped_and_a_fa
             f"'gpu-rebalancer-pod-changes' denied request: {rule}); asked again next cycle",
         )
     ]
+    # The pod re-created under that name was not asked.
+    assert _pod_annotations(api, "replaced") == {CHECKPOINT_ANNOTATION: "true"}
     assert _evicted(api) == []
 
 

@@ -259,6 +259,48 @@ def test_patch_with_stale_resource_version_conflicts(api: FakeApiServer, core: c
     assert caught.value.status == 409
 
 
+def test_an_update_may_not_change_the_uid_but_may_leave_it_out(
+    api: FakeApiServer, core: client.CoreV1Api
+) -> None:
+    # rest.BeforeUpdate fills a missing uid from the stored object; ValidateObjectMetaUpdate refuses a
+    # different one (metadata.uid is immutable), whether it comes in a patch or a PUT.
+    api.add(pod_json("p", "n1", uid="uid-old"))
+    patch = {"metadata": {"uid": "uid-new", "annotations": {"asked": "yes"}}}
+    with pytest.raises(ApiException) as caught:
+        core.patch_namespaced_pod("p", "ml", patch, _content_type="application/merge-patch+json")
+    assert caught.value.status == 422
+    body = _body(caught.value)
+    assert body["message"] == 'Pod "p" is invalid: metadata.uid: Invalid value: "uid-new": field is immutable'
+    assert body["details"]["causes"] == [
+        {
+            "reason": "FieldValueInvalid",
+            "message": 'Invalid value: "uid-new": field is immutable',
+            "field": "metadata.uid",
+        }
+    ]
+    pod = api.pod("ml", "p")
+    assert pod is not None and "asked" not in (pod["metadata"].get("annotations") or {})
+
+    replaced = copy.deepcopy(pod)
+    replaced["metadata"]["uid"] = "uid-new"
+    with pytest.raises(ApiException) as caught:
+        core.replace_namespaced_pod("p", "ml", replaced)
+    assert caught.value.status == 422
+
+    unnamed = copy.deepcopy(pod)
+    del unnamed["metadata"]["uid"]
+    unnamed["metadata"]["labels"] = {"kept": "uid"}
+    core.replace_namespaced_pod("p", "ml", unnamed)
+    core.patch_namespaced_pod("p", "ml", {"metadata": {"uid": "uid-old", "annotations": {"asked": "yes"}}})
+    stored = api.pod("ml", "p")
+    assert stored is not None
+    assert (stored["metadata"]["uid"], stored["metadata"]["labels"], stored["metadata"]["annotations"]) == (
+        "uid-old",
+        {"kept": "uid"},
+        {"asked": "yes"},
+    )
+
+
 def test_strategic_merge_patch_directives() -> None:
     current = {
         "metadata": {"finalizers": ["a"]},
@@ -380,6 +422,42 @@ def test_eviction_uid_precondition_is_409(api: FakeApiServer, core: client.CoreV
     assert api.pod("ml", "p") is not None
     _evict(core, "p", uid="new-uid")
     assert api.pod("ml", "p") is None
+
+
+def test_eviction_spends_the_pdb_before_the_uid_precondition_fails(
+    api: FakeApiServer, core: client.CoreV1Api
+) -> None:
+    # EvictionREST.Create decrements the budget (checkAndDecrement) before it deletes; the uid
+    # precondition is checked by that delete, so a re-created pod's 409 comes after the budget is spent.
+    api.add(pdb_json("train-pdb", {"app": "train"}, 1, desired_healthy=2))
+    api.add(pod_json("p", "n1", uid="uid-new", labels={"app": "train"}))
+    with pytest.raises(ApiException) as caught:
+        _evict(core, "p", uid="uid-old")
+    assert caught.value.status == 409
+    pdb = api.pdb("ml", "train-pdb")
+    assert pdb is not None and pdb["status"]["disruptionsAllowed"] == 0
+    assert "p" in pdb["status"]["disruptedPods"]
+    assert api.pod("ml", "p") is not None
+
+
+def test_a_not_ready_pods_failed_uid_precondition_is_a_429_to_retry(
+    api: FakeApiServer, core: client.CoreV1Api
+) -> None:
+    # A not-ready pod the budget can spare is deleted with a resourceVersion precondition; its conflict
+    # is answered with createTooManyRequestsError, the budget "still being processed" (Retry-After 10).
+    api.add(pdb_json("train-pdb", {"app": "train"}, 0, desired_healthy=1, current_healthy=1))
+    api.add(pod_json("p", "n1", uid="uid-new", labels={"app": "train"}, ready=False))
+    with pytest.raises(ApiException) as caught:
+        _evict(core, "p", uid="uid-old")
+    assert caught.value.status == 429
+    assert caught.value.headers["Retry-After"] == "10"
+    assert _body(caught.value)["details"]["causes"] == [
+        {
+            "reason": "DisruptionBudget",
+            "message": "The disruption budget train-pdb is still being processed by the server.",
+        }
+    ]
+    assert api.pod("ml", "p") is not None
 
 
 def test_eviction_spends_the_pdb_then_429(api: FakeApiServer, core: client.CoreV1Api) -> None:

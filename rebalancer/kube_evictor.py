@@ -13,10 +13,13 @@ Answers: 200/201 `evicted` (`would-evict` in server dry-run); 429 from a disrupt
 so later pods it covers are not attempted ("PDB exhausted earlier this cycle"); 404 / 409 `gone` (the
 pod, or that incarnation of it, no longer exists); 5xx, 429 throttling, status 0, timeouts and dropped
 connections are retried a bounded number of times with backoff, then `error`; other answers (400, 403,
-422...) are an immediate `error`. A retry after a timeout is safe: the uid precondition turns an
-eviction that did land into a 404 / 409, which after a request without an answer means that request
-went through, so it is `evicted` (and the circuit breaker watches it); when every attempt went
-unanswered the pod is read back (a list by name: gone, re-created or terminating is `evicted`).
+422...) are an immediate `error`. A retry after a timeout is safe: an eviction that did land left the
+pod terminating (the retry's 201 changes nothing: a terminating pod skips the budgets, and a second
+graceful delete may only shorten its grace period), or gone once its kubelet stopped it, or re-created
+under the same name, which the uid precondition turns into a 404 / 409. After a request without an
+answer those mean that request went through, so they are `evicted` (and the circuit breaker watches
+it); when every attempt went unanswered the pod is read back (a list by name: gone, re-created or
+terminating is `evicted`).
 
 Fencing: before every write (each eviction attempt, each node patch) the evictor and tainter ask their
 `fence` (rebalancer.fence) how long the write may take and clip the request timeout to it. A closed

@@ -25,6 +25,12 @@ the code under test runs its real request building, serialisation and error hand
   check); patch (strategic merge, JSON merge, JSON patch); an update or patch that leaves the uid out
   keeps it, one that changes it is a 422 (`metadata.uid` is immutable), both before admission; delete
   (with uid / resourceVersion preconditions); `dryRun=All` on every write;
+- a pod's delete is graceful as the API server makes it: a pod on a node that has not ended is marked
+  terminating (`deletionTimestamp` = now + the grace period asked, else its
+  `terminationGracePeriodSeconds`, 30 by default; `deletionGracePeriodSeconds`), a later delete may only
+  shorten that, and the kubelet stand-in ends it: `kubelet="prompt"` (the default) at once, as
+  containers that stop on SIGTERM, `kubelet="manual"` when the test calls `finish_terminating()`; a pod
+  on no node, one that has ended or a grace period of 0 goes at once;
 - watch (`?watch=1&resourceVersion=RV&allowWatchBookmarks=true&timeoutSeconds=N`), as the watch cache
   serves it: chunked JSON lines `{"type", "object"}` for the changes after RV (no RV or "0": ADDED for
   every current object first), DELETED carrying the deletion's own resourceVersion (as etcd3's watcher),
@@ -41,7 +47,8 @@ the code under test runs its real request building, serialisation and error hand
   of the namespace that select the pod: none -> delete; more than one -> 500; a not-ready pod the budget
   can spare is deleted without spending it; a budget whose status is behind its spec -> 429 "still being
   processed" (Retry-After 10); `disruptionsAllowed` 0 -> 429 with the real message and a
-  `DisruptionBudget` cause; otherwise decrement, then delete. The delete checks the uid precondition,
+  `DisruptionBudget` cause; otherwise decrement, then the pod gets the `DisruptionTarget` condition
+  (reason `EvictionByEvictionAPI`) and is deleted, gracefully. The delete checks the uid precondition,
   after the budget is spent: a failed one is a 409, or the 429 "still being processed" for a spared
   not-ready pod. Differs on purpose: a conflicting delete of a pod that skips the PDBs is answered at
   once, where the API server retries it for about 10 s;
@@ -59,7 +66,8 @@ next N matching requests (`watch=True` / `False`: only watch requests, or only t
 
 This module must stay a test double: no project code imports it, it never grows scheduling or
 controller behaviour (no ReplicaSet re-creating evicted pods, no disruption controller recomputing
-budgets); tests change state through `add()` / `remove()` or the HTTP API.
+budgets; the kubelet stand-in only confirms terminating pods gone); tests change state through
+`add()` / `remove()` (at once, whatever the pod), `finish_terminating()` or the HTTP API.
 """
 
 from __future__ import annotations
@@ -77,9 +85,9 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -307,6 +315,7 @@ def _invalid(group: str, kind: str, name: str, *, path: str, value: str, why: st
     )
 
 
+_TIME = "%Y-%m-%dT%H:%M:%SZ"  # metav1.Time as the API server writes it
 _MODIFIED = "the object has been modified; please apply your changes to the latest version and try again"
 _NOT_FOUND_RESOURCE = "the server could not find the requested resource"
 _PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json")
@@ -694,11 +703,17 @@ class FakeApiServer:
     """The fake API server. Use as a context manager; `url` is `http://127.0.0.1:<port>`."""
 
     def __init__(
-        self, *, clock: Callable[[], datetime] | None = None, missing_kinds: Iterable[str] = ()
+        self,
+        *,
+        clock: Callable[[], datetime] | None = None,
+        missing_kinds: Iterable[str] = (),
+        kubelet: Literal["prompt", "manual"] = "prompt",
     ) -> None:
         """`missing_kinds`: custom kinds whose CustomResourceDefinition is not installed, by qualified
         resource (`notebooks.kubeflow.org`): every path of theirs answers 404 as for an unknown resource,
-        after authorization, as the API server does."""
+        after authorization, as the API server does. `kubelet`: what stands in for the kubelets once a pod
+        is deleted gracefully: `prompt` confirms at once (containers that stop on SIGTERM), `manual` leaves
+        the pod terminating until `finish_terminating()`."""
         custom = {k.qualified: k for k in _KINDS if k.custom}
         unknown = sorted(set(missing_kinds) - set(custom))
         if unknown:
@@ -729,6 +744,7 @@ class FakeApiServer:
         self._changed = threading.Condition(self._lock)
         self._snapshot_ids = itertools.count(1)
         self._clock = clock or (lambda: datetime.now(UTC))
+        self._kubelet = kubelet
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -803,6 +819,20 @@ class FakeApiServer:
             gone = self._store(resolved).pop(self._key(resolved, namespace, name), None)
             if gone is not None:
                 self._emit(resolved, "DELETED", gone)
+
+    def finish_terminating(self) -> list[tuple[str, str]]:
+        """The kubelets confirm every terminating pod gone (their delete with grace 0), as `kubelet="manual"`
+        leaves them; the (namespace, name) of each, in order."""
+        pods = self._kind_of("Pod", "v1")
+        with self._lock:
+            ended = [
+                key
+                for key, pod in sorted(self._store(pods).items())
+                if pod["metadata"].get("deletionTimestamp")
+            ]
+            for key in ended:
+                self._emit(pods, "DELETED", self._store(pods).pop(key))
+        return [(ns or "", name) for ns, name in ended]
 
     def get(
         self, kind: str, name: str, namespace: str | None = None, api_version: str = "v1"
@@ -1092,7 +1122,7 @@ class FakeApiServer:
         obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
         meta = obj["metadata"]
         meta.setdefault("uid", str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", self._clock().strftime("%Y-%m-%dT%H:%M:%SZ"))
+        meta.setdefault("creationTimestamp", self._clock().strftime(_TIME))
         meta["resourceVersion"] = self._next_rv()
         _default(kind, obj)
 
@@ -1174,7 +1204,11 @@ class FakeApiServer:
             if method == "PATCH":
                 return self._patch(kind, ns, name, body=body, ctype=ctype, dry_run=dry_run)
             if method == "DELETE" and sub is None:
-                return self._delete(kind, ns, name, body=body, dry_run=dry_run)
+                options = dict(body) if isinstance(body, dict) else {}
+                grace = _last(query, "gracePeriodSeconds")  # DeleteOptions may come as query parameters
+                if grace is not None and "gracePeriodSeconds" not in options:
+                    options["gracePeriodSeconds"] = int(grace)
+                return self._delete(kind, ns, name, body=options, dry_run=dry_run)
             raise ApiError(405, "the server does not allow this method on the requested resource")
 
     def _authorize(self, verb: str, kind: _Kind, ns: str | None, name: str | None, sub: str | None) -> None:
@@ -1492,10 +1526,59 @@ class FakeApiServer:
         current = self._existing(kind, ns, name)
         options = body if isinstance(body, dict) else {}
         self._check_preconditions(kind, name, current, options)
-        if not (dry_run or "All" in (options.get("dryRun") or ())):
-            del self._store(kind)[self._key(kind, ns, name)]
-            self._emit(kind, "DELETED", current)
+        if dry_run or "All" in (options.get("dryRun") or ()):
+            return 200, self._with_type(kind, current)
+        if kind.kind == "Pod":
+            return 200, self._with_type(kind, self._delete_pod(kind, ns, name, options))
+        del self._store(kind)[self._key(kind, ns, name)]
+        self._emit(kind, "DELETED", current)
         return 200, self._with_type(kind, current)
+
+    def _delete_pod(self, pods: _Kind, ns: str | None, name: str, options: Mapping[str, Any]) -> JsonObj:
+        """A pod's delete, graceful as podStrategy.CheckGracefulDelete and rest.BeforeDelete make it: the
+        grace period asked, else the pod's `terminationGracePeriodSeconds` (30 when unset, the API
+        server's default), 0 for a pod on no node or one that has ended (a negative one is 1). A pod
+        already terminating may only have its grace period shortened. A graceful delete marks the pod
+        (`deletionTimestamp` = now + the period, `deletionGracePeriodSeconds`); the kubelet stand-in ends
+        it. The pod as the answer shows it."""
+        key = self._key(pods, ns, name)
+        current = self._store(pods)[key]
+        meta, spec = current["metadata"], current.get("spec") or {}
+        asked = options.get("gracePeriodSeconds")
+        if meta.get("deletionTimestamp"):
+            pending = meta.get("deletionGracePeriodSeconds")
+            if pending and (asked is None or asked >= pending):
+                return current  # graceful deletion pending: nothing changes
+            period = max(0, asked) if pending else 0
+            if period:  # shortened: the deadline moves as much earlier as the period
+                deadline = datetime.strptime(meta["deletionTimestamp"], _TIME).replace(
+                    tzinfo=UTC
+                ) - timedelta(seconds=pending - period)
+                return self._mark_terminating(pods, key, deadline, period)
+        else:
+            period = asked if asked is not None else spec.get("terminationGracePeriodSeconds", 30)
+            phase = (current.get("status") or {}).get("phase")
+            if not spec.get("nodeName") or phase in ("Succeeded", "Failed"):
+                period = 0
+            period = 1 if period < 0 else period
+            if period:
+                return self._mark_terminating(pods, key, self._clock() + timedelta(seconds=period), period)
+        self._emit(pods, "DELETED", self._store(pods).pop(key))
+        return current
+
+    def _mark_terminating(
+        self, pods: _Kind, key: tuple[str, str], deadline: datetime, period: int
+    ) -> JsonObj:
+        before = self._store(pods)[key]
+        marked = copy.deepcopy(before)
+        marked["metadata"]["deletionTimestamp"] = deadline.strftime(_TIME)
+        marked["metadata"]["deletionGracePeriodSeconds"] = period
+        marked["metadata"]["resourceVersion"] = self._next_rv()
+        self._store(pods)[key] = marked
+        self._emit(pods, "MODIFIED", marked, before)
+        if self._kubelet == "prompt":
+            self._emit(pods, "DELETED", self._store(pods).pop(key))
+        return marked
 
     @staticmethod
     def _check_preconditions(kind: _Kind, name: str, current: JsonObj, options: Mapping[str, Any]) -> None:
@@ -1540,7 +1623,7 @@ class FakeApiServer:
             # canIgnorePDB: deleted without a look at the budgets. (The API server retries a conflicting
             # delete for about 10 s before its 409; this answers at once.)
             self._check_preconditions(pods, name, pod, options)
-            return 201, success if dry_run else self._evicted(pods, ns, name, success)
+            return 201, success if dry_run else self._evicted(pods, ns, name, options, success)
         labels = pod["metadata"].get("labels") or {}
         pdb_kind = _BY_PATH[("policy", "v1", "poddisruptionbudgets")]
         matching = [
@@ -1555,7 +1638,7 @@ class FakeApiServer:
             before = copy.deepcopy(budget)
             status = budget.setdefault("status", {})
             status["disruptionsAllowed"] = int(status.get("disruptionsAllowed") or 0) - 1
-            status.setdefault("disruptedPods", {})[name] = self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
+            status.setdefault("disruptedPods", {})[name] = self._clock().strftime(_TIME)
             budget["metadata"]["resourceVersion"] = self._next_rv()
             self._emit(_BY_KIND[(budget["apiVersion"], budget["kind"])], "MODIFIED", budget, before)
         try:
@@ -1567,12 +1650,31 @@ class FakeApiServer:
             if spared and (options.get("preconditions") or {}).get("resourceVersion") is None:
                 raise _still_processing(matching[0]["metadata"]["name"]) from conflict
             raise
-        return 201, success if dry_run else self._evicted(pods, ns, name, success)
+        return 201, success if dry_run else self._evicted(pods, ns, name, options, success)
 
-    def _evicted(self, pods: _Kind, ns: str, name: str, success: JsonObj) -> JsonObj:
-        """The evicted pod deleted; the eviction's Status."""
-        gone = self._store(pods).pop(self._key(pods, ns, name))
-        self._emit(pods, "DELETED", gone)
+    def _evicted(
+        self, pods: _Kind, ns: str, name: str, options: Mapping[str, Any], success: JsonObj
+    ) -> JsonObj:
+        """addConditionAndDeletePod: the pod gets the DisruptionTarget condition (written only when it
+        changes, as an update that changes nothing writes nothing), then the delete; the Status."""
+        key = self._key(pods, ns, name)
+        before = self._store(pods)[key]
+        marked = copy.deepcopy(before)
+        conditions = marked.setdefault("status", {}).setdefault("conditions", [])
+        wanted = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+        wanted["message"] = "Eviction API: evicting"
+        found = next((c for c in conditions if c.get("type") == "DisruptionTarget"), None)
+        if found is None or any(found.get(k) != v for k, v in wanted.items()):
+            # podutil.UpdatePodCondition: the transition time moves only when the status does.
+            moved = found is None or found.get("status") != "True"
+            at = self._clock().strftime(_TIME) if moved else found.get("lastTransitionTime")
+            if found is not None:
+                conditions.remove(found)
+            conditions.append({**wanted, "lastTransitionTime": at})
+            marked["metadata"]["resourceVersion"] = self._next_rv()
+            self._store(pods)[key] = marked
+            self._emit(pods, "MODIFIED", marked, before)
+        self._delete_pod(pods, ns, name, options)
         return success
 
     @staticmethod

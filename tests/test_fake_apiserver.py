@@ -406,6 +406,116 @@ def test_eviction_without_pdb_deletes_the_pod(api: FakeApiServer, core: client.C
     assert api.pod("ml", "p") is None
 
 
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def _pod_events(api: FakeApiServer, since: str) -> list[tuple[str, str | None, list[str]]]:
+    """The pod watch events after `since`: (type, deletionTimestamp, condition types)."""
+    events = api.watch(
+        "/api/v1/pods", {"watch": ("1",), "resourceVersion": (since,), "timeoutSeconds": ("0.3",)}
+    )
+    return [
+        (
+            e["type"],
+            e["object"]["metadata"].get("deletionTimestamp"),
+            [c["type"] for c in (e["object"].get("status") or {}).get("conditions") or ()],
+        )
+        for e in events
+        if e["type"] != "BOOKMARK"
+    ]
+
+
+def test_an_evicted_pod_is_marked_disrupted_and_terminates_gracefully() -> None:
+    # addConditionAndDeletePod: the DisruptionTarget condition, then a graceful delete (the pod's
+    # terminationGracePeriodSeconds); the pod stays, terminating, until its kubelet confirms.
+    with FakeApiServer(clock=lambda: NOW, kubelet="manual") as api, api.api_client() as api_client:
+        core = client.CoreV1Api(api_client)
+        pod = pod_json("p", "n1")
+        pod["spec"]["terminationGracePeriodSeconds"] = 45
+        since = api.add(pod)["metadata"]["resourceVersion"]
+        assert _evict(core, "p").status == 201
+        stored = api.pod("ml", "p")
+        assert stored is not None
+        assert (
+            stored["metadata"]["deletionTimestamp"],
+            stored["metadata"]["deletionGracePeriodSeconds"],
+        ) == (
+            "2026-03-01T12:00:45Z",
+            45,
+        )
+        [condition] = [c for c in stored["status"]["conditions"] if c["type"] == "DisruptionTarget"]
+        assert condition == {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "EvictionByEvictionAPI",
+            "message": "Eviction API: evicting",
+            "lastTransitionTime": "2026-03-01T12:00:00Z",
+        }
+        assert _pod_events(api, since) == [
+            ("MODIFIED", None, ["Ready", "DisruptionTarget"]),
+            ("MODIFIED", "2026-03-01T12:00:45Z", ["Ready", "DisruptionTarget"]),
+        ]
+        # Evicting it again skips the budgets (it is terminating) and changes nothing.
+        rv = stored["metadata"]["resourceVersion"]
+        assert _evict(core, "p").status == 201
+        again = api.pod("ml", "p")
+        assert again is not None and again["metadata"]["resourceVersion"] == rv
+        assert api.finish_terminating() == [("ml", "p")]
+        assert api.pod("ml", "p") is None
+
+
+def test_a_prompt_kubelet_ends_a_terminating_pod_at_once() -> None:
+    with FakeApiServer(clock=lambda: NOW) as api, api.api_client() as api_client:
+        since = api.add(pod_json("p", "n1"))["metadata"]["resourceVersion"]
+        _evict(client.CoreV1Api(api_client), "p")
+        assert api.pod("ml", "p") is None
+        assert _pod_events(api, since) == [
+            ("MODIFIED", None, ["Ready", "DisruptionTarget"]),
+            ("MODIFIED", "2026-03-01T12:00:30Z", ["Ready", "DisruptionTarget"]),
+            ("DELETED", "2026-03-01T12:00:30Z", ["Ready", "DisruptionTarget"]),
+        ]
+
+
+def test_which_deletes_are_graceful() -> None:
+    # podStrategy.CheckGracefulDelete and rest.BeforeDelete: the grace period asked, else the pod's
+    # (30 s by default); none for a pod on no node or one that has ended; a later delete may only
+    # shorten it, and one of 0 ends it at once.
+    with FakeApiServer(clock=lambda: NOW, kubelet="manual") as api, api.api_client() as api_client:
+        core = client.CoreV1Api(api_client)
+        api.add(pod_json("bound", "n1"))
+        api.add(pod_json("unbound", None, phase="Pending"))
+        api.add(pod_json("done", "n1", phase="Succeeded"))
+        api.add(pod_json("now", "n1"))
+        for name in ("bound", "unbound", "done"):
+            core.delete_namespaced_pod(name, "ml")
+        core.delete_namespaced_pod("now", "ml", grace_period_seconds=0)
+        assert [p["metadata"]["name"] for p in api.objects("Pod")] == ["bound"]
+        terminating = api.pod("ml", "bound")
+        assert terminating is not None
+        assert terminating["metadata"]["deletionTimestamp"] == "2026-03-01T12:00:30Z"
+        assert "conditions" not in terminating["status"] or all(
+            c["type"] != "DisruptionTarget" for c in terminating["status"]["conditions"]
+        )
+
+        core.delete_namespaced_pod("bound", "ml", grace_period_seconds=10)
+        shorter = api.pod("ml", "bound")
+        assert shorter is not None
+        assert (
+            shorter["metadata"]["deletionTimestamp"],
+            shorter["metadata"]["deletionGracePeriodSeconds"],
+        ) == (
+            "2026-03-01T12:00:10Z",
+            10,
+        )
+        core.delete_namespaced_pod("bound", "ml", grace_period_seconds=20)
+        kept = api.pod("ml", "bound")
+        assert (
+            kept is not None and kept["metadata"]["resourceVersion"] == shorter["metadata"]["resourceVersion"]
+        )
+        core.delete_namespaced_pod("bound", "ml", grace_period_seconds=0)
+        assert api.objects("Pod") == []
+
+
 def test_eviction_of_a_missing_pod_is_404(core: client.CoreV1Api) -> None:
     with pytest.raises(ApiException) as caught:
         _evict(core, "gone")

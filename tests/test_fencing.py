@@ -333,6 +333,32 @@ def test_an_eviction_that_never_got_an_answer_is_read_back(
     )
 
 
+def test_an_eviction_whose_answer_was_lost_while_the_pod_terminates_is_evicted() -> None:
+    """Live, an evicted pod on a node lingers, terminating, until its kubelet stops it: the retry after
+    the lost answer skips the budgets and deletes it again (201), and a read-back finds it terminating."""
+    with FakeApiServer(kubelet="manual") as api, api.api_client() as api_client:
+        api.add(node_json("a-1"))
+        for name in ("retried", "read-back"):
+            api.add(pod_json(name, "a-1"))
+        snapshot = _snapshot(api_client)
+        api.inject(EVICTIONS.replace("*/eviction", "retried/eviction"), delay=0.4, times=1)
+        retrying = KubeEvictor(
+            api_client, retries=1, request_timeout=0.15, backoff=lambda _attempt: 0.6, sleep=time.sleep
+        )
+        (retried,) = retrying.evict(_plan(snapshot, "retried"))
+        api.inject(EVICTIONS, lose_answer=True, times=1)
+        (read_back,) = KubeEvictor(api_client, retries=0, sleep=Sleeps()).evict(_plan(snapshot, "read-back"))
+        assert [(o.pod, o.result, o.detail) for o in (retried, read_back)] == [
+            ("retried", "evicted", ""),
+            (
+                "read-back",
+                "evicted",
+                "the eviction request got no final answer but went through: the pod is terminating",
+            ),
+        ]
+        assert api.finish_terminating() == [("ml", "read-back"), ("ml", "retried")]
+
+
 @pytest.mark.parametrize("status", [500, 503, 504])
 def test_an_eviction_carried_out_behind_a_5xx_answer_is_evicted_not_gone(
     api: FakeApiServer, api_client: client.ApiClient, status: int

@@ -11,8 +11,10 @@ Owns what `rebalancer waste` counts and how it is added up:
   (the strategy's judgement, over one step instead of its window). A covered step counts in full (a
   pod that ran one minute of a five-minute step is charged five minutes); a step without a sample
   counts not at all: a gap in the history (exporter or Prometheus down, pod gone) is neither idle nor
-  allocated, never idle. A NaN or DCGM-blank sample makes its step's mean not below the threshold, so
-  bad data is never idle. Series of one GPU and pod that differ only in labels the policy's label
+  allocated, never idle. A NaN sample makes its step's mean not below the threshold, and a series'
+  step holding a sample below 0 % or above 100 % (-Inf, +Inf, a DCGM blank) is left out of the idle
+  judgement (it still covers the step), so bad data is never idle, as `telemetry.sanity` rules for
+  the strategies. Series of one GPU and pod that differ only in labels the policy's label
   mapping does not read (a second scrape job, `instance`) count once per step: the largest mean;
 - `SeriesSteps`: covered and idle steps of one series, as the Prometheus source's one query answers
   them, or as `steps_from_samples` counts them from raw samples (a snapshot directory's history) with
@@ -58,6 +60,7 @@ from rebalancer.workloads import resolve
 
 __all__ = [
     "GONE",
+    "MAX_PERCENT",
     "GroupBy",
     "GroupWaste",
     "Period",
@@ -76,6 +79,9 @@ __all__ = [
     "steps_from_samples",
     "tally",
 ]
+
+# The most a utilisation sample can be; a sample above it (or below 0) is bad data, never idle.
+MAX_PERCENT = 100.0
 
 # The group of a namespace's pods that the history names but the cluster view does not hold.
 GONE = "(pods no longer in the cluster)"
@@ -130,6 +136,7 @@ def steps_from_samples(
     cfg = resolve_preset(cfg)
     names = mapped_labels(cfg.labels)
     threshold = threshold_percent / cfg.utilization.scale
+    ceiling = MAX_PERCENT / cfg.utilization.scale
     merged: dict[tuple[tuple[str, str], ...], dict[int, float]] = defaultdict(dict)
     for one in series:
         if one.metric != cfg.utilization.name:
@@ -138,7 +145,8 @@ def steps_from_samples(
         for sample in one.samples:
             if sample.timestamp is not None:
                 points[seconds_to_ms(sample.timestamp)] = sample.value
-    groups: dict[tuple[tuple[str, str], ...], dict[int, float]] = defaultdict(dict)
+    # Per group: every step's largest mean (covered), and the largest of the plausible ones (idle).
+    groups: dict[tuple[tuple[str, str], ...], tuple[dict[int, float], dict[int, float]]] = {}
     for labels, points in merged.items():
         found = dict(labels)
         per_step: dict[int, list[float]] = defaultdict(list)
@@ -146,16 +154,20 @@ def steps_from_samples(
             step = window.step_of(ms)
             if step is not None:
                 per_step[step].append(value)
-        means = groups[tuple((name, found[name]) for name in names if found.get(name))]
+        key = tuple((name, found[name]) for name in names if found.get(name))
+        means, plausible = groups.setdefault(key, ({}, {}))
         for step, values in per_step.items():
-            means[step] = _larger(means.get(step), math.fsum(values) / len(values))
+            mean = math.fsum(values) / len(values)
+            means[step] = _larger(means.get(step), mean)
+            if not any(value < 0 or value > ceiling for value in values):  # NaN compares false
+                plausible[step] = _larger(plausible.get(step), mean)
     return [
         SeriesSteps(
             labels=dict(key),
             covered=len(means),
-            idle=sum(1 for mean in means.values() if mean < threshold),
+            idle=sum(1 for mean in plausible.values() if mean < threshold),
         )
-        for key, means in groups.items()
+        for key, (means, plausible) in groups.items()
         if means
     ]
 

@@ -171,12 +171,17 @@ def test_the_threshold_is_in_percent_whatever_the_metric_scale() -> None:
     found = {s.labels["pod"]: s.idle for s in steps_from_samples(util, cfg, window(), 5.0)}
     assert found == {"p": 1, "q": 0}
     query = idle_steps_query(cfg, window(), 5.0)
-    assert "nv_gpu_utilization" in query and "< bool 0.05" in query
+    assert "nv_gpu_utilization" in query and "< bool 0.05" in query and "> 1.0)" in query
 
 
 def test_the_query_depends_on_the_policy_and_period_only() -> None:
     query = idle_steps_query(CFG, window(hours=24), 5.0)
-    assert query.count("DCGM_FI_DEV_GPU_UTIL[299999ms]") == 4
+    # Twice for the covered steps' means, twice for the idle ones', twice to leave impossible samples out.
+    assert query.count("DCGM_FI_DEV_GPU_UTIL[299999ms]") == 6
+    assert (
+        "unless (min_over_time(DCGM_FI_DEV_GPU_UTIL[299999ms]) < 0 or "
+        "max_over_time(DCGM_FI_DEV_GPU_UTIL[299999ms]) > 100.0)) < bool 5.0"
+    ) in query
     assert "[86399999ms:300s]" in query
     assert f'"{WASTE_LABEL}", "covered"' in query and f'"{WASTE_LABEL}", "idle"' in query
     # Series of one GPU and pod count once: collapsed on every label the mapping reads.

@@ -465,3 +465,54 @@ def test_a_snapshot_directory_gives_the_same_table_without_prometheus(
         assert {k: v for k, v in from_files.items() if k != "history"} == {
             k: v for k, v in from_prometheus.items() if k != "history"
         }
+
+
+# --------------------------------------------------------------------------- impossible samples
+
+IMPOSSIBLE_UNTIL = datetime(2026, 9, 1, tzinfo=UTC)
+
+
+def impossible_history() -> str:
+    """An hour of one sample a minute on one GPU per namespace: `-50` throughout (`negative`), `-Inf`
+    throughout (`minus-inf`), steps whose samples average 0 only because one is -100 and one 100
+    (`mixed`), and a plausible idle GPU (`idle`)."""
+    end = IMPOSSIBLE_UNTIL.timestamp()
+    per_namespace: dict[str, list[str]] = {
+        "negative": ["-50.0"] * 60,
+        "minus-inf": ["-Inf"] * 60,
+        "mixed": ["-100.0", "100.0", "0.0", "0.0", "0.0"] * 12,
+        "idle": ["1.0"] * 60,
+    }
+    lines = ["# TYPE DCGM_FI_DEV_GPU_UTIL gauge"]
+    for index, (namespace, values) in enumerate(per_namespace.items()):
+        labels = (
+            f'UUID="GPU-impossible-{index}",gpu="0",hostname="odd-{index}",modelName="{A100}",'
+            f'namespace="{namespace}",pod="p-{namespace}"'
+        )
+        # Minute i ends at end - 3600 + 60 (i + 1): five samples in each 5-minute step of the hour.
+        lines += [
+            f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {value} {end - 3600 + 60 * (i + 1):.3f}"
+            for i, value in enumerate(values)
+        ]
+    return "\n".join([*lines, "# EOF"]) + "\n"
+
+
+def test_impossible_samples_are_never_idle_from_prometheus_or_a_snapshot(
+    prometheus_server: PrometheusServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A negative or -Inf utilisation is bad telemetry, never idle, as `once` and `advise` judge it: the
+    step is covered (the GPU was there) and not idle, in both histories."""
+    history = impossible_history()
+    prometheus_server.backfill(history)
+    directory = write_snapshot_dir(tmp_path / "snapshot", [], IMPOSSIBLE_UNTIL, history)
+    since = ("--since", "1h", "--until", IMPOSSIBLE_UNTIL.isoformat())
+    from_prometheus = waste(capsys, "--prometheus-url", prometheus_server.url, *since)
+    from_files = waste(capsys, "--since", "1h", "--snapshot", str(directory))
+    for report in (from_prometheus, from_files):
+        rows = {row["group"].split("/")[0]: row for row in report["groups"]}
+        assert {name: (row["allocated_gpu_hours"], row["idle_gpu_hours"]) for name, row in rows.items()} == {
+            "negative": (1.0, 0.0),
+            "minus-inf": (1.0, 0.0),
+            "mixed": (1.0, 0.0),
+            "idle": (1.0, 1.0),
+        }

@@ -15,7 +15,7 @@ from rebalancer.period import Period
 from rebalancer.policy import TelemetryConfig
 from rebalancer.sources.prometheus_http import PrometheusError
 from rebalancer.telemetry.identity import format_labels, resolve_preset
-from rebalancer.waste import SeriesSteps, mapped_labels
+from rebalancer.waste import MAX_PERCENT, SeriesSteps, mapped_labels
 
 __all__ = ["WASTE_LABEL", "idle_steps_query", "steps_of"]
 
@@ -35,17 +35,22 @@ def idle_steps_query(cfg: TelemetryConfig, window: Period, threshold_percent: fl
     series differing only in labels the mapping does not read are one (`max by`). The subquery steps
     through the period one millisecond short of it, so its first step ends one step after the start;
     steps are aligned to the epoch, as `window.end` is. `count_over_time` of it counts the steps with a
-    sample, `sum_over_time` of `< bool threshold` the idle ones; `label_replace` tells them apart.
+    sample, `sum_over_time` of `< bool threshold` the idle ones; `label_replace` tells them apart. A
+    series' step holding a sample below 0 or above 100 % (`min_over_time` / `max_over_time`, which pass
+    over NaN) is left out of the idle judgement (`unless`) and still covers the step: bad data is never
+    idle.
     """
     cfg = resolve_preset(cfg)
     metric = cfg.utilization.name
     inner = f"[{window.step * 1000 - 1}ms]"
     mean = f"sum_over_time({metric}{inner}) / count_over_time({metric}{inner})"
-    per_gpu = f"max by ({', '.join(mapped_labels(cfg.labels))}) ({mean})"
+    ceiling = MAX_PERCENT / cfg.utilization.scale
+    impossible = f"min_over_time({metric}{inner}) < 0 or max_over_time({metric}{inner}) > {ceiling!r}"
+    by = f"max by ({', '.join(mapped_labels(cfg.labels))})"
     steps = f"[{window.seconds * 1000 - 1}ms:{window.step}s]"
     threshold = threshold_percent / cfg.utilization.scale
-    covered = f"count_over_time(({per_gpu}){steps})"
-    idle = f"sum_over_time(({per_gpu} < bool {threshold!r}){steps})"
+    covered = f"count_over_time(({by} ({mean})){steps})"
+    idle = f"sum_over_time(({by} ({mean} unless ({impossible})) < bool {threshold!r}){steps})"
     return (
         f'label_replace({covered}, "{WASTE_LABEL}", "covered", "", "") or '
         f'label_replace({idle}, "{WASTE_LABEL}", "idle", "", "")'

@@ -243,18 +243,27 @@ def label_selector(pod: Pod, cfg: GuardsConfig) -> Refusal | None:
     return None
 
 
-def _opt_out(annotations: Mapping[str, str], keys: Iterable[tuple[str, str]]) -> tuple[str, str] | None:
+def _opt_out(annotations: Mapping[str, str], keys: Iterable[tuple[str, str]]) -> str | None:
+    """How the annotations opt out (None: they do not): one of `keys` with its opting-out value, or with
+    a value that is neither "true" nor "false". The cluster autoscaler and Karpenter read such a value
+    as not opting out; here it holds back, on purpose: its owner meant something, and a guess must not
+    evict."""
     for key, value in keys:
         given = annotations.get(key)
-        if given is not None and given.strip().lower() == value:
-            return key, given
+        if given is None:
+            continue
+        understood = given.strip().lower()
+        if understood == value:
+            return f'annotation {key}: "{given}"'
+        if understood not in ("true", "false"):
+            return f'annotation {key}: "{given}", neither "true" nor "false": held back until it is one'
     return None
 
 
 def opt_out(pod: Pod) -> Refusal | None:
     found = _opt_out(pod.annotations, POD_OPT_OUT_ANNOTATIONS)
     if found is not None:
-        return Refusal(OPT_OUT, f'pod has annotation {found[0]}: "{found[1]}"')
+        return Refusal(OPT_OUT, f"pod has {found}")
     return None
 
 
@@ -399,5 +408,5 @@ def node_refusal(node: Node) -> Refusal | None:
     """Refuses draining a node whose annotations opt it out of scale-down / disruption."""
     found = _opt_out(node.annotations, NODE_OPT_OUT_ANNOTATIONS)
     if found is not None:
-        return Refusal(OPT_OUT, f'node {node.name} has annotation {found[0]}: "{found[1]}"')
+        return Refusal(OPT_OUT, f"node {node.name} has {found}")
     return None

@@ -294,6 +294,26 @@ def test_opposite_or_unknown_annotations_do_not_opt_out(key: str, value: str) ->
     assert refuse(pod("x", "gpu-a-1", annotations={key: value})) is None
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("rebalancer.gpu/evict", "no"),
+        ("rebalancer.gpu/evict", "0"),
+        ("cluster-autoscaler.kubernetes.io/safe-to-evict", "maybe"),
+        ("karpenter.sh/do-not-disrupt", "yes"),
+        ("karpenter.sh/do-not-disrupt", ""),
+    ],
+)
+def test_an_opt_out_annotation_whose_value_is_not_understood_holds_the_pod_back(key: str, value: str) -> None:
+    # Neither "true" nor "false": the owner meant something, and a guess must not evict. (The cluster
+    # autoscaler and Karpenter read such a value as not opting out; this is stricter on purpose.)
+    refusal = refuse(pod("x", "gpu-a-1", annotations={key: value}))
+    assert refusal == Refusal(
+        "opt-out",
+        f'pod has annotation {key}: "{value}", neither "true" nor "false": held back until it is one',
+    )
+
+
 # --------------------------------------------------------------------------- min-pod-age
 
 
@@ -415,6 +435,15 @@ def test_first_refusal_keeps_answers_for_tuples_only() -> None:
 def test_node_opt_out_annotations(key: str) -> None:
     refusal = node_refusal(node("gpu-a-1", annotations={key: "true"}))
     assert refusal == Refusal("opt-out", f'node gpu-a-1 has annotation {key}: "true"')
+
+
+def test_a_node_opt_out_annotation_whose_value_is_not_understood_keeps_the_node() -> None:
+    key = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
+    refusal = node_refusal(node("gpu-a-1", annotations={key: "yes"}))
+    assert refusal == Refusal(
+        "opt-out",
+        f'node gpu-a-1 has annotation {key}: "yes", neither "true" nor "false": held back until it is one',
+    )
 
 
 def test_node_without_opt_out_is_allowed() -> None:

@@ -411,6 +411,31 @@ def test_bad_now(tmp_path: Path, content: str, expected: str) -> None:
     assert expected in problem
 
 
+def test_snapshot_yaml_holds_now_once_and_nothing_else(tmp_path: Path) -> None:
+    # `Now:` is no `now`: read as none, the snapshot's instant silently became the newest sample's.
+    write(
+        tmp_path,
+        "snapshot.yaml",
+        "Now: 2026-11-29T18:00:00Z\nnow: 2026-11-29T12:00:00Z\nnow: 2026-11-29T13:00:00Z\n",
+    )
+    where = tmp_path / "snapshot.yaml"
+    assert problems_of(tmp_path) == (
+        f"{where}:1: Now: unknown key (snapshot.yaml holds only `now`)",
+        f"{where}:3: now: duplicate key (also on line 2; only one value may be given)",
+    )
+
+
+def test_a_file_that_cannot_be_read_as_a_file_is_a_problem(tmp_path: Path) -> None:
+    # A broken link (or a pipe) was skipped without a word: a snapshot missing its pods file that way
+    # read as a cluster without pods.
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    write(tmp_path, "nodes.json", kube_list(node("n1")))
+    (tmp_path / "pods.json").symlink_to(tmp_path / "missing.json")
+    assert problems_of(tmp_path) == (
+        f"{tmp_path / 'pods.json'}: not a regular file (a broken link, a pipe or a device): cannot be read",
+    )
+
+
 def test_now_from_snapshot_yaml_wins_over_samples(tmp_path: Path) -> None:
     write(tmp_path, "snapshot.yaml", 'now: "2026-11-29T11:59:00Z"\n')
     write(tmp_path, "c.json", kube_list(node("n1")))

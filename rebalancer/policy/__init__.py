@@ -96,6 +96,7 @@ __all__ = [
     "TelemetryPreset",
     "WebhookSinkConfig",
     "default_policy",
+    "duplicate_keys",
     "format_duration",
     "format_loc",
     "load_policy",
@@ -459,8 +460,9 @@ def _where(source: str, root: yaml.Node | None, loc: Sequence[int | str]) -> str
     return f"{source}:{line}" if line is not None else source
 
 
-def _duplicate_keys(node: yaml.Node | None, source: str, loc: tuple[int | str, ...] = ()) -> Iterator[str]:
-    """Keys given twice in one mapping: YAML would silently keep only the last value."""
+def duplicate_keys(node: yaml.Node | None, source: str, loc: tuple[int | str, ...] = ()) -> Iterator[str]:
+    """Keys given twice in one mapping of an operator's YAML file (`source`), one located line each:
+    YAML would silently keep only the last value."""
     if isinstance(node, yaml.MappingNode):
         first_line: dict[tuple[str, str], int] = {}
         for key, value in node.value:
@@ -474,10 +476,10 @@ def _duplicate_keys(node: yaml.Node | None, source: str, loc: tuple[int | str, .
                     )
                 else:
                     first_line[(key.tag, name)] = line
-            yield from _duplicate_keys(value, source, (*loc, name) if name is not None else loc)
+            yield from duplicate_keys(value, source, (*loc, name) if name is not None else loc)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
-            yield from _duplicate_keys(item, source, (*loc, index))
+            yield from duplicate_keys(item, source, (*loc, index))
 
 
 def _strategy_entries(data: Mapping[str, Any]) -> list[tuple[int, StrategyConfig]]:
@@ -504,7 +506,7 @@ def parse_policy(data: object, source: str = "<policy>", root: yaml.Node | None 
         raise PolicyError(
             [f"{source}:1: {format_loc(())}: the policy is empty; write `{{}}` to ask for every default"]
         )
-    problems: list[str] = list(_duplicate_keys(root, source))
+    problems: list[str] = list(duplicate_keys(root, source))
     if not isinstance(data, dict):
         problems.append(
             f"{_where(source, root, ())}: {format_loc(())}: the policy must be a YAML mapping, "

@@ -50,7 +50,7 @@ from rebalancer import rfc3339, yaml_input
 from rebalancer.errors import InputError
 from rebalancer.gcpause import collector_paused
 from rebalancer.model import Finding, Pod, Snapshot, Telemetry
-from rebalancer.policy import LoadedPolicy, TelemetryConfig
+from rebalancer.policy import LoadedPolicy, TelemetryConfig, duplicate_keys
 from rebalancer.sources.kube_objects import split_unbound
 from rebalancer.sources.snapshot_layout import SnapshotFile, read_problem, walk
 from rebalancer.sources.snapshot_objects import Collected, read_objects, read_text, yaml_problem
@@ -64,7 +64,7 @@ from rebalancer.sources.telemetry_aggregates import (
 from rebalancer.telemetry.exposition import ExpositionError, Series, parse_exposition_lines
 from rebalancer.telemetry.identity import telemetry_metrics
 from rebalancer.telemetry.windows import aggregate, unknown_node_findings
-from rebalancer.wording import plural, quoted
+from rebalancer.wording import clip, plural, quoted
 
 __all__ = [
     "AGGREGATES_UNUSED",
@@ -136,6 +136,12 @@ def _parse_now(file: SnapshotFile, problems: list[str]) -> datetime | None:
     if not isinstance(doc, Mapping):
         problems.append(f"{file.path}: expected a mapping such as `now: {rfc3339.EXAMPLE}`")
         return None
+    assert isinstance(root, yaml.MappingNode)  # the document is a mapping
+    for key, _ in root.value:  # a misspelt `now` is no `now`: never silently the newest sample's instant
+        if getattr(key, "value", None) != "now":
+            name, line = clip(str(getattr(key, "value", "?")), 60), key.start_mark.line + 1
+            problems.append(f"{file.path}:{line}: {name}: unknown key ({SNAPSHOT_FILE} holds only `now`)")
+    problems.extend(duplicate_keys(root, str(file.path)))
     value = doc.get("now")
     if value is None:
         return None

@@ -129,7 +129,8 @@ def read_problem(path: Path, exc: BaseException) -> str:
 
 def walk(root: Path, problems: list[str]) -> Iterator[SnapshotFile]:
     """Every file under `root` in a stable order (sorted, a directory's files before its subdirectories),
-    hidden ones skipped; a subdirectory that cannot be listed is a problem. Raises OSError when `root`
+    hidden ones skipped; a subdirectory that cannot be listed, or a name that is no regular file (a
+    broken link, a pipe), is a problem. Raises OSError when `root`
     itself cannot be listed."""
     errors: list[OSError] = []
     for directory, subdirectories, names in os.walk(root, onerror=errors.append):
@@ -141,6 +142,9 @@ def walk(root: Path, problems: list[str]) -> Iterator[SnapshotFile]:
                 continue
             path = here / name
             if not path.is_file():
+                problems.append(
+                    f"{path}: not a regular file (a broken link, a pipe or a device): cannot be read"
+                )
                 continue
             gzipped = name.lower().endswith(GZIP_SUFFIX)
             inner = name[: -len(GZIP_SUFFIX)] if gzipped else name

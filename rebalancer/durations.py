@@ -26,7 +26,9 @@ def parse_duration(value: object) -> int:
     """Seconds from `90`, `"90s"`, `"5m"`, `"1h30m"`, `"1d"` (Prometheus / Go style). Rejects the rest."""
     if isinstance(value, bool):
         raise ValueError(f"expected a duration such as 30s, 5m or 1h, got {quoted(value)}")
-    if isinstance(value, int | float):
+    if isinstance(value, int) and value > MAX_DURATION_SECONDS:
+        seconds = math.inf  # float() of a huge integer overflows
+    elif isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, str):
         text = value.strip()

@@ -46,7 +46,7 @@ from pydantic import Field, model_validator
 from rebalancer.memo import MISSING, ObjectMemo
 from rebalancer.model import Finding, NotChosen, Pod, Proposal, Snapshot, StrategyResult, TelemetryWindow
 from rebalancer.placement import ClusterState
-from rebalancer.policy import Duration, Percent, format_duration
+from rebalancer.policy import Count, Duration, Percent, format_duration
 from rebalancer.registry import Refusal, StrategyArgs, StrategyContext, strategy
 from rebalancer.wording import plural
 from strategies.gpu_consolidation_accounting import (
@@ -105,14 +105,14 @@ class GpuConsolidationArgs(StrategyArgs):
     """The telemetry window the node's utilisation is averaged over."""
     min_node_age: Duration = 600
     """Nodes younger than this (unknown creation time counts as young) are left to settle."""
-    max_nodes_per_cycle: int = Field(default=3, ge=1)
+    max_nodes_per_cycle: Count = Field(default=3, ge=1)
     """At most this many node drains proposed per cycle (the cheapest to drain first)."""
     packed_schedulers: tuple[str, ...] = Field(default=("gpu-packed-scheduler",), min_length=1)
     """Only pods placed by one of these scheduler profiles are moved: a spreading scheduler would spread
     them out again."""
     max_telemetry_age: Annotated[Duration, Field(gt=0)] = 300
     """A GPU series whose newest sample is older than this (relative to the snapshot's now) is stale."""
-    min_samples: int = Field(default=10, ge=1)
+    min_samples: Count = Field(default=10, ge=1)
     """Fewer utilisation samples than this in the window, on any GPU of the node, is not enough evidence to
     call the node under-used (as idle-gpu's min_samples)."""
     move_to_smaller_nodes: bool = False
@@ -122,7 +122,7 @@ class GpuConsolidationArgs(StrategyArgs):
     """true: a node at or above `max_allocated_percent` is drained too when the packed scheduler puts part
     of its pods on nodes with more GPUs, none on smaller nodes, and the rest fill no more GPUs on nodes of
     its own size than the node leaves free (the utilisation threshold still applies)."""
-    peer_pods_to_make_room: int = Field(default=1, ge=0)
+    peer_pods_to_make_room: Count = Field(default=1, ge=0)
     """With drain_onto_larger_nodes: when the pods of such a node that must stay on its size lack room on
     its peers (same GPU model and size), the same proposal may also move up to this many peer pods that the
     packed scheduler puts on nodes with more GPUs, to make that room (0: never)."""

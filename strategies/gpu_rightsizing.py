@@ -24,7 +24,7 @@ from pydantic import Field, model_validator
 from rebalancer.gpu_catalogue import DEFAULT_CATALOGUE, GpuModel, MigProfile
 from rebalancer.model import GPU_PRODUCT_LABEL, Finding, NotChosen, Snapshot, StrategyResult
 from rebalancer.period import check_steps
-from rebalancer.policy import format_duration
+from rebalancer.policy import Count, format_duration
 from rebalancer.policy.fields import Duration, Percent, StrictModel
 from rebalancer.registry import StrategyArgs, StrategyContext, strategy
 from rebalancer.rightsizing import (
@@ -47,7 +47,7 @@ SAVING_KINDS = frozenset({"cheaper-model", "mig-profile", "fewer-gpus"})
 class CatalogueMig(StrictModel):
     name: str = Field(min_length=1, pattern=r"^\d+g\.\d+gb$")
     memory_gib: float = Field(gt=0, allow_inf_nan=False)
-    slices: int = Field(ge=1)
+    slices: Count = Field(ge=1)
 
 
 class CatalogueModel(StrictModel):
@@ -57,7 +57,7 @@ class CatalogueModel(StrictModel):
     product: str = Field(min_length=1)
     memory_gib: float = Field(gt=0, allow_inf_nan=False)
     relative_throughput: float = Field(gt=0, allow_inf_nan=False)
-    compute_slices: int = Field(default=0, ge=0)
+    compute_slices: Count = Field(default=0, ge=0)
     mig_profiles: tuple[CatalogueMig, ...] = ()
 
     @model_validator(mode="after")
@@ -94,7 +94,7 @@ class GpuRightsizingArgs(StrategyArgs):
     """Resolution of the history: each step counts as its busiest sample."""
     headroom_percent: Percent = 20.0
     """Memory kept free above the workload's peak framebuffer use when judging a fit."""
-    min_samples: int = Field(default=DEFAULT_MIN_SAMPLES, ge=1)
+    min_samples: Count = Field(default=DEFAULT_MIN_SAMPLES, ge=1)
     """Fewer good steps than this on any GPU of a workload is too little evidence: low confidence."""
     idle_below_percent: Percent = 5.0
     """A GPU whose utilisation stayed below this every step of the window was idle all window."""

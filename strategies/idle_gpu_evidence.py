@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rebalancer.guards import policy_selector
 from rebalancer.model import Finding, GpuTelemetry, NotChosen, Pod, TelemetryWindow
-from rebalancer.policy import Duration, LabelSelectorConfig, Percent, format_duration
+from rebalancer.policy import Count, Duration, LabelSelectorConfig, Percent, format_duration
 from rebalancer.registry import StrategyArgs
 from rebalancer.selectors import label_selector_matches
 
@@ -69,7 +69,7 @@ class IdleGpuArgs(StrategyArgs):
     """The telemetry window a GPU's utilisation is averaged over."""
     min_pod_age: Duration = 3600
     """Pods younger than this (since start, else creation; unknown counts as young) are left alone."""
-    min_samples: int = Field(default=10, ge=1)
+    min_samples: Count = Field(default=10, ge=1)
     """Fewer utilisation samples than this in the window is not enough evidence to call a GPU idle."""
     max_telemetry_age: Duration = Field(default=300, gt=0)
     """A series whose newest sample is older than this (relative to the snapshot's now) is stale."""

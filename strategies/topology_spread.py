@@ -29,7 +29,7 @@ from pydantic import Field
 
 from rebalancer.model import Snapshot, StrategyResult
 from rebalancer.placement import ClusterState
-from rebalancer.policy import Duration
+from rebalancer.policy import Count, Duration
 from rebalancer.registry import StrategyArgs, StrategyContext, strategy
 from strategies.topology_spread_domains import HARD, NAME, Run
 from strategies.topology_spread_gangs import compact_gang
@@ -47,7 +47,7 @@ class TopologySpreadArgs(StrategyArgs):
     """Propose packing multi-pod gangs onto fewer nodes of the GPU models they use."""
     min_pod_age: Duration = 600
     """Pods younger than this are never moved."""
-    max_evictions_per_constraint: int = Field(default=10, ge=1)
+    max_evictions_per_constraint: Count = Field(default=10, ge=1)
     """Evictions (pods, a gang counting all its members) one constraint may cost per cycle."""
 
 

@@ -319,6 +319,33 @@ BAD_POLICIES = [
         ],
         id="gpu-share-above-one-device",
     ),
+    pytest.param(
+        "strategies:\n  - name: gpu-consolidation\n    args:\n"
+        "      max_nodes_per_cycle: 99999999999999999999999\n",
+        [
+            "p.yaml:4: strategies[0].args.max_nodes_per_cycle: "
+            "Input should be less than or equal to 1000000000 (got 99999999999999999999999)"
+        ],
+        id="a-count-past-any-meaning",
+    ),
+    pytest.param(
+        "limits:\n  max_per_cycle: 100000000000\n",
+        [
+            "p.yaml:2: limits.max_per_cycle: "
+            "Input should be less than or equal to 1000000000 (got 100000000000)"
+        ],
+        id="a-limit-past-any-meaning",
+    ),
+    pytest.param(
+        "strategies:\n  - name: gpu-consolidation\n    args:\n      max_nodes_per_cycle: true\n",
+        ["p.yaml:4: strategies[0].args.max_nodes_per_cycle: Input should be a valid integer (got True)"],
+        id="a-count-written-as-a-boolean",
+    ),
+    pytest.param(
+        "strategies:\n  - name: gpu-consolidation\n    args:\n      max_allocated_percent: true\n",
+        ["p.yaml:4: strategies[0].args.max_allocated_percent: Input should be a valid number (got True)"],
+        id="a-percentage-written-as-a-boolean",
+    ),
 ]
 
 
@@ -528,7 +555,7 @@ def test_durations_in_digits_other_than_ascii_are_refused(written: str) -> None:
         parse_duration(written)
 
 
-@pytest.mark.parametrize("written", ["99999999999w", "3651d", 10**12, 1e300, "1" * 400 + "s"])
+@pytest.mark.parametrize("written", ["99999999999w", "3651d", 10**12, 1e300, "1" * 400 + "s", 10**400])
 def test_durations_past_ten_years_are_refused_not_an_overflow(written: object) -> None:
     with pytest.raises(ValueError, match="longer than 3650d"):
         parse_duration(written)

@@ -34,6 +34,7 @@ from rebalancer.errors import InputError
 from rebalancer.memo import ObjectMemo
 from rebalancer.policy.fields import (
     MAX_DURATION_SECONDS,
+    Count,
     Duration,
     Percent,
     StrictModel,
@@ -67,6 +68,7 @@ __all__ = [
     "MAX_GPU_PRICE_PER_HOUR",
     "MAX_POLICY_CHARS",
     "ConfiguredStrategy",
+    "Count",
     "DigestPeriod",
     "Duration",
     "EvictionConfig",
@@ -158,7 +160,7 @@ class GuardsConfig(StrictModel):
     # At most this many disruptions of one workload (cycles that evicted pods of its controller) within
     # `disruption_window`; null: no limit beyond the cooldown. The default bounds churn: no workload is
     # moved more than 3 times a week, whatever the strategies find.
-    max_disruptions_per_workload: int | None = Field(default=3, ge=1)
+    max_disruptions_per_workload: Count | None = Field(default=3, ge=1)
     disruption_window: Annotated[Duration, Field(gt=0)] = 7 * 86400
 
 
@@ -166,9 +168,9 @@ class LimitsConfig(StrictModel):
     """Budgets spent across one cycle; null means unlimited."""
 
     # >= GPUs per node, so that a node of 1-GPU pods can still be drained whole.
-    max_per_node: int | None = Field(default=16, ge=1)
-    max_per_namespace: int | None = Field(default=5, ge=1)
-    max_per_cycle: int | None = Field(default=10, ge=1)
+    max_per_node: Count | None = Field(default=16, ge=1)
+    max_per_namespace: Count | None = Field(default=5, ge=1)
+    max_per_cycle: Count | None = Field(default=10, ge=1)
 
 
 class GangConfig(StrictModel):

@@ -1,4 +1,4 @@
-"""The policy's field types: durations, percentages, the strict model base, and what a URL may carry.
+"""The policy's field types: durations, percentages, counts, the strict model base, and what a URL may carry.
 
 Owns the duration field (written and read as `rebalancer.durations` says, re-exported here), the base
 model every policy section derives from (unknown fields refused, frozen), and the rule every section
@@ -18,7 +18,9 @@ from rebalancer.durations import MAX_DURATION_SECONDS, format_duration, parse_du
 from rebalancer.redaction import redact_url
 
 __all__ = [
+    "MAX_COUNT",
     "MAX_DURATION_SECONDS",
+    "Count",
     "Duration",
     "Percent",
     "StrictModel",
@@ -31,7 +33,15 @@ __all__ = [
 Duration = Annotated[int, BeforeValidator(parse_duration)]
 """A duration in whole seconds, written as `30s`, `5m`, `1h30m` or a bare number of seconds."""
 
-Percent = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
+# Strict: YAML's `true` is no 1 (pydantic's lax mode would read it so); an integer is still a number.
+Percent = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False, strict=True)]
+
+# Past this no count of a policy (nodes, pods, evictions, samples) means anything, and the ones a
+# Python C function takes (islice's stop) fit.
+MAX_COUNT = 1_000_000_000
+Count = Annotated[int, Field(le=MAX_COUNT, strict=True)]
+"""A count (nodes, pods, evictions, samples): a whole number up to `MAX_COUNT`, never a boolean; each
+field gives its lower bound (`Field(ge=1)`)."""
 
 
 class StrictModel(BaseModel):

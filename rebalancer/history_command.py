@@ -141,11 +141,19 @@ def history_inputs(args: argparse.Namespace, command: str) -> HistoryInputs:
     if until is None:
         # The snapshot's history ends at its `now`; Prometheus' history at the clock's.
         until = snapshot.now if conn is None and snapshot is not None else now
+    window = period(until, args.since, args.step)
+    if window.start_ms < 0:
+        raise InputError(
+            [
+                f"{command}: --until / --since: the period would start before 1970-01-01T00:00:00Z, older "
+                "than any history"
+            ]
+        )
     return HistoryInputs(
         command=command,
         loaded=loaded,
         telemetry=resolve_preset(cfg),
-        window=period(until, args.since, args.step),
+        window=window,
         prometheus=conn,
         snapshot=snapshot,
         snapshot_dir=Path(args.snapshot) if args.snapshot is not None else None,

@@ -28,13 +28,8 @@ Kubernetes and Prometheus clients are imported only when the live cluster or Pro
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-from pathlib import Path
 
-import yaml
-
-from rebalancer import yaml_input
 from rebalancer.errors import InputError, Problems
 from rebalancer.history_command import (
     history_inputs,
@@ -44,9 +39,9 @@ from rebalancer.history_command import (
     snapshot_history,
 )
 from rebalancer.policy import (
-    MAX_GPU_PRICE_PER_HOUR,
     LoadedPolicy,
 )
+from rebalancer.price_files import read_price_file
 from rebalancer.redaction import redact
 from rebalancer.registry import StrategyContext, get_strategy
 from rebalancer.waste import (
@@ -82,50 +77,21 @@ def _threshold(loaded: LoadedPolicy) -> float:
     return float(value)
 
 
-def _key_lines(root: yaml.Node | None) -> dict[str, int]:
-    if not isinstance(root, yaml.MappingNode):
-        return {}
-    return {k.value: k.start_mark.line + 1 for k, _ in root.value if isinstance(k, yaml.ScalarNode)}
-
-
 def load_prices(path: str) -> dict[str, float]:
-    """`--prices FILE`: GPU model -> USD per GPU-hour, keyed in `nvidia.com/gpu.product` form. Raises
-    InputError naming the file, line and model of every problem."""
-    try:
-        text = Path(path).read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise InputError([f"{path}: cannot read prices: {exc.strerror or exc}"]) from None
-    except UnicodeDecodeError as exc:
-        raise InputError([f"{path}: not UTF-8 text ({exc.reason})"]) from None
-    try:
-        root, data = yaml_input.compose_and_load(text)
-    except yaml.YAMLError as exc:
-        line, problem = yaml_input.problem_of(exc, text)
-        raise InputError([f"{path}:{line or 1}: YAML syntax error: {problem}"]) from None
-    if not isinstance(data, dict) or not data:
-        got = "nothing" if data is None or data == {} else f"a {type(data).__name__}"
-        raise InputError(
-            [f"{path}:1: expected a mapping of GPU model to USD per GPU-hour (NVIDIA-L4: 1.15), got {got}"]
-        )
-    lines = _key_lines(root)
-    problems: list[str] = []
+    """`--prices FILE` (`price_files`): GPU model -> USD per GPU-hour, keyed in `nvidia.com/gpu.product`
+    form. Raises InputError naming the file, line and model of every problem, two spellings of one
+    model with two prices included."""
     prices: dict[str, float] = {}
-    for model, value in data.items():
-        where = f"{path}:{lines.get(str(model), 1)}: {quoted(model)}"
-        if not isinstance(model, str) or not model.strip():
-            problems.append(f"{where}: a GPU model must be a non-empty string")
+    problems: list[str] = []
+    for price in read_price_file(path):
+        key = gpu_product(price.model)
+        if key in prices and prices[key] != price.per_gpu_hour:
+            problems.append(
+                f"{path}:{price.line}: {quoted(price.model)}: {key} is priced twice, "
+                f"{prices[key]} and {price.per_gpu_hour}"
+            )
             continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            problems.append(f"{where}: expected USD per GPU-hour (a number), got {quoted(value)}")
-            continue
-        if not 0 <= value <= MAX_GPU_PRICE_PER_HOUR:
-            problems.append(f"{where}: a price must be from 0 to {MAX_GPU_PRICE_PER_HOUR} USD per GPU-hour")
-            continue
-        key = gpu_product(model)
-        if key in prices and prices[key] != value:
-            problems.append(f"{where}: {key} is priced twice, {prices[key]} and {value}")
-            continue
-        prices[key] = float(value)
+        prices[key] = price.per_gpu_hour
     if problems:
         raise InputError(problems)
     return prices

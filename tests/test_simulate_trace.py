@@ -245,3 +245,13 @@ def test_prices_add_a_cost(tmp_path: Path) -> None:
     with pytest.raises(SimulationInputError) as caught:
         load_prices(prices)
     assert len(caught.value.problems) == 2
+    # Read as `waste` reads its prices: past 10,000 per GPU-hour (an infinite cost is no JSON), a
+    # number too large for a float, a model given twice.
+    prices.write_text(f"G2: 1.0e+308\nT4: {'9' * 400}\nP100: 1\nP100: 2\n")
+    with pytest.raises(SimulationInputError) as caught:
+        load_prices(prices)
+    assert caught.value.problems == (
+        f"{prices}:1: 'G2': a price must be from 0 to 10000 USD per GPU-hour",
+        f"{prices}:2: 'T4': a price must be from 0 to 10000 USD per GPU-hour",
+        f"{prices}:4: P100: duplicate key (also on line 3; only one value may be given)",
+    )

@@ -600,8 +600,13 @@ def test_a_prices_file_replaces_the_policy_prices(
         ("", [":1: expected a mapping of GPU model to USD per GPU-hour (NVIDIA-L4: 1.15), got nothing"]),
         ("NVIDIA-L4: [1\n", [": YAML syntax error"]),
         ("NVIDIA L4: 1\nNVIDIA-L4: 2\n", [":2: 'NVIDIA-L4': NVIDIA-L4 is priced twice, 1.0 and 2"]),
+        (f"NVIDIA-L4: {'9' * 400}\n", [":1: 'NVIDIA-L4': a price must be from 0 to 10000 USD per GPU-hour"]),
+        (
+            "NVIDIA-L4: 1\nNVIDIA-L4: 2\n",
+            [":2: NVIDIA-L4: duplicate key (also on line 1; only one value may be given)"],
+        ),
     ],
-    ids=["values", "a-list", "empty", "syntax", "twice"],
+    ids=["values", "a-list", "empty", "syntax", "twice", "huge", "duplicate-key"],
 )
 def test_a_bad_prices_file_is_exit_2_naming_file_line_and_model(
     capsys: pytest.CaptureFixture[str], small: Path, tmp_path: Path, text: str, problems: list[str]
@@ -638,6 +643,14 @@ def test_a_missing_prices_file_is_exit_2(
             "--step 10s is shorter than telemetry.scrape_interval (15s): steps without a sample",
         ),
         (("--until", "2026-11-29"), "--until: '2026-11-29' is a date; give a time with a timezone"),
+        (
+            ("--until", "0001-01-01T00:00:00Z"),
+            "--until / --since: the period would start before 1970-01-01T00:00:00Z, older than any history",
+        ),
+        (
+            ("--until", "1970-01-01T01:00:00Z", "--since", "2h"),
+            "--until / --since: the period would start before 1970-01-01T00:00:00Z, older than any history",
+        ),
         (("--kubeconfig", "k"), "--snapshot and --kubeconfig / --context name two cluster views: give one"),
         (("--prometheus-url", "ftp://x"), "--prometheus-url: expected an http(s):// URL (got 'ftp://x')"),
     ],

@@ -19,15 +19,12 @@ and sets it on the result with `dataclasses.replace`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from rebalancer import yaml_input
 from rebalancer.errors import InputError
 from rebalancer.policy import LoadedPolicy, PolicyError, load_policy
+from rebalancer.price_files import read_price_file
 from rebalancer.simulate.cluster import SchedulerModel
 from rebalancer.simulate.engine import DEFAULT_INTERVAL, EngineConfig, RebalancerMode, simulate
 from rebalancer.simulate.rebalancers import default_policy, replay_policy
@@ -77,31 +74,12 @@ class SimulationOptions:
 
 
 def load_prices(path: str | Path) -> dict[str, float]:
-    """A YAML or JSON mapping of GPU model (the node CSV's `model`) to price per GPU-hour."""
-    source = str(path)
+    """`--prices FILE` (`price_files`, as `waste` reads it): GPU model (the node CSV's `model`) -> price
+    per GPU-hour. Raises SimulationInputError naming the file, line and model of every problem."""
     try:
-        data = yaml_input.load(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SimulationInputError([f"{source}: cannot read prices: {exc.strerror or exc}"]) from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise SimulationInputError([f"{source}: not a YAML / JSON file: {exc}"]) from None
-    if not isinstance(data, Mapping) or not data:
-        raise SimulationInputError([f"{source}: expected a mapping of GPU model to price per GPU-hour"])
-    prices: dict[str, float] = {}
-    problems: list[str] = []
-    for model, price in data.items():
-        if (
-            isinstance(price, bool)
-            or not isinstance(price, int | float)
-            or not math.isfinite(price)
-            or price < 0
-        ):
-            problems.append(f"{source}: {model}: expected a non-negative price per GPU-hour, got {price!r}")
-        else:
-            prices[str(model)] = float(price)
-    if problems:
-        raise SimulationInputError(problems)
-    return prices
+        return {price.model: price.per_gpu_hour for price in read_price_file(path)}
+    except InputError as exc:
+        raise SimulationInputError(exc.problems) from None
 
 
 def _check(options: SimulationOptions) -> list[str]:

@@ -120,6 +120,49 @@ def test_bad_rows_are_reported_with_file_and_line(tmp_path: Path) -> None:
     assert any(f"{path}:4: gpu_milli" in p for p in problems)
 
 
+def test_rows_that_do_not_match_the_header_are_refused(tmp_path: Path) -> None:
+    # A truncated row read as a pod never scheduled, and a truncated node row as a CPU node.
+    pods = write(
+        tmp_path / "pods.csv", POD_HEADER, "ok,1000,1024,1,1000,,LS,Running,0,100,0", "cut,8000,30000,1,1000"
+    )
+    nodes = write(tmp_path / "nodes.csv", NODE_HEADER, "n1,96000,786432,8", "n2,96000,786432,8,G2,extra")
+    with pytest.raises(TraceError) as caught:
+        load_pods(pods)
+    assert caught.value.problems == (f"{pods}:3: expected 11 fields as in the header, got 5",)
+    with pytest.raises(TraceError) as caught:
+        load_nodes(nodes)
+    assert caught.value.problems == (
+        f"{nodes}:2: expected 5 fields as in the header, got 4",
+        f"{nodes}:3: expected 5 fields as in the header, got 6",
+    )
+
+
+def test_impossible_pod_times_are_refused(tmp_path: Path) -> None:
+    # Deleted before it was scheduled: silently dropped, while its deletion time still moved the window.
+    # Past ten years: a replay of that window would step for ever.
+    path = write(
+        tmp_path / "pods.csv",
+        POD_HEADER,
+        "early,8000,30000,1,1000,,LS,Running,0,50,30000",
+        "far,8000,30000,2,1000,V100M32,LS,Running,0,1e300,100",
+    )
+    with pytest.raises(TraceError) as caught:
+        load_pods(path)
+    assert caught.value.problems == (
+        f"{path}:2: deletion_time 50 is before scheduled_time 30000",
+        f"{path}:3: deletion_time: 1e300 is more than ten years of seconds (315360000)",
+    )
+
+
+def test_a_compression_that_stretches_the_window_past_ten_years_is_refused() -> None:
+    pods = [trace_pod("a", scheduled=0, deletion=100), trace_pod("b", scheduled=0, deletion=1000)]
+    with pytest.raises(TraceError) as caught:
+        build_jobs(pods, compress=1e-6)
+    assert caught.value.problems == (
+        "--compress 1e-06 stretches the 900-second replay window past ten years (315360000 seconds)",
+    )
+
+
 def test_missing_columns_are_named(tmp_path: Path) -> None:
     path = write(tmp_path / "pods.csv", "name,cpu_milli,num_gpu", "a,1,1")
     with pytest.raises(TraceError, match=r"missing column.*memory_mib, gpu_milli"):

@@ -15,6 +15,10 @@ Owns the input semantics of `rebalancer simulate`:
   copy i >= 1 with every arrival shifted circularly inside the window by one seeded random offset
   (durations kept; whatever runs past the window end is outside the replay).
 
+Refused, each naming file and line: a row with more or fewer fields than the header, a number that is
+not one (or negative), a pod deleted before it was scheduled, a time past ten years of seconds, and a
+`compress` that would stretch the window past ten years (the replay steps through all of it).
+
 It must not simulate anything, read the clock or know about Kubernetes objects: it produces plain
 `TraceNode`, `TracePod` and `Job` values.
 """
@@ -28,6 +32,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from rebalancer.durations import MAX_DURATION_SECONDS
 from rebalancer.errors import InputError
 from rebalancer.model import MILLI_PER_GPU
 
@@ -35,6 +40,9 @@ NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 POD_TIME_COLUMNS = ("scheduled_time", "deletion_time")
 _MISSING = ("", "nan", "none", "null")
+# Trace times are seconds from the trace's start, and its window at most this long: a replay steps
+# through every interval of it.
+MAX_TRACE_SECONDS = MAX_DURATION_SECONDS
 
 
 class TraceError(InputError):
@@ -115,15 +123,29 @@ class Job:
 # --------------------------------------------------------------------------- CSV parsing
 
 
-def _rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
-    """(line number, row) of a CSV file with a header; TraceError when it cannot be read."""
+def _rows(path: Path, problems: list[str]) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, row) of a CSV file with a header; a row of more or fewer fields than the header is
+    a problem, and skipped. TraceError when the file cannot be read."""
     try:
         with path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            if reader.fieldnames is None:
+            reader = csv.reader(handle)
+            header = next(reader, None)
+            if header is None:
                 raise TraceError([f"{path}: empty file, expected a CSV header"])
-            for row in reader:
-                yield reader.line_num, {k.strip(): (v or "").strip() for k, v in row.items() if k is not None}
+            names = [name.strip() for name in header]
+            for fields in reader:
+                if not fields:  # a blank line, as DictReader skips it
+                    continue
+                if len(fields) != len(names):
+                    where = f"{path}:{reader.line_num}"
+                    problems.append(
+                        f"{where}: expected {len(names)} fields as in the header, got {len(fields)}"
+                    )
+                    continue
+                yield (
+                    reader.line_num,
+                    {name: value.strip() for name, value in zip(names, fields, strict=True)},
+                )
     except OSError as exc:
         raise TraceError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
     except UnicodeDecodeError as exc:
@@ -155,7 +177,9 @@ def _is_missing(text: str) -> bool:
     return text.lower() in _MISSING
 
 
-def _number(text: str, *, where: str, column: str, problems: list[str]) -> float | None:
+def _number(
+    text: str, *, where: str, column: str, problems: list[str], most: float | None = None
+) -> float | None:
     if _is_missing(text):
         return None
     try:
@@ -165,6 +189,9 @@ def _number(text: str, *, where: str, column: str, problems: list[str]) -> float
         return None
     if not math.isfinite(value) or value < 0:
         problems.append(f"{where}: {column}: expected a finite, non-negative number, got {text!r}")
+        return None
+    if most is not None and value > most:
+        problems.append(f"{where}: {column}: {text} is more than ten years of seconds ({MAX_TRACE_SECONDS})")
         return None
     return value
 
@@ -200,7 +227,7 @@ def load_nodes(path: str | Path) -> tuple[TraceNode, ...]:
     _require(path, _header(path), NODE_COLUMNS)
     nodes: list[TraceNode] = []
     problems: list[str] = []
-    for line, row in _rows(path):
+    for line, row in _rows(path, problems):
         where = f"{path}:{line}"
         gpus = _integer(row["gpu"], where=where, column="gpu", problems=problems)
         model = row["model"]
@@ -237,7 +264,7 @@ def load_pods(path: str | Path) -> PodTrace:
     pods: list[TracePod] = []
     problems: list[str] = []
     cpu_only = unscheduled = 0
-    for line, row in _rows(path):
+    for line, row in _rows(path, problems):
         where = f"{path}:{line}"
         num_gpu = _integer(row["num_gpu"], where=where, column="num_gpu", problems=problems)
         if num_gpu <= 0:
@@ -254,14 +281,31 @@ def load_pods(path: str | Path) -> PodTrace:
         scheduled = deletion = None
         if has_times:
             scheduled = _number(
-                row["scheduled_time"], where=where, column="scheduled_time", problems=problems
+                row["scheduled_time"],
+                where=where,
+                column="scheduled_time",
+                problems=problems,
+                most=MAX_TRACE_SECONDS,
             )
-            deletion = _number(row["deletion_time"], where=where, column="deletion_time", problems=problems)
+            deletion = _number(
+                row["deletion_time"],
+                where=where,
+                column="deletion_time",
+                problems=problems,
+                most=MAX_TRACE_SECONDS,
+            )
             if scheduled is None:
                 unscheduled += 1
                 continue
             if deletion is None:
-                problems.append(f"{where}: deletion_time: a scheduled pod needs a deletion time")
+                if _is_missing(row["deletion_time"]):  # else the value's problem is said already
+                    problems.append(f"{where}: deletion_time: a scheduled pod needs a deletion time")
+                continue
+            if deletion < scheduled:
+                problems.append(
+                    f"{where}: deletion_time {row['deletion_time']} is before scheduled_time "
+                    f"{row['scheduled_time']}"
+                )
                 continue
         pods.append(
             TracePod(
@@ -317,6 +361,13 @@ def build_jobs(
         raise TraceError(["every pod ends at the same instant: the replay window is empty"])
     start = window.start
     length = window.length / compress
+    if length > MAX_TRACE_SECONDS:  # a replay steps through its window: this one would step for ever
+        raise TraceError(
+            [
+                f"--compress {compress:g} stretches the {window.length:g}-second replay window past ten "
+                f"years ({MAX_TRACE_SECONDS} seconds)"
+            ]
+        )
     window = Window(start=start, end=start + length)
     base: list[tuple[TracePod, float, float]] = []  # pod, arrival, duration
     for pod in pods:

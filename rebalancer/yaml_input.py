@@ -4,6 +4,8 @@ Owns the one YAML loader of the rebalancer: PyYAML's safe subset (libyaml's pars
 
 - timestamps left as strings, so that every date is read by `rebalancer.rfc3339` and an impossible one
   (`2026-02-30T00:00:00Z`) is a located error rather than a constructor crash;
+- no base-60 numbers: `10:00` is the string it is in Kubernetes' YAML, never YAML 1.1's 600 (a duration
+  written so is refused rather than read as ten minutes);
 - nesting bounded (`MAX_DEPTH` levels), so a file of thousands of `[` is refused instead of exhausting
   the stack;
 - aliases bounded: together they may repeat at most `MAX_ALIAS_NODES` nodes, and none may refer to a
@@ -20,6 +22,7 @@ pass text and report errors with the file name.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,11 +43,30 @@ _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
 
 
 class _Resolver(Resolver):
-    """YAML 1.1's implicit types without timestamps: a date is a string until `rfc3339` reads it."""
+    """YAML 1.1's implicit types without timestamps (a date is a string until `rfc3339` reads it) and
+    without base-60 numbers (`10:00` is a string, as Kubernetes' YAML reads it, not the integer 600)."""
 
 
+_INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+# PyYAML's int and float patterns less their base-60 alternatives (`1:30`, `1:30.5`).
+_NUMBERS = {
+    _INT_TAG: re.compile(
+        r"""^(?:[-+]?0b[0-1_]+
+        |[-+]?0[0-7_]+
+        |[-+]?(?:0|[1-9][0-9_]*)
+        |[-+]?0x[0-9a-fA-F_]+)$""",
+        re.X,
+    ),
+    _FLOAT_TAG: re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
+        |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+}
 _Resolver.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP_TAG]
+    first: [(tag, _NUMBERS.get(tag, regexp)) for tag, regexp in resolvers if tag != _TIMESTAMP_TAG]
     for first, resolvers in Resolver.yaml_implicit_resolvers.items()
 }
 

@@ -562,6 +562,19 @@ def test_durations_past_ten_years_are_refused_not_an_overflow(written: object) -
     assert parse_duration("3650d") == 3650 * 86400
 
 
+@pytest.mark.parametrize(("written", "field"), [("10:00", "guards.min_pod_age"), ("1:30", "interval")])
+def test_a_clock_time_is_no_duration(written: str, field: str) -> None:
+    # YAML 1.1 reads 10:00 as the base-60 integer 600 (and 1:30 as 90): ten minutes or ten hours, a
+    # guess either way. Kubernetes' YAML reads it as a string, and so does this.
+    section, _, key = field.rpartition(".")
+    text = f"{section}:\n  {key}: {written}\n" if section else f"{key}: {written}\n"
+    [problem] = problems_of(text)
+    line = 2 if section else 1
+    assert problem == (
+        f"p.yaml:{line}: {field}: invalid duration {written!r}: use a number with a unit, e.g. 30s, 5m, 1h30m"
+    )
+
+
 def test_an_overflowing_duration_in_a_policy_is_a_located_error() -> None:
     [problem] = problems_of("guards:\n  cooldown: 99999999999w\n")
     assert problem.startswith("p.yaml:2: guards.cooldown: duration ")

@@ -11,7 +11,8 @@ its checks (PDBs included, one pod at a time) and persists nothing; pods come ba
 Answers: 200/201 `evicted` (`would-evict` in server dry-run); 429 from a disruption budget
 `blocked-by-pdb`, never retried, and that PDB (namespace + selector) is remembered until `begin_cycle()`
 so later pods it covers are not attempted ("PDB exhausted earlier this cycle"); 404 / 409 `gone` (the
-pod, or that incarnation of it, no longer exists); 5xx, 429 throttling, status 0, timeouts and dropped
+pod, or that incarnation of it, no longer exists); the 500 for a pod under more than one PDB an
+immediate `error` (always so, nothing written); other 5xx, 429 throttling, status 0, timeouts and dropped
 connections are retried a bounded number of times with backoff, then `error`; other answers (400, 403,
 422...) are an immediate `error`. A retry after a timeout is safe: an eviction that did land left the
 pod terminating (the retry's 201 changes nothing: a terminating pod skips the budgets, and a second
@@ -101,6 +102,9 @@ MAX_REASON_CHARS = 1024
 
 _BUDGET_NAME = re.compile(r"^The disruption budget (?P<name>\S+) ")
 _STOPPING: frozenset[OutcomeResult] = frozenset({"blocked-by-pdb", "error"})
+# EvictionREST.Create's answer for a pod more than one PDB selects: a 500 it gives every time, before
+# anything is written, so neither worth a retry nor an eviction that may have landed.
+_MULTIPLE_PDBS = "This pod has more than one PodDisruptionBudget"
 # The most the read-back of a pod whose eviction got no answer may take.
 READ_BACK_SECONDS = 5.0
 
@@ -337,6 +341,8 @@ class KubeEvictor(UnframedEvictor):
             return Outcome(pod.namespace, pod.name, "gone", f"pod no longer exists (404: {message})")
         if status == 409:
             return Outcome(pod.namespace, pod.name, "gone", f"pod was replaced or changed (409: {message})")
+        if status == 500 and message.startswith(_MULTIPLE_PDBS):  # always so, and nothing was written
+            return Outcome(pod.namespace, pod.name, "error", f"HTTP {status}: {message}")
         if not is_transient(exc):
             return Outcome(pod.namespace, pod.name, "error", f"HTTP {status}: {message}")
         return None

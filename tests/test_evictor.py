@@ -162,6 +162,28 @@ def test_pdb_refusal_is_blocked_without_retry(api: FakeApiServer, api_client: cl
     assert api.pod("ml", "train") is not None
 
 
+def test_a_pod_under_two_pdbs_is_an_error_without_retry(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    # The API server answers such a pod with a 500 it always gives and that changes nothing: no retry
+    # (and no read-back that could take the pod's later disappearance for this eviction).
+    (train,) = _add_pods(api, "train", labels={"app": "train"})
+    api.add(pdb_json("one", {"app": "train"}, 1))
+    api.add(pdb_json("two", {"app": "train"}, 1))
+    sleeps = Sleeps()
+    outcomes = _evictor(api_client, sleep=sleeps).evict(_decision(train))
+    assert _results(outcomes) == [
+        (
+            "train",
+            "error",
+            "HTTP 500: This pod has more than one PodDisruptionBudget, which the eviction subresource does "
+            "not support.",
+        )
+    ]
+    assert (len(_evictions(api)), sleeps) == (1, [])
+    assert api.pod("ml", "train") is not None
+
+
 def test_an_exhausted_pdb_is_not_tried_again_this_cycle(
     api: FakeApiServer, api_client: client.ApiClient
 ) -> None:

@@ -280,19 +280,9 @@ def load_pods(path: str | Path) -> PodTrace:
             continue
         scheduled = deletion = None
         if has_times:
-            scheduled = _number(
-                row["scheduled_time"],
-                where=where,
-                column="scheduled_time",
-                problems=problems,
-                most=MAX_TRACE_SECONDS,
-            )
-            deletion = _number(
-                row["deletion_time"],
-                where=where,
-                column="deletion_time",
-                problems=problems,
-                most=MAX_TRACE_SECONDS,
+            scheduled, deletion = (
+                _number(row[column], where=where, column=column, problems=problems, most=MAX_TRACE_SECONDS)
+                for column in POD_TIME_COLUMNS
             )
             if scheduled is None:
                 unscheduled += 1

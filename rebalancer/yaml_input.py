@@ -30,7 +30,7 @@ import yaml
 from yaml.composer import Composer, ComposerError
 from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.events import AliasEvent
-from yaml.nodes import MappingNode, Node, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.resolver import Resolver
 
 from rebalancer.wording import quoted
@@ -95,6 +95,23 @@ class _BoundedComposer(Composer):  # the parser's methods come from the loader i
         self._open_anchors: list[str] = []
         self._alias_nodes = 0
         self._sizes: dict[int, int] = {}
+        # Refuse a key given twice in one mapping (YAML would keep the last value silently). Policies
+        # leave it off: they list every duplicate at once (`policy.duplicate_keys`).
+        self.refuse_duplicate_keys = False
+
+    def compose_mapping_node(self, anchor: Any) -> MappingNode:  # the anchor's name or None
+        node: MappingNode = super().compose_mapping_node(anchor)
+        if self.refuse_duplicate_keys:
+            first: dict[tuple[str, str], int] = {}
+            for key, _ in node.value:
+                if not isinstance(key, ScalarNode) or key.value == "<<":
+                    continue
+                seen = first.get((key.tag, key.value))
+                if seen is not None:
+                    problem = f"found duplicate key {quoted(key.value)} (also on line {seen})"
+                    raise ComposerError(None, None, problem, key.start_mark)
+                first[(key.tag, key.value)] = key.start_mark.line + 1
+        return node
 
     def compose_document(self) -> Node | None:
         self._alias_nodes = 0
@@ -197,8 +214,10 @@ else:  # pragma: no cover - PyYAML built without libyaml
 
 
 def load_all(text: str) -> Iterator[object]:
-    """Every document of a YAML stream (a snapshot file), one at a time. Raises yaml.YAMLError."""
+    """Every document of a YAML stream (a snapshot file), one at a time; a key given twice in one mapping
+    is an error. Raises yaml.YAMLError."""
     loader = _FastLoader(text)
+    loader.refuse_duplicate_keys = True
     try:
         while loader.check_node():
             node = loader.get_node()

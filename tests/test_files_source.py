@@ -425,6 +425,23 @@ def test_snapshot_yaml_holds_now_once_and_nothing_else(tmp_path: Path) -> None:
     )
 
 
+def test_a_key_given_twice_in_a_yaml_object_is_a_problem(tmp_path: Path) -> None:
+    # YAML keeps the last value: this budget, exhausted as first written, would read as one to spend.
+    write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
+    write(
+        tmp_path,
+        "pdb.yaml",
+        "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: train, namespace: ml}\n"
+        "spec:\n  minAvailable: 1\n  selector: {matchLabels: {app: train}}\n"
+        "status:\n  disruptionsAllowed: 0\n  disruptionsAllowed: 1\n",
+    )
+    write(tmp_path, "pod.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: p, name: q}\n")
+    assert problems_of(tmp_path) == (
+        f"{tmp_path / 'pdb.yaml'}:9: invalid YAML: found duplicate key 'disruptionsAllowed' (also on line 8)",
+        f"{tmp_path / 'pod.yaml'}:3: invalid YAML: found duplicate key 'name' (also on line 3)",
+    )
+
+
 def test_a_file_that_cannot_be_read_as_a_file_is_a_problem(tmp_path: Path) -> None:
     # A broken link (or a pipe) was skipped without a word: a snapshot missing its pods file that way
     # read as a cluster without pods.

@@ -425,6 +425,11 @@ def _pod_events(api: FakeApiServer, since: str) -> list[tuple[str, str | None, l
     ]
 
 
+def _termination(pod: dict[str, Any]) -> tuple[str, int]:
+    """When a terminating pod's grace period ends, and how long it is."""
+    return pod["metadata"]["deletionTimestamp"], pod["metadata"]["deletionGracePeriodSeconds"]
+
+
 def test_an_evicted_pod_is_marked_disrupted_and_terminates_gracefully() -> None:
     # addConditionAndDeletePod: the DisruptionTarget condition, then a graceful delete (the pod's
     # terminationGracePeriodSeconds); the pod stays, terminating, until its kubelet confirms.
@@ -436,13 +441,7 @@ def test_an_evicted_pod_is_marked_disrupted_and_terminates_gracefully() -> None:
         assert _evict(core, "p").status == 201
         stored = api.pod("ml", "p")
         assert stored is not None
-        assert (
-            stored["metadata"]["deletionTimestamp"],
-            stored["metadata"]["deletionGracePeriodSeconds"],
-        ) == (
-            "2026-03-01T12:00:45Z",
-            45,
-        )
+        assert _termination(stored) == ("2026-03-01T12:00:45Z", 45)
         [condition] = [c for c in stored["status"]["conditions"] if c["type"] == "DisruptionTarget"]
         assert condition == {
             "type": "DisruptionTarget",
@@ -492,21 +491,14 @@ def test_which_deletes_are_graceful() -> None:
         assert [p["metadata"]["name"] for p in api.objects("Pod")] == ["bound"]
         terminating = api.pod("ml", "bound")
         assert terminating is not None
-        assert terminating["metadata"]["deletionTimestamp"] == "2026-03-01T12:00:30Z"
-        assert "conditions" not in terminating["status"] or all(
-            c["type"] != "DisruptionTarget" for c in terminating["status"]["conditions"]
-        )
+        assert _termination(terminating) == ("2026-03-01T12:00:30Z", 30)
+        # A delete is no eviction: no DisruptionTarget condition.
+        assert [c["type"] for c in terminating["status"]["conditions"]] == ["Ready"]
 
         core.delete_namespaced_pod("bound", "ml", grace_period_seconds=10)
         shorter = api.pod("ml", "bound")
         assert shorter is not None
-        assert (
-            shorter["metadata"]["deletionTimestamp"],
-            shorter["metadata"]["deletionGracePeriodSeconds"],
-        ) == (
-            "2026-03-01T12:00:10Z",
-            10,
-        )
+        assert _termination(shorter) == ("2026-03-01T12:00:10Z", 10)
         core.delete_namespaced_pod("bound", "ml", grace_period_seconds=20)
         kept = api.pod("ml", "bound")
         assert (

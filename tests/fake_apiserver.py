@@ -1644,9 +1644,8 @@ class FakeApiServer:
         try:
             self._check_preconditions(pods, name, pod, options)
         except ApiError as conflict:
-            spared = (
-                bool(matching) and budget is None
-            )  # a not-ready pod deleted under a resourceVersion check
+            # A not-ready pod the budget spared is deleted under a resourceVersion precondition.
+            spared = bool(matching) and budget is None
             if spared and (options.get("preconditions") or {}).get("resourceVersion") is None:
                 raise _still_processing(matching[0]["metadata"]["name"]) from conflict
             raise
@@ -1661,8 +1660,12 @@ class FakeApiServer:
         before = self._store(pods)[key]
         marked = copy.deepcopy(before)
         conditions = marked.setdefault("status", {}).setdefault("conditions", [])
-        wanted = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
-        wanted["message"] = "Eviction API: evicting"
+        wanted = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "EvictionByEvictionAPI",
+            "message": "Eviction API: evicting",
+        }
         found = next((c for c in conditions if c.get("type") == "DisruptionTarget"), None)
         if found is None or any(found.get(k) != v for k, v in wanted.items()):
             # podutil.UpdatePodCondition: the transition time moves only when the status does.

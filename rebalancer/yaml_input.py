@@ -35,7 +35,15 @@ from yaml.resolver import Resolver
 
 from rebalancer.wording import quoted
 
-__all__ = ["MAX_ALIAS_NODES", "MAX_DEPTH", "compose_and_load", "load", "load_all", "problem_of"]
+__all__ = [
+    "MAX_ALIAS_NODES",
+    "MAX_DEPTH",
+    "compose_and_load",
+    "items_with_repeats",
+    "load",
+    "load_all",
+    "problem_of",
+]
 
 MAX_DEPTH = 100
 MAX_ALIAS_NODES = 10_000
@@ -102,15 +110,10 @@ class _BoundedComposer(Composer):  # the parser's methods come from the loader i
     def compose_mapping_node(self, anchor: Any) -> MappingNode:  # the anchor's name or None
         node: MappingNode = super().compose_mapping_node(anchor)
         if self.refuse_duplicate_keys:
-            first: dict[tuple[str, str], int] = {}
-            for key, _ in node.value:
-                if not isinstance(key, ScalarNode) or key.value == "<<":
-                    continue
-                seen = first.get((key.tag, key.value))
+            for key, _, seen in items_with_repeats(node):
                 if seen is not None:
                     problem = f"found duplicate key {quoted(key.value)} (also on line {seen})"
                     raise ComposerError(None, None, problem, key.start_mark)
-                first[(key.tag, key.value)] = key.start_mark.line + 1
         return node
 
     def compose_document(self) -> Node | None:
@@ -174,6 +177,21 @@ class _BoundedComposer(Composer):  # the parser's methods come from the loader i
                 break
         self._sizes[id(root)] = total
         return total
+
+
+def items_with_repeats(node: MappingNode) -> Iterator[tuple[Node, Node, int | None]]:
+    """Each (key, value) of a mapping in order, with the 1-based line its scalar key was first given on
+    when it is given again (YAML keeps only the last value), else None; merge keys (`<<`) are no
+    repeat."""
+    first: dict[tuple[str, str], int] = {}
+    for key, value in node.value:
+        seen: int | None = None
+        if isinstance(key, ScalarNode) and key.value != "<<":
+            name = (key.tag, key.value)
+            seen = first.get(name)
+            if seen is None:
+                first[name] = key.start_mark.line + 1
+        yield key, value, seen
 
 
 class _PythonLoader(

@@ -466,18 +466,13 @@ def duplicate_keys(node: yaml.Node | None, source: str, loc: tuple[int | str, ..
     """Keys given twice in one mapping of an operator's YAML file (`source`), one located line each:
     YAML would silently keep only the last value."""
     if isinstance(node, yaml.MappingNode):
-        first_line: dict[tuple[str, str], int] = {}
-        for key, value in node.value:
+        for key, value, seen in yaml_input.items_with_repeats(node):
             name = key.value if isinstance(key, yaml.ScalarNode) else None
-            if name is not None and name != "<<":
-                line = key.start_mark.line + 1
-                if (key.tag, name) in first_line:
-                    yield (
-                        f"{source}:{line}: {format_loc((*loc, name))}: duplicate key "
-                        f"(also on line {first_line[(key.tag, name)]}; only one value may be given)"
-                    )
-                else:
-                    first_line[(key.tag, name)] = line
+            if seen is not None:
+                yield (
+                    f"{source}:{key.start_mark.line + 1}: {format_loc((*loc, key.value))}: duplicate key "
+                    f"(also on line {seen}; only one value may be given)"
+                )
             yield from duplicate_keys(value, source, (*loc, name) if name is not None else loc)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):

@@ -341,9 +341,8 @@ class KubeEvictor(UnframedEvictor):
             return Outcome(pod.namespace, pod.name, "gone", f"pod no longer exists (404: {message})")
         if status == 409:
             return Outcome(pod.namespace, pod.name, "gone", f"pod was replaced or changed (409: {message})")
-        if status == 500 and message.startswith(_MULTIPLE_PDBS):  # always so, and nothing was written
-            return Outcome(pod.namespace, pod.name, "error", f"HTTP {status}: {message}")
-        if not is_transient(exc):
+        # A pod under more than one PDB gets the same 500 every time, and nothing was written.
+        if not is_transient(exc) or (status == 500 and message.startswith(_MULTIPLE_PDBS)):
             return Outcome(pod.namespace, pod.name, "error", f"HTTP {status}: {message}")
         return None
 

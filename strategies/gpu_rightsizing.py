@@ -24,8 +24,8 @@ from pydantic import Field, model_validator
 from rebalancer.gpu_catalogue import DEFAULT_CATALOGUE, GpuModel, MigProfile
 from rebalancer.model import GPU_PRODUCT_LABEL, Finding, NotChosen, Snapshot, StrategyResult
 from rebalancer.period import check_steps
-from rebalancer.policy import Count, format_duration
-from rebalancer.policy.fields import Duration, Percent, StrictModel
+from rebalancer.policy import format_duration
+from rebalancer.policy.fields import Count, Duration, Percent, StrictModel
 from rebalancer.registry import StrategyArgs, StrategyContext, strategy
 from rebalancer.rightsizing import (
     DEFAULT_MIN_SAMPLES,

@@ -54,13 +54,13 @@ from rebalancer.period import Period, check_steps, period
 from rebalancer.policy import LabelMapping, TelemetryConfig
 from rebalancer.telemetry.exposition import Series
 from rebalancer.telemetry.identity import SeriesIdentity, identify, resolve_preset
+from rebalancer.telemetry.sanity import MAX_PERCENT
 from rebalancer.telemetry.windows import seconds_to_ms
 from rebalancer.wording import plural
 from rebalancer.workloads import resolve
 
 __all__ = [
     "GONE",
-    "MAX_PERCENT",
     "GroupBy",
     "GroupWaste",
     "Period",
@@ -79,9 +79,6 @@ __all__ = [
     "steps_from_samples",
     "tally",
 ]
-
-# The most a utilisation sample can be; a sample above it (or below 0) is bad data, never idle.
-MAX_PERCENT = 100.0
 
 # The group of a namespace's pods that the history names but the cluster view does not hold.
 GONE = "(pods no longer in the cluster)"

@@ -15,7 +15,8 @@ from rebalancer.period import Period
 from rebalancer.policy import TelemetryConfig
 from rebalancer.sources.prometheus_http import PrometheusError
 from rebalancer.telemetry.identity import format_labels, resolve_preset
-from rebalancer.waste import MAX_PERCENT, SeriesSteps, mapped_labels
+from rebalancer.telemetry.sanity import MAX_PERCENT
+from rebalancer.waste import SeriesSteps, mapped_labels
 
 __all__ = ["WASTE_LABEL", "idle_steps_query", "steps_of"]
 

@@ -24,11 +24,20 @@ from rebalancer.model import Finding
 from rebalancer.policy import format_duration
 from rebalancer.telemetry.identity import SeriesIdentity, bad_telemetry_finding, is_valid_value
 
-__all__ = ["ALIGNMENT_SLACK", "UtilisationRule", "max_samples", "unusable_gpu_finding", "utilisation_problem"]
+__all__ = [
+    "ALIGNMENT_SLACK",
+    "MAX_PERCENT",
+    "UtilisationRule",
+    "max_samples",
+    "unusable_gpu_finding",
+    "utilisation_problem",
+]
 
 # Samples a series may hold beyond window / scrape_interval: both ends of the window are inclusive,
 # and scrape times drift a little against the window's edges.
 ALIGNMENT_SLACK = 2
+# The most a utilisation can be, once the metric's scale is applied: above it (or below 0) is bad data.
+MAX_PERCENT = 100.0
 # Float sums of integer percentages are compared with this relative slack.
 _EPSILON = 1e-9
 
@@ -96,9 +105,9 @@ class UtilisationRule:
                 f"scraped every {format_duration(self._scrape_interval)} can hold (telemetry.scrape_interval)"
             )
         mean, top = total / count * self._scale, peak * self._scale
-        if top > 100 * (1 + _EPSILON):
+        if top > MAX_PERCENT * (1 + _EPSILON):
             return f"its maximum {_number(top)}% is above 100%"
-        if mean > 100 * (1 + _EPSILON):
+        if mean > MAX_PERCENT * (1 + _EPSILON):
             return f"its mean (sum / count) {_number(mean)}% is above 100%"
         if mean > top * (1 + _EPSILON) + _EPSILON:
             return f"its mean (sum / count) {_number(mean)}% is above its maximum {_number(top)}%"

@@ -26,6 +26,9 @@ _SECRET_PARAM = re.compile(
     r"[\"']?\s*[=:]\s*[\"']?)(?P<value>[^&#\s\"',;}]+)",
     re.IGNORECASE,
 )
+# How a problem line about a field goes on (`FILE:LINE: a.bearer_token: unknown field`): the words of
+# the validator, not a value, even when the field is named like a secret.
+_PROBLEM_WORDS = ("unknown field", "required field is missing", "expected a ", "Input should ")
 _AUTHORIZATION = re.compile(
     r"(?P<key>\bauthorization[\"']?\s*[=:]\s*[\"']?)(?P<value>(?:(?:bearer|basic)\s+)?[^\s\"',;}]+)",
     re.IGNORECASE,
@@ -38,7 +41,13 @@ def redact(text: str) -> str:
         return text
     text = _USERINFO.sub(lambda m: f"{m['scheme']}{MASK}@", text)
     text = _AUTHORIZATION.sub(lambda m: f"{m['key']}{MASK}", text)
-    return _SECRET_PARAM.sub(lambda m: f"{m['key']}{MASK}", text)
+    return _SECRET_PARAM.sub(_mask_param, text)
+
+
+def _mask_param(match: re.Match[str]) -> str:
+    if match["key"].rstrip().endswith(":") and match.string.startswith(_PROBLEM_WORDS, match.start("value")):
+        return match[0]
+    return f"{match['key']}{MASK}"
 
 
 def redact_tree(value: Any) -> Any:

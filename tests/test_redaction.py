@@ -59,6 +59,25 @@ def test_redact_leaves_ordinary_text_alone() -> None:
     assert redact("mail bob@example.com") == "mail bob@example.com"
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "p.yaml:4: telemetry.prometheus.bearer_token: unknown field",
+        "p.yaml:4: notify.webhooks[0].secret_env: required field is missing",
+        "p.yaml:4: notify.webhooks[0].secret_file: expected a mapping, got a list",
+        "p.yaml:4: notify.webhooks[0].secret_env: Input should be a valid string (got 5)",
+    ],
+)
+def test_a_problem_about_a_secret_named_field_keeps_its_message(line: str) -> None:
+    # The field is named like a secret, but what follows it is the validator's own words, no value.
+    assert redact(line) == line
+
+
+def test_a_secret_that_reads_like_a_message_is_still_masked() -> None:
+    assert redact("password: unknown") == "password: ***"
+    assert redact("token=unknown field") == "token=*** field"
+
+
 def test_a_masked_query_parameter_keeps_what_follows_it() -> None:
     assert redact("https://p/x?token=hunter2#section") == "https://p/x?token=***#section"
     assert redact("https://p/x?token=hunter2&q=up") == "https://p/x?token=***&q=up"

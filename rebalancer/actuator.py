@@ -46,6 +46,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Final
 
 import urllib3
 from kubernetes import client
@@ -54,6 +55,7 @@ from kubernetes.client.exceptions import ApiException
 from rebalancer import rfc3339
 from rebalancer.checkpoints import CheckpointRequester
 from rebalancer.fence import UNFENCED, Fence, RequestTimeout, WriteFence
+from rebalancer.finding_kinds import FindingKind
 from rebalancer.guards import (
     CHECKPOINT_PENDING,
 )
@@ -89,9 +91,9 @@ __all__ = [
 
 DRAINING_SINCE_ANNOTATION = "rebalancer.gpu/draining-since"
 # Finding kinds.
-DRAIN_TIMEOUT = "drain-timeout"
-DRAIN_INTERRUPTED = "drain-interrupted"
-STATE_SUPERSEDED = "state-superseded"
+DRAIN_TIMEOUT: Final = "drain-timeout"
+DRAIN_INTERRUPTED: Final = "drain-interrupted"
+STATE_SUPERSEDED: Final = "state-superseded"
 
 _DRAINED: frozenset[OutcomeResult] = frozenset({"evicted", "gone"})
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
@@ -479,7 +481,7 @@ class ClusterActuator:
             log.warning("cannot mark node %s draining: %s", node, change.detail)
         return change
 
-    def _lift(self, node: str, kind: str, why: str) -> TaintChange:
+    def _lift(self, node: str, kind: FindingKind, why: str) -> TaintChange:
         """Unmark `node` for `why`, noted as a finding of `kind` (saying so when the write failed)."""
         change = self._untaint(node, why)
         failed = "" if change.ok else f"; removing it failed ({change.detail})"

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Literal, cast
+from typing import Final, Literal, cast
 
 import urllib3
 from kubernetes import client
@@ -48,7 +48,7 @@ from rebalancer.wording import plural
 __all__ = ["CHECKPOINT_REQUEST", "CheckpointRequester"]
 
 # Finding kind.
-CHECKPOINT_REQUEST = "checkpoint-request"
+CHECKPOINT_REQUEST: Final = "checkpoint-request"
 
 _MERGE_PATCH = "application/merge-patch+json"
 _PatchProblem = Literal["gone", "forbidden", "error"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Final
 
 from rebalancer.memo import MISSING, ObjectMemo
 from rebalancer.model import LabelRequirement, LabelSelector, Node, Pod, Snapshot
@@ -55,7 +56,7 @@ LIMIT_CYCLE = "limit-cycle"
 COOLDOWN = "cooldown"
 DISRUPTION_BUDGET = "disruption-budget"
 DUPLICATE = "duplicate"
-CIRCUIT_OPEN = "circuit-open"
+CIRCUIT_OPEN: Final = "circuit-open"
 CHECKPOINT_PENDING = "checkpoint-pending"
 DRAIN_BACKOFF = "drain-backoff"
 

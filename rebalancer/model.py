@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
+from rebalancer.finding_kinds import FindingKind
+
 if TYPE_CHECKING:
     from rebalancer.usage import UsageHistory
 
@@ -399,7 +401,7 @@ NO_TELEMETRY = Telemetry(available=False, problem="no telemetry source configure
 class Finding:
     """Something worth an operator's attention that is not an eviction (leaked VRAM, stale telemetry...)."""
 
-    kind: str
+    kind: FindingKind
     node: str | None = None
     gpu: str | None = None
     namespace: str | None = None
@@ -414,7 +416,7 @@ class Finding:
     saving_per_hour: float | None = None
 
     @classmethod
-    def about(cls, kind: str, pod: Pod, detail: str) -> Finding:
+    def about(cls, kind: FindingKind, pod: Pod, detail: str) -> Finding:
         """A finding about a pod, on its node."""
         return cls(kind=kind, node=pod.node_name, namespace=pod.namespace, pod=pod.name, detail=detail)
 

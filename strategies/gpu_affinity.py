@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from itertools import chain
+from typing import Final
 
 from rebalancer.memo import MISSING, NodeMemo, ObjectMemo, same_objects
 from rebalancer.model import (
@@ -50,7 +51,7 @@ from rebalancer.selectors import (
 )
 
 NAME = "gpu-affinity"
-FINDING_KIND = "affinity-violation"
+FINDING_KIND: Final = "affinity-violation"
 # The reasons (`NotChosen.reason`) shared by many pods: one string each, not one per pod.
 _NO_RULE = "no nodeSelector or required node affinity to check"
 _NO_RULE_PREFERRED_OFF = (

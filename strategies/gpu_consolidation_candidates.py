@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from rebalancer.guards import node_refusal
 from rebalancer.memo import NodeMemo, ObjectMemo
@@ -45,7 +45,7 @@ __all__ = [
     "static_block",
 ]
 
-BLOCKED_FINDING = "consolidation-blocked"
+BLOCKED_FINDING: Final = "consolidation-blocked"
 
 PodKey = tuple[str, str]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from rebalancer.gpu_devices import gpu_device_count
 from rebalancer.model import Finding, GpuTelemetry, Node, Snapshot, TelemetryWindow
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["STALE_FINDING", "node_utilisation"]
 
-STALE_FINDING = "stale-telemetry"
+STALE_FINDING: Final = "stale-telemetry"
 
 
 def _device_util(rows: Sequence[GpuTelemetry]) -> dict[tuple[str, str | None], float]:

@@ -17,7 +17,7 @@ skipped, saying so: it never guesses. It must stay pure: no I/O, no clock, no qu
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Final, Self
 
 from pydantic import Field, model_validator
 
@@ -40,7 +40,7 @@ from rebalancer.usage import UsageHistory, workload_evidence
 
 __all__ = ["NAME", "CatalogueModel", "GpuRightsizingArgs", "advice", "gpu_rightsizing"]
 
-NAME = "gpu-rightsizing"
+NAME: Final = "gpu-rightsizing"
 SAVING_KINDS = frozenset({"cheaper-model", "mig-profile", "fewer-gpus"})
 
 

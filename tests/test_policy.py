@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from rebalancer import rfc3339
+from rebalancer.finding_kinds import FINDING_KINDS
 from rebalancer.history import Workload
 from rebalancer.policy import (
     BUILTIN_DEFAULT_ORDER,
@@ -37,6 +38,7 @@ POLICIES = ROOT / "policies"
 DEMO = ROOT / "examples" / "demo-cluster"
 BUILTIN = ("gpu-affinity", "gpu-consolidation", "gpu-rightsizing", "idle-gpu", "topology-spread")
 KNOWN = "known: gpu-affinity, gpu-consolidation, gpu-rightsizing, idle-gpu, topology-spread"
+KNOWN_KINDS = "known: " + ", ".join(sorted(FINDING_KINDS))
 
 
 def problems_of(text: str, source: str = "p.yaml") -> list[str]:
@@ -300,6 +302,20 @@ BAD_POLICIES = [
         "notify:\n  slack:\n    - webhook_url: https://hooks.slack.com/services/T0/B0/x\n",
         ["p.yaml:3: notify.slack[0].webhook_url: unknown field"],
         id="slack-webhook-url-inline-is-refused",
+    ),
+    pytest.param(
+        "notify:\n  webhooks:\n    - url: https://hooks.example.com/gpu\n"
+        "      finding_kinds: [leaked-vram, leaked-vrma]\n",
+        [
+            "p.yaml:4: notify.webhooks[0].finding_kinds[1]: unknown finding kind 'leaked-vrma' "
+            "(did you mean 'leaked-vram'?)"
+        ],
+        id="a-misspelt-finding-kind-would-silence-a-sink",
+    ),
+    pytest.param(
+        "notify:\n  slack:\n    - webhook_url_env: SLACK\n      finding_kinds: [gpu-waste]\n",
+        [f"p.yaml:4: notify.slack[0].finding_kinds[0]: unknown finding kind 'gpu-waste' ({KNOWN_KINDS})"],
+        id="an-unknown-finding-kind-lists-the-known-ones",
     ),
     pytest.param(
         "prices:\n  per_gpu_hour:\n    NVIDIA-H100-80GB-HBM3: 6.9\n    NVIDIA-L4: -1.5\n",

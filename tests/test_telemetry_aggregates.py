@@ -231,12 +231,17 @@ def _gpu(doc: dict[str, Any], window: int) -> dict[str, Any]:
         (lambda doc: doc.update(now="2026-11-29T12:00:00"), "now", "timezone"),
         (lambda doc: doc.update(format="v0"), "format", "gpu-rebalancer/telemetry-windows/v1"),
         (
+            lambda doc: doc["findings"].insert(0, {"kind": "leaked-vrma"}),
+            "findings[0].kind",
+            "unknown finding kind 'leaked-vrma' (did you mean 'leaked-vram'?)",
+        ),
+        (
             lambda doc: doc["windows"][0]["gpus"][0].update(fb_used_mib=-1),
             "windows[0].gpus[0].fb_used_mib",
             "greater than or equal to 0",
         ),
     ],
-    ids=["type", "missing", "extra", "naive-now", "format", "negative"],
+    ids=["type", "missing", "extra", "naive-now", "format", "unknown-finding-kind", "negative"],
 )
 def test_a_malformed_file_names_file_and_field(tmp_path: Path, change: Any, field: str, message: str) -> None:
     _aggregated(tmp_path)
@@ -319,7 +324,7 @@ def aggregates_doc(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("aggregates")
     _aggregated(root)
     doc: dict[str, Any] = json.loads((root / AGGREGATES_FILE).read_text(encoding="utf-8"))
-    doc["findings"].append({"kind": "x", "fb_used_mib": 3, "gpus": 1.5})
+    doc["findings"].append({"kind": "leaked-vram", "fb_used_mib": 3, "gpus": 1.5})
     return doc
 
 
@@ -383,6 +388,7 @@ def test_the_fast_reader_s_rows_are_the_model_s_fields_in_its_order() -> None:
         lambda doc: doc["windows"][0]["gpus"][0].update(node=""),
         lambda doc: doc["windows"].append(doc["windows"][0]),
         lambda doc: doc["findings"].append({"kind": "x", "extra": 1}),
+        lambda doc: doc["findings"].append({"kind": "leaked-vrma"}),
     ],
 )
 def test_the_readers_agree_on_the_edges(aggregates_doc: dict[str, Any], change: Any) -> None:

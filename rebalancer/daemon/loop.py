@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Final
 
 import structlog
 from apscheduler.events import (
@@ -81,7 +82,7 @@ __all__ = [
 
 JOB_ID = "rebalancing-cycle"
 # Finding kind: a cycle whose evictions stopped before every approved plan was attempted.
-CUT_SHORT = "cycle-cut-short"
+CUT_SHORT: Final = "cycle-cut-short"
 READY_INTERVALS = 3
 
 SnapshotSource = Callable[[datetime, LoadedPolicy], Snapshot]

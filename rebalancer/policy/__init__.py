@@ -444,7 +444,9 @@ def _describe(error: Mapping[str, Any]) -> str:
         echoed = f"got {quoted(given)}" in message or (isinstance(given, str) and quoted(given) in message)
         if (isinstance(given, str | int | float | bool) or given is None) and not echoed:
             message += f" (got {quoted(given)})"
-    return clip(redact(message), 300)  # a malformed URL given may carry its credentials
+    # Clipped: a long value given is quoted clipped, but the message of a validator may hold more. Long
+    # enough for a list of what is known (finding kinds).
+    return clip(redact(message), 600)  # a malformed URL given may carry its credentials
 
 
 def _problems(

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from rebalancer.durations import MAX_DURATION_SECONDS, format_duration, parse_duration
+from rebalancer.finding_kinds import FindingKind, unknown_kind_problem
 from rebalancer.redaction import redact_url
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "MAX_DURATION_SECONDS",
     "Count",
     "Duration",
+    "KnownFindingKind",
     "Percent",
     "StrictModel",
     "format_duration",
@@ -81,3 +83,14 @@ def refuse_secrets_over_plain_http(url: str, secrets: dict[str, object], what: s
             "unencrypted; use an https:// url (plain http:// only to a loopback host: 127.0.0.1, ::1, "
             "localhost)"
         )
+
+
+def _known_finding_kind(value: object) -> object:
+    problem = unknown_kind_problem(value) if isinstance(value, str) else None
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+KnownFindingKind = Annotated[FindingKind, BeforeValidator(_known_finding_kind)]
+"""A finding kind (`rebalancer.finding_kinds`); another word is refused naming the nearest kind."""

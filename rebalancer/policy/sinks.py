@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rebalancer.policy.fields import Duration, StrictModel, refuse_secrets_over_plain_http
+from rebalancer.policy.fields import Duration, KnownFindingKind, StrictModel, refuse_secrets_over_plain_http
 
 __all__ = ["DigestPeriod", "NotifyConfig", "SinkFilters", "SlackSinkConfig", "WebhookSinkConfig"]
 
@@ -24,7 +24,7 @@ class SinkFilters(StrictModel):
 
     only_when_evicted: bool = False
     include_dry_run: bool = True
-    finding_kinds: tuple[str, ...] | None = None
+    finding_kinds: tuple[KnownFindingKind, ...] | None = None
     min_interval: Duration = 0
     # Dry-run reports are not sent one by one but as one digest (the latest report) per period.
     digest: DigestPeriod | None = None

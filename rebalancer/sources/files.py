@@ -43,6 +43,7 @@ from collections import Counter
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Final
 
 import yaml
 
@@ -78,7 +79,7 @@ __all__ = [
 
 SNAPSHOT_FILE = "snapshot.yaml"
 # The finding when a snapshot's telemetry-windows.json does not fit the policy or the snapshot.
-AGGREGATES_UNUSED = "telemetry-aggregates-unused"
+AGGREGATES_UNUSED: Final = "telemetry-aggregates-unused"
 log = logging.getLogger(__name__)
 OBJECT_SUFFIXES = (".json", ".yaml", ".yml")
 METRIC_SUFFIXES = (".prom", ".om")

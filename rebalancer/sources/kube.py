@@ -42,7 +42,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -84,7 +84,7 @@ __all__ = [
 ]
 
 # The finding when a kind of controller the GPU pods need cannot be listed (not installed, no permission).
-UNREAD_CONTROLLERS = "unread-controllers"
+UNREAD_CONTROLLERS: Final = "unread-controllers"
 # A list the API server refuses this way is left unread (a finding), never a failed cycle.
 _UNREADABLE = (403, 404)
 # How many of the objects that needed an unread kind a finding names.

@@ -55,7 +55,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Final, Literal, cast
 
 import msgspec
 import structlog
@@ -92,7 +92,7 @@ __all__ = [
 ]
 
 # The finding of a snapshot whose cache of a kind was stale and listed again before it was built.
-STALE_CLUSTER_CACHE = "stale-cluster-cache"
+STALE_CLUSTER_CACHE: Final = "stale-cluster-cache"
 # Seconds without word from the API server after which a kind's cache is not trusted (see above).
 DEFAULT_STALE_AFTER = 180.0
 # client-go's reflector backoff: 800 ms doubling up to 30 s.

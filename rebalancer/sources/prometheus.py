@@ -57,7 +57,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import closing, contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import requests
 
@@ -92,7 +92,7 @@ __all__ = [
     "query_plan",
 ]
 
-UNAVAILABLE = "telemetry-unavailable"
+UNAVAILABLE: Final = "telemetry-unavailable"
 
 
 # --------------------------------------------------------------------------- parsing answers

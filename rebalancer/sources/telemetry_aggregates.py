@@ -35,8 +35,10 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 
 from rebalancer import rfc3339
 from rebalancer.errors import InputError
+from rebalancer.finding_kinds import FindingKind
 from rebalancer.model import Finding, GpuTelemetry, Pod, Telemetry, TelemetryWindow
 from rebalancer.policy import TelemetryConfig, format_loc
+from rebalancer.policy.fields import KnownFindingKind
 from rebalancer.telemetry.identity import resolve_preset
 from rebalancer.wording import clip
 
@@ -85,7 +87,7 @@ class _Window(_Strict):
 
 
 class _Finding(_Strict):
-    kind: str = Field(min_length=1)
+    kind: KnownFindingKind
     node: str | None = None
     gpu: str | None = None
     namespace: str | None = None
@@ -333,7 +335,7 @@ class _FastWindow(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class _FastFinding(msgspec.Struct, forbid_unknown_fields=True):
-    kind: _Named
+    kind: FindingKind
     node: str | None = None
     gpu: str | None = None
     namespace: str | None = None

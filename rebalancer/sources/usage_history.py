@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Final
 
 from rebalancer.model import Finding, Snapshot
 from rebalancer.period import Period, period
@@ -28,7 +29,7 @@ from rebalancer.usage import UsageHistory
 __all__ = ["DEFAULT_REFRESH", "UNAVAILABLE", "PrometheusUsage"]
 
 DEFAULT_REFRESH = timedelta(hours=1)
-UNAVAILABLE = "usage-history-unavailable"
+UNAVAILABLE: Final = "usage-history-unavailable"
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -106,6 +107,29 @@ def test_demo_consolidation_targets_never_a_freed_node(demo_report: dict[str, ob
     assert isinstance(decisions, list)
     assert freed
     assert all(row["target_node"] not in freed for row in decisions if row["action"] == "evict")
+
+
+def test_a_snapshot_without_its_pods_reads_no_busy_gpu_as_leaked(
+    capsys: pytest.CaptureFixture[str], demo_report: dict[str, object], tmp_path: Path
+) -> None:
+    # pods.json left out: the exporter's labels still name the pods holding the GPUs, so only the GPUs
+    # the full snapshot finds leaked with no pod are leaked (not the 57 busy ones).
+    snapshot = tmp_path / "demo"
+    shutil.copytree(DEMO, snapshot, ignore=shutil.ignore_patterns("pods.json", "telemetry-windows.json"))
+    code, out, err = run(
+        capsys, "once", "--snapshot", str(snapshot), "--policy", str(DEMO_POLICY), "-o", "json"
+    )
+    assert code == EXIT_OK, err
+
+    def leaks(report: dict[str, object]) -> list[tuple[object, object]]:
+        findings = report["findings"]
+        assert isinstance(findings, list)
+        return [(f["node"], f["gpu"]) for f in findings if f["kind"] == "leaked-vram" and f["pod"] is None]
+
+    report = json.loads(out)
+    assert leaks(report) == leaks(demo_report) != []
+    [partial] = [f for f in report["findings"] if f["kind"] == "partial-cluster-view"]
+    assert "no Pod objects" in partial["detail"]
 
 
 @pytest.mark.parametrize("fmt", ["text", "markdown"])

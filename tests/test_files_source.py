@@ -15,7 +15,7 @@ from rebalancer.model import Finding, GpuRequest
 from rebalancer.policy import ConfiguredStrategy, LoadedPolicy, Policy, parse_policy
 from rebalancer.registry import StrategyArgs
 from rebalancer.sources import snapshot_objects
-from rebalancer.sources.files import SnapshotError, load_snapshot_dir
+from rebalancer.sources.files import NO_POD_OBJECTS, SnapshotError, load_snapshot_dir
 from rebalancer.workloads import resolve
 from tests.builders import NOW
 
@@ -198,7 +198,7 @@ def test_unknown_kinds_are_ignored_with_a_finding(tmp_path: Path) -> None:
     write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}
     svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "y"}}
-    write(tmp_path, "all.json", kube_list(node("n1"), cm, cm, svc))
+    write(tmp_path, "all.json", kube_list(node("n1"), pod("p", "n1"), cm, cm, svc))
     write(tmp_path, "notes.yaml", "strategies: []\ndry_run: true\n")  # e.g. a policy kept alongside
     snap = load_snapshot_dir(tmp_path, loaded())
     assert kinds(snap.findings) == ["ignored-objects", "ignored-objects"]
@@ -219,6 +219,26 @@ def test_policy_file_in_use_and_hidden_files_are_skipped_silently(tmp_path: Path
     assert snap.findings == ()
 
 
+def test_nodes_without_any_pod_object_are_a_partial_view_whose_pod_labels_are_trusted(tmp_path: Path) -> None:
+    write(tmp_path, "nodes.json", kube_list(node("n1")))
+    write(
+        tmp_path,
+        "m.om",
+        f'DCGM_FI_DEV_FB_USED{{Hostname="n1",UUID="{UUID}",namespace="ml",pod="train-0"}} 9000 {T0}\n# EOF\n',
+    )
+    snap = load_snapshot_dir(tmp_path, loaded())
+    [finding] = snap.findings
+    assert (finding.kind, finding.detail) == ("partial-cluster-view", NO_POD_OBJECTS)
+    window = snap.telemetry.window(600)
+    assert window is not None
+    assert [row.pod_key for row in window.gpus] == [("ml", "train-0")]
+    # Once the snapshot lists pods, a series naming a pod it does not have is attributed to none.
+    write(tmp_path, "pods.json", kube_list(pod("other", "n1")))
+    window = load_snapshot_dir(tmp_path, loaded()).telemetry.window(600)
+    assert window is not None
+    assert [row.pod_key for row in window.gpus] == [None]
+
+
 def test_pod_on_unknown_node_is_dropped_with_a_finding(tmp_path: Path) -> None:
     write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
     write(tmp_path, "c.json", kube_list(node("n1"), pod("ok", "n1"), pod("lost", "gone-node")))
@@ -234,7 +254,7 @@ def test_pod_on_unknown_node_is_dropped_with_a_finding(tmp_path: Path) -> None:
 
 
 def test_bad_samples_become_findings(tmp_path: Path) -> None:
-    write(tmp_path, "c.json", kube_list(node("n1")))
+    write(tmp_path, "c.json", kube_list(node("n1"), pod("p", "n1")))
     lines = [
         f'DCGM_FI_DEV_GPU_UTIL{{Hostname="n1",UUID="{UUID}"}} {v} {T0 - age}'
         for age, v in ((20, "NaN"), (10, "-3"), (0, "40"))
@@ -597,7 +617,7 @@ def test_unread_files_are_listed_and_long_lists_are_cut(tmp_path: Path) -> None:
 
 def test_hidden_directories_are_not_read(tmp_path: Path) -> None:
     write(tmp_path, "snapshot.yaml", "now: 2026-11-29T12:00:00Z\n")
-    write(tmp_path, "c.json", kube_list(node("n1")))
+    write(tmp_path, "c.json", kube_list(node("n1"), pod("p", "n1")))
     (tmp_path / ".git").mkdir()
     write(tmp_path, ".git/config.json", "{not json")
     assert load_snapshot_dir(tmp_path, loaded()).findings == ()

@@ -11,7 +11,9 @@ is `snapshot_layout`'s):
   into `Snapshot.controllers`, every one read, so that workloads resolve as against the live cluster;
   other kinds (a CronJob too: a Job is the workload), and documents with neither `apiVersion` nor
   `kind` (a policy file kept alongside), are ignored and reported in an `ignored-objects` finding (the
-  policy file in use is skipped silently). Each file is read by `snapshot_objects`;
+  policy file in use is skipped silently). Each file is read by `snapshot_objects`. Nodes without a
+  single Pod object are a `partial-cluster-view` finding, and the telemetry's pod labels are then taken
+  as they are (a GPU a pod holds is not read as leaked because the pods were left out);
 - every `*.prom` / `*.om` file: DCGM exporter series in Prometheus text format or OpenMetrics (an `.om`
   file must be OpenMetrics, ending with `# EOF`), aggregated for the policy's telemetry windows;
 - the optional `snapshot.yaml` with `now: <RFC 3339 with timezone>`; without it `now` is the newest
@@ -70,6 +72,7 @@ from rebalancer.wording import clip, plural, quoted
 __all__ = [
     "AGGREGATES_UNUSED",
     "METRIC_SUFFIXES",
+    "NO_POD_OBJECTS",
     "OBJECT_SUFFIXES",
     "SNAPSHOT_FILE",
     "SnapshotError",
@@ -78,6 +81,10 @@ __all__ = [
 ]
 
 SNAPSHOT_FILE = "snapshot.yaml"
+NO_POD_OBJECTS = (
+    "the snapshot holds nodes but no Pod objects (were pods left out of `kubectl get`?): nothing can be "
+    "moved, and the DCGM series' pod labels are taken as they are"
+)
 # The finding when a snapshot's telemetry-windows.json does not fit the policy or the snapshot.
 AGGREGATES_UNUSED: Final = "telemetry-aggregates-unused"
 log = logging.getLogger(__name__)
@@ -295,6 +302,8 @@ def _load_snapshot_dir(
 
     pods, unbound = split_unbound(out.pods.values(), out.nodes, missing_from="the snapshot")
     findings.extend(unbound)
+    if out.nodes and not out.pods:
+        findings.append(Finding(kind="partial-cluster-view", detail=NO_POD_OBJECTS))
 
     computed: Aggregates | None = None
     windows = loaded.telemetry_windows()
@@ -371,7 +380,10 @@ def _raw_telemetry(
         where = f"{len(metric_files)} metric files" if metric_files else "no .prom / .om files"
         problem = f"no DCGM series in snapshot (looked for {', '.join(wanted)}: {where})"
         return Telemetry(available=False, problem=problem), (), None
-    telemetry, findings = aggregate(_handed_over(series), cfg, windows, now, {p.key: p for p in pods})
+    # No Pod objects at all (every real node runs some): the pods were left out of the snapshot, so the
+    # exporter's pod labels are taken as they are, not read as pods gone (their GPUs as leaked).
+    by_key = {p.key: p for p in pods} if pods else None
+    telemetry, findings = aggregate(_handed_over(series), cfg, windows, now, by_key)
     if not telemetry.available:
         return telemetry, findings, None
     return telemetry, findings, aggregates_of(telemetry, findings, now=now, cfg=cfg, pods=pods)

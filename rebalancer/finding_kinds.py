@@ -1,9 +1,9 @@
 """Finding kinds: every `Finding.kind` the rebalancer can report, with what it means.
 
 Owns the closed list. `FindingKind` types `Finding.kind`, so `mypy --strict` refuses a finding of a kind
-not listed here; `FINDING_KINDS` gives each its meaning, for the README's table and for the policy's
-`notify.*.finding_kinds` filter, which refuses a kind that is not listed (a misspelt kind would
-otherwise silence a sink without a word). `unknown_kind_problem` words that refusal.
+not listed here; `FINDING_KINDS` gives each its meaning (tests hold it, the Literal and the README's
+table equal). The policy's `notify.*.finding_kinds` filter refuses a kind not listed, since a misspelt
+kind would silence a sink without a word; `unknown_kind_problem` words that refusal.
 
 It must not import anything of the project but `wording`: every layer reports findings.
 """
@@ -11,7 +11,7 @@ It must not import anything of the project but `wording`: every layer reports fi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final, Literal, get_args
+from typing import Final, Literal
 
 from rebalancer.wording import quoted
 
@@ -57,10 +57,10 @@ FINDING_KINDS: Final[Mapping[FindingKind, str]] = {
     "idle-gpu": "a workload holds GPUs it has not used over the window",
     "ignored-objects": "objects of a snapshot directory that were not read, and why",
     "leaked-vram": "GPU memory in use with no pod, or by a pod idle all window",
-    "partial-cluster-view": "part of the cluster could not be listed: nothing there is judged",
+    "partial-cluster-view": "the view lacks part of the cluster (namespaces not listed, pods left out)",
     "stale-cluster-cache": "a watched kind's cache fell behind and was listed again",
-    "stale-telemetry": "telemetry older than `max_telemetry_age`: not judged, never read as idle",
-    "state-superseded": "another replica's newer state took over: this one stopped acting",
+    "stale-telemetry": "a series whose newest sample is too old: not judged, never read as idle",
+    "state-superseded": "a later leader wrote the state: this replica stopped evicting until its next term",
     "telemetry-aggregates-unused": "a snapshot's telemetry aggregates do not fit the policy or the snapshot",
     "telemetry-unavailable": "Prometheus could not be read: telemetry-dependent strategies skip",
     "telemetry-unknown-node": "telemetry names a node the cluster does not have",
@@ -81,6 +81,3 @@ def unknown_kind_problem(kind: str) -> str | None:
     near = difflib.get_close_matches(kind.lower(), FINDING_KINDS, n=1)
     hint = f"did you mean {near[0]!r}?" if near else "known: " + ", ".join(sorted(FINDING_KINDS))
     return f"unknown finding kind {quoted(kind)} ({hint})"
-
-
-assert set(FINDING_KINDS) == set(get_args(FindingKind)), "every finding kind has a meaning"

@@ -84,7 +84,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
@@ -93,7 +93,27 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from kubernetes import client
 
-JsonObj = dict[str, Any]
+from tests.fake_api_errors import (
+    MODIFIED,
+    NOT_FOUND_RESOURCE,
+    REASONS,
+    ApiError,
+    WatchDropped,
+    conflict_error,
+    invalid_error,
+    not_found_error,
+)
+from tests.fake_api_kinds import (
+    BY_KIND,
+    BY_PATH,
+    CORE_PATH,
+    GROUP_PATH,
+    KINDS,
+    TIME,
+    JsonObj,
+    Kind,
+    default,
+)
 
 EVICTION_REFUSED = "Cannot evict pod as it would violate the pod's disruption budget."
 MULTIPLE_PDBS = (
@@ -110,214 +130,6 @@ CONTINUE_EXPIRED = (
 # Who `forbid` names as refused by default: gpu-rebalancer's service account, as the API server names it.
 SERVICE_ACCOUNT_USER = "system:serviceaccount:gpu-rebalancer:gpu-rebalancer"
 
-_REASONS = {
-    400: "BadRequest",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "NotFound",
-    405: "MethodNotAllowed",
-    409: "Conflict",
-    410: "Expired",
-    415: "UnsupportedMediaType",
-    422: "Invalid",
-    429: "TooManyRequests",
-    500: "InternalError",
-    503: "ServiceUnavailable",
-    504: "Timeout",
-}
-
-
-# --------------------------------------------------------------------------- resources
-
-
-@dataclass(frozen=True, slots=True)
-class _Kind:
-    group: str
-    version: str
-    resource: str
-    kind: str
-    namespaced: bool
-    # Fields a fieldSelector may name beyond metadata.name / metadata.namespace, with their JSON paths.
-    fields: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    # Served by a CustomResourceDefinition: no strategic merge patch, an update must name the
-    # resourceVersion it replaces, and list items keep their apiVersion and kind.
-    custom: bool = False
-    # The `scale` subresource, when the kind has one: where its pod selector lives (a metav1.LabelSelector
-    # for the built-in kinds, a string at the CRD's `labelSelectorPath` for custom ones). Replicas are
-    # always `spec.replicas` and `status.replicas`.
-    scale_selector: tuple[str, ...] | None = None
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    @property
-    def qualified(self) -> str:
-        """`pods`, `poddisruptionbudgets.policy`: how the API server names the resource in messages."""
-        return f"{self.resource}.{self.group}" if self.group else self.resource
-
-
-_EVENT_FIELDS = {
-    "involvedObject.kind": ("involvedObject", "kind"),
-    "involvedObject.name": ("involvedObject", "name"),
-    "involvedObject.namespace": ("involvedObject", "namespace"),
-    "involvedObject.uid": ("involvedObject", "uid"),
-    "reason": ("reason",),
-    "type": ("type",),
-}
-
-_KINDS: tuple[_Kind, ...] = (
-    _Kind("", "v1", "nodes", "Node", False, {"spec.unschedulable": ("spec", "unschedulable")}),
-    _Kind(
-        "",
-        "v1",
-        "pods",
-        "Pod",
-        True,
-        {
-            "spec.nodeName": ("spec", "nodeName"),
-            "spec.schedulerName": ("spec", "schedulerName"),
-            "spec.serviceAccountName": ("spec", "serviceAccountName"),
-            "spec.restartPolicy": ("spec", "restartPolicy"),
-            "status.phase": ("status", "phase"),
-            "status.podIP": ("status", "podIP"),
-            "status.nominatedNodeName": ("status", "nominatedNodeName"),
-        },
-    ),
-    _Kind("", "v1", "events", "Event", True, _EVENT_FIELDS),
-    _Kind("", "v1", "configmaps", "ConfigMap", True),
-    _Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
-    _Kind(
-        "events.k8s.io",
-        "v1",
-        "events",
-        "Event",
-        True,
-        {
-            "regarding.kind": ("regarding", "kind"),
-            "regarding.name": ("regarding", "name"),
-            "reason": ("reason",),
-        },
-    ),
-    _Kind("coordination.k8s.io", "v1", "leases", "Lease", True),
-    # Controllers: what re-creates pods, and what a reclaim scales, suspends or stops.
-    _Kind("apps", "v1", "replicasets", "ReplicaSet", True, scale_selector=("spec", "selector")),
-    _Kind("apps", "v1", "deployments", "Deployment", True, scale_selector=("spec", "selector")),
-    _Kind("apps", "v1", "statefulsets", "StatefulSet", True, scale_selector=("spec", "selector")),
-    _Kind("batch", "v1", "jobs", "Job", True),
-    _Kind("batch", "v1", "cronjobs", "CronJob", True),
-    _Kind("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet", True, custom=True),
-    _Kind(
-        "leaderworkerset.x-k8s.io",
-        "v1",
-        "leaderworkersets",
-        "LeaderWorkerSet",
-        True,
-        custom=True,
-        scale_selector=("status", "hpaPodSelector"),
-    ),
-    _Kind("kubeflow.org", "v1", "notebooks", "Notebook", True, custom=True),
-    _Kind("serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService", True, custom=True),
-)
-_BY_PATH = {(k.group, k.version, k.resource): k for k in _KINDS}
-_BY_KIND = {(k.api_version, k.kind): k for k in _KINDS}
-
-_CORE_PATH = re.compile(
-    r"^/api/(?P<version>[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)"
-    r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$"
-)
-_GROUP_PATH = re.compile(
-    r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)"
-    r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$"
-)
-
-
-class WatchDropped(Exception):
-    """An open watch stream cut by `FakeApiServer.drop_watches()`."""
-
-
-class ApiError(Exception):
-    """An error response: raised inside handlers, rendered as a `Status` object."""
-
-    def __init__(
-        self,
-        code: int,
-        message: str,
-        *,
-        reason: str | None = None,
-        kind: _Kind | None = None,
-        name: str | None = None,
-        causes: Sequence[Mapping[str, str]] = (),
-        retry_after: int | None = None,
-        group_kind: tuple[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.reason = reason or _REASONS.get(code, "Unknown")
-        self.kind = kind
-        self.name = name
-        self.causes = tuple(causes)
-        self.retry_after = retry_after
-        # (group, kind) for `details` when they name something other than `kind`'s resource (a Scale).
-        self.group_kind = group_kind
-
-    def status(self) -> JsonObj:
-        details: JsonObj = {}
-        if self.name is not None:
-            details["name"] = self.name
-        group, kind = self.group_kind or (
-            (self.kind.group, self.kind.resource) if self.kind is not None else ("", "")
-        )
-        if group:
-            details["group"] = group
-        if kind:
-            details["kind"] = kind
-        if self.causes:
-            details["causes"] = [dict(c) for c in self.causes]
-        if self.retry_after:
-            details["retryAfterSeconds"] = self.retry_after
-        body: JsonObj = {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason,
-            "code": self.code,
-        }
-        if details:
-            body["details"] = details
-        return body
-
-
-def _not_found(kind: _Kind, name: str) -> ApiError:
-    return ApiError(404, f'{kind.qualified} "{name}" not found', kind=kind, name=name)
-
-
-def _conflict(kind: _Kind, name: str, why: str) -> ApiError:
-    return ApiError(
-        409, f'Operation cannot be fulfilled on {kind.qualified} "{name}": {why}', kind=kind, name=name
-    )
-
-
-def _invalid(group: str, kind: str, name: str, *, path: str, value: str, why: str) -> ApiError:
-    """apimachinery's NewInvalid for one field error: `Kind.group "name" is invalid: path: Invalid value:
-    value: why`, the error as one FieldValueInvalid cause."""
-    body = f"Invalid value: {value}: {why}"
-    qualified = f"{kind}.{group}" if group else kind
-    return ApiError(
-        422,
-        f'{qualified} "{name}" is invalid: {path}: {body}',
-        name=name,
-        group_kind=(group, kind),
-        causes=[{"reason": "FieldValueInvalid", "message": body, "field": path}],
-    )
-
-
-_TIME = "%Y-%m-%dT%H:%M:%SZ"  # metav1.Time as the API server writes it
-_MODIFIED = "the object has been modified; please apply your changes to the latest version and try again"
-_NOT_FOUND_RESOURCE = "the server could not find the requested resource"
 _PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json")
 _STRATEGIC = "application/strategic-merge-patch+json"
 
@@ -438,7 +250,7 @@ def _field_value(obj: Mapping[str, Any], path: tuple[str, ...]) -> str:
     return str(value)
 
 
-def _parse_field_selector(text: str, kind: _Kind) -> list[tuple[tuple[str, ...], bool, str]]:
+def _parse_field_selector(text: str, kind: Kind) -> list[tuple[tuple[str, ...], bool, str]]:
     """`a=b,c!=d` -> [(json path, equal?, value)]; unknown fields are a 400, as in the API server."""
     out: list[tuple[tuple[str, ...], bool, str]] = []
     known: dict[str, tuple[str, ...]] = {
@@ -714,7 +526,7 @@ class FakeApiServer:
         after authorization, as the API server does. `kubelet`: what stands in for the kubelets once a pod
         is deleted gracefully: `prompt` confirms at once (containers that stop on SIGTERM), `manual` leaves
         the pod terminating until `finish_terminating()`."""
-        custom = {k.qualified: k for k in _KINDS if k.custom}
+        custom = {k.qualified: k for k in KINDS if k.custom}
         unknown = sorted(set(missing_kinds) - set(custom))
         if unknown:
             raise ValueError(
@@ -794,7 +606,7 @@ class FakeApiServer:
 
     def add(self, obj: Mapping[str, Any]) -> JsonObj:
         """Store an object (by its kind and apiVersion), filling uid / resourceVersion; returns the copy."""
-        kind = _BY_KIND.get((str(obj.get("apiVersion", "")), str(obj.get("kind", ""))))
+        kind = BY_KIND.get((str(obj.get("apiVersion", "")), str(obj.get("kind", ""))))
         if kind is None:
             raise ValueError(f"unsupported object {obj.get('apiVersion')}/{obj.get('kind')}")
         if kind.qualified in self._missing:
@@ -952,29 +764,29 @@ class FakeApiServer:
     # ---- internals
 
     @staticmethod
-    def _kind_of(kind: str, api_version: str) -> _Kind:
+    def _kind_of(kind: str, api_version: str) -> Kind:
         """The kind of that apiVersion; `v1` (the default of the helpers) also names the one kind of that
         name outside the core group (`get("Deployment", ...)`)."""
-        resolved = _BY_KIND.get((api_version, kind))
+        resolved = BY_KIND.get((api_version, kind))
         if resolved is None and api_version == "v1":
-            named = [k for k in _KINDS if k.kind == kind]
+            named = [k for k in KINDS if k.kind == kind]
             resolved = named[0] if len(named) == 1 else None
         if resolved is None:
             raise ValueError(f"unsupported kind {api_version}/{kind}")
         return resolved
 
-    def _store(self, kind: _Kind) -> dict[tuple[str, str], JsonObj]:
+    def _store(self, kind: Kind) -> dict[tuple[str, str], JsonObj]:
         return self._stores.setdefault((kind.group, kind.resource), {})
 
     @staticmethod
-    def _key(kind: _Kind, namespace: str | None, name: str) -> tuple[str, str]:
+    def _key(kind: Kind, namespace: str | None, name: str) -> tuple[str, str]:
         return ((namespace or "default") if kind.namespaced else "", name)
 
     def _next_rv(self) -> str:
         self._last_rv = next(self._rv)
         return str(self._last_rv)
 
-    def _emit(self, kind: _Kind, event: str, obj: JsonObj, before: JsonObj | None = None) -> None:
+    def _emit(self, kind: Kind, event: str, obj: JsonObj, before: JsonObj | None = None) -> None:
         """Record a change for watchers, with the object `before` a MODIFIED change (selectors are judged
         on both). A DELETED event carries the object at the deletion's own resourceVersion, as etcd3's
         watcher reports it."""
@@ -1009,13 +821,13 @@ class FakeApiServer:
         (before any byte is sent) for an unknown resource or a refused watch."""
         with self._lock:
             arrived = self._watch_epoch_seen.pop(threading.get_ident(), None)
-        match = _CORE_PATH.match(path) or _GROUP_PATH.match(path)
+        match = CORE_PATH.match(path) or GROUP_PATH.match(path)
         if match is None:
-            raise ApiError(404, _NOT_FOUND_RESOURCE)
+            raise ApiError(404, NOT_FOUND_RESOURCE)
         parts = match.groupdict()
-        kind = _BY_PATH.get((parts.get("group") or "", parts["version"], parts["resource"]))
+        kind = BY_PATH.get((parts.get("group") or "", parts["version"], parts["resource"]))
         if kind is None or parts["name"] is not None or kind.qualified in self._missing:
-            raise ApiError(404, _NOT_FOUND_RESOURCE)
+            raise ApiError(404, NOT_FOUND_RESOURCE)
         ns = parts["ns"]
         with self._lock:
             self._authorize("watch", kind, ns, None, None)
@@ -1036,7 +848,7 @@ class FakeApiServer:
 
     def _watch_events(
         self,
-        kind: _Kind,
+        kind: Kind,
         *,
         ns: str | None,
         since: str,
@@ -1118,13 +930,13 @@ class FakeApiServer:
                     },
                 }
 
-    def _fill_new(self, kind: _Kind, obj: JsonObj) -> None:
+    def _fill_new(self, kind: Kind, obj: JsonObj) -> None:
         obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
         meta = obj["metadata"]
         meta.setdefault("uid", str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", self._clock().strftime(_TIME))
+        meta.setdefault("creationTimestamp", self._clock().strftime(TIME))
         meta["resourceVersion"] = self._next_rv()
-        _default(kind, obj)
+        default(kind, obj)
 
     def _record(self, request: RecordedRequest) -> Fault | None:
         watching = request.method == "GET" and request.param("watch") in ("true", "1")
@@ -1156,22 +968,22 @@ class FakeApiServer:
     ) -> tuple[int, JsonObj]:
         if path == "/version":
             return 200, {"major": "1", "minor": "33", "gitVersion": "v1.33.0-fake"}
-        match = _CORE_PATH.match(path) or _GROUP_PATH.match(path)
+        match = CORE_PATH.match(path) or GROUP_PATH.match(path)
         if match is None:
-            raise ApiError(404, _NOT_FOUND_RESOURCE)
+            raise ApiError(404, NOT_FOUND_RESOURCE)
         parts = match.groupdict()
         group = parts.get("group") or ""
-        kind = _BY_PATH.get((group, parts["version"], parts["resource"]))
+        kind = BY_PATH.get((group, parts["version"], parts["resource"]))
         if kind is None:
-            raise ApiError(404, _NOT_FOUND_RESOURCE)
+            raise ApiError(404, NOT_FOUND_RESOURCE)
         ns, name, sub = parts["ns"], parts["name"], parts["sub"]
         if kind.qualified in self._missing:
             # No CRD: the authorizer still runs first (it knows nothing of what is installed).
             with self._lock:
                 self._authorize(_verb(method, name, query), kind, ns, name, sub)
-            raise ApiError(404, _NOT_FOUND_RESOURCE)
+            raise ApiError(404, NOT_FOUND_RESOURCE)
         if ns is not None and not kind.namespaced:
-            raise ApiError(404, _NOT_FOUND_RESOURCE)
+            raise ApiError(404, NOT_FOUND_RESOURCE)
         dry_run = _dry_run(query)
         with self._lock:
             self._authorize(_verb(method, name, query), kind, ns, name, sub)
@@ -1188,7 +1000,7 @@ class FakeApiServer:
                     )
                 raise ApiError(405, "the server does not allow this method on the requested resource")
             if sub not in (None, "status"):
-                raise ApiError(404, _NOT_FOUND_RESOURCE)
+                raise ApiError(404, NOT_FOUND_RESOURCE)
             if name is None:
                 if method == "GET":
                     return 200, self._list(kind, ns, query)
@@ -1196,7 +1008,7 @@ class FakeApiServer:
                     return self._create(kind, ns, body, dry_run)
                 raise ApiError(405, "the server does not allow this method on the requested resource")
             if kind.namespaced and ns is None:
-                raise ApiError(404, _NOT_FOUND_RESOURCE)
+                raise ApiError(404, NOT_FOUND_RESOURCE)
             if method == "GET":
                 return 200, self._with_type(kind, self._existing(kind, ns, name))
             if method == "PUT":
@@ -1211,7 +1023,7 @@ class FakeApiServer:
                 return self._delete(kind, ns, name, body=options, dry_run=dry_run)
             raise ApiError(405, "the server does not allow this method on the requested resource")
 
-    def _authorize(self, verb: str, kind: _Kind, ns: str | None, name: str | None, sub: str | None) -> None:
+    def _authorize(self, verb: str, kind: Kind, ns: str | None, name: str | None, sub: str | None) -> None:
         """The authorizer's refusal, worded as the API server words it (k8s.io/apiserver
         responsewriters.Forbidden, apimachinery errors.NewForbidden): the Status names the resource and
         object in `details`, the message the user, verb, resource, API group and namespace."""
@@ -1225,18 +1037,18 @@ class FakeApiServer:
         raise ApiError(403, f"{what} is forbidden: {why}", kind=kind, name=name)
 
     @staticmethod
-    def _with_type(kind: _Kind, obj: JsonObj) -> JsonObj:
+    def _with_type(kind: Kind, obj: JsonObj) -> JsonObj:
         out = copy.deepcopy(obj)
         out["kind"], out["apiVersion"] = kind.kind, kind.api_version
         return out
 
-    def _existing(self, kind: _Kind, ns: str | None, name: str) -> JsonObj:
+    def _existing(self, kind: Kind, ns: str | None, name: str) -> JsonObj:
         found = self._store(kind).get(self._key(kind, ns, name))
         if found is None:
-            raise _not_found(kind, name)
+            raise not_found_error(kind, name)
         return found
 
-    def _list(self, kind: _Kind, ns: str | None, query: Mapping[str, tuple[str, ...]]) -> JsonObj:
+    def _list(self, kind: Kind, ns: str | None, query: Mapping[str, tuple[str, ...]]) -> JsonObj:
         token = _last(query, "continue")
         limit_text = _last(query, "limit")
         try:
@@ -1288,7 +1100,7 @@ class FakeApiServer:
             "items": items_out,
         }
 
-    def _create(self, kind: _Kind, ns: str | None, body: Any, dry_run: bool) -> tuple[int, JsonObj]:
+    def _create(self, kind: Kind, ns: str | None, body: Any, dry_run: bool) -> tuple[int, JsonObj]:
         if not isinstance(body, dict):
             raise ApiError(400, "the body of the request was in an unknown format")
         obj = copy.deepcopy(body)
@@ -1325,7 +1137,7 @@ class FakeApiServer:
         return 201, self._with_type(kind, obj)
 
     def _update(
-        self, kind: _Kind, ns: str | None, name: str, *, body: Any, dry_run: bool
+        self, kind: Kind, ns: str | None, name: str, *, body: Any, dry_run: bool
     ) -> tuple[int, JsonObj]:
         current = self._existing(kind, ns, name)
         if not isinstance(body, dict):
@@ -1336,7 +1148,7 @@ class FakeApiServer:
             raise ApiError(400, "the name of the object does not match the name on the URL")
         wanted = meta.get("resourceVersion")
         if not wanted and kind.custom:  # a CRD's strategy allows no unconditional update
-            raise _invalid(
+            raise invalid_error(
                 kind.group,
                 kind.resource,
                 name,
@@ -1345,13 +1157,13 @@ class FakeApiServer:
                 why="must be specified for an update",
             )
         if wanted and wanted != current["metadata"]["resourceVersion"]:
-            raise _conflict(kind, name, _MODIFIED)
+            raise conflict_error(kind, name, MODIFIED)
         _keep_uid(kind, name, current=current, obj=obj)
         self._admit(kind, ns, name)
         return self._commit(kind, ns, name, current=current, obj=obj, dry_run=dry_run)
 
     @staticmethod
-    def _apply_patch(kind: _Kind, current: JsonObj, body: Any, ctype: str) -> Any:
+    def _apply_patch(kind: Kind, current: JsonObj, body: Any, ctype: str) -> Any:
         """The patched document; a media type the resource does not take is a 415 (a CRD's resources and
         their subresources take no strategic merge patch)."""
         media = ctype.split(";", maxsplit=1)[0].strip().lower()
@@ -1371,7 +1183,7 @@ class FakeApiServer:
         )
 
     def _patch(
-        self, kind: _Kind, ns: str | None, name: str, *, body: Any, ctype: str, dry_run: bool
+        self, kind: Kind, ns: str | None, name: str, *, body: Any, ctype: str, dry_run: bool
     ) -> tuple[int, JsonObj]:
         current = self._existing(kind, ns, name)
         patched = self._apply_patch(kind, current, body, ctype)
@@ -1380,7 +1192,7 @@ class FakeApiServer:
         meta = patched.setdefault("metadata", {})
         wanted = meta.get("resourceVersion")
         if wanted and wanted != current["metadata"]["resourceVersion"]:
-            raise _conflict(kind, name, _MODIFIED)
+            raise conflict_error(kind, name, MODIFIED)
         if meta.get("name") != name or (kind.namespaced and meta.get("namespace") != ns):
             raise ApiError(
                 422, f'{kind.kind} "{name}" is invalid: metadata.name: Invalid value: field is immutable'
@@ -1389,7 +1201,7 @@ class FakeApiServer:
         self._admit(kind, ns, name)
         return self._commit(kind, ns, name, current=current, obj=patched, dry_run=dry_run)
 
-    def _admit(self, kind: _Kind, ns: str | None, name: str) -> None:
+    def _admit(self, kind: Kind, ns: str | None, name: str) -> None:
         """A `deny_updates` denial, as k8s.io/apiserver's validating admission policy plugin builds it
         (admission.NewForbidden, then the policy's reason and its code, the message as one cause)."""
         denial = self._denials.get((kind.group, kind.resource, ns or ""))
@@ -1397,7 +1209,7 @@ class FakeApiServer:
             return
         policy, message, reason = denial
         why = f"ValidatingAdmissionPolicy '{policy}' with binding '{policy}' denied request: {message}"
-        code = next(c for c, r in _REASONS.items() if r == reason)
+        code = next(c for c, r in REASONS.items() if r == reason)
         raise ApiError(
             code,
             f'{kind.qualified} "{name}" is forbidden: {why}',
@@ -1408,7 +1220,7 @@ class FakeApiServer:
         )
 
     def _commit(
-        self, kind: _Kind, ns: str | None, name: str, *, current: JsonObj, obj: JsonObj, dry_run: bool
+        self, kind: Kind, ns: str | None, name: str, *, current: JsonObj, obj: JsonObj, dry_run: bool
     ) -> tuple[int, JsonObj]:
         meta = obj["metadata"]
         meta["uid"] = current["metadata"]["uid"]
@@ -1416,7 +1228,7 @@ class FakeApiServer:
         if kind.namespaced:
             meta["namespace"] = ns
         obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
-        _default(kind, obj)
+        default(kind, obj)
         if not dry_run:
             meta["resourceVersion"] = self._next_rv()
             self._store(kind)[self._key(kind, ns, name)] = obj
@@ -1426,7 +1238,7 @@ class FakeApiServer:
     # ---- the scale subresource
 
     @staticmethod
-    def _scale_of(kind: _Kind, obj: JsonObj) -> JsonObj:
+    def _scale_of(kind: Kind, obj: JsonObj) -> JsonObj:
         """The autoscaling/v1 Scale of a parent (the registry's scaleFromDeployment / scaleFromStatefulSet,
         apiextensions' scaleFromCustomResource): the parent's identity and resourceVersion, its
         spec.replicas, status.replicas and pod selector as a string."""
@@ -1451,7 +1263,7 @@ class FakeApiServer:
         }
 
     def _rescale(
-        self, kind: _Kind, ns: str, name: str, *, method: str, body: Any, ctype: str, dry_run: bool
+        self, kind: Kind, ns: str, name: str, *, method: str, body: Any, ctype: str, dry_run: bool
     ) -> tuple[int, JsonObj]:
         """PUT or PATCH of `.../{name}/scale`: only the parent's spec.replicas changes (and its
         resourceVersion moves on), as the apps registry's ScaleREST.Update and apiextensions' do.
@@ -1482,7 +1294,7 @@ class FakeApiServer:
             )
         if replicas < 0:
             if kind.custom:
-                raise _invalid(
+                raise invalid_error(
                     kind.group,
                     kind.kind,
                     name,
@@ -1490,7 +1302,7 @@ class FakeApiServer:
                     value=str(replicas),
                     why="should be a non-negative integer",
                 )
-            raise _invalid(
+            raise invalid_error(
                 "autoscaling",
                 "Scale",
                 name,
@@ -1511,7 +1323,7 @@ class FakeApiServer:
             )
         wanted = meta.get("resourceVersion")
         if wanted and wanted != parent_meta.get("resourceVersion"):
-            raise _conflict(kind, name, _MODIFIED)
+            raise conflict_error(kind, name, MODIFIED)
         updated = copy.deepcopy(current)
         updated.setdefault("spec", {})["replicas"] = replicas
         if not dry_run:
@@ -1521,7 +1333,7 @@ class FakeApiServer:
         return 200, self._scale_of(kind, updated)
 
     def _delete(
-        self, kind: _Kind, ns: str | None, name: str, *, body: Any, dry_run: bool
+        self, kind: Kind, ns: str | None, name: str, *, body: Any, dry_run: bool
     ) -> tuple[int, JsonObj]:
         current = self._existing(kind, ns, name)
         options = body if isinstance(body, dict) else {}
@@ -1534,7 +1346,7 @@ class FakeApiServer:
         self._emit(kind, "DELETED", current)
         return 200, self._with_type(kind, current)
 
-    def _delete_pod(self, pods: _Kind, ns: str | None, name: str, options: Mapping[str, Any]) -> JsonObj:
+    def _delete_pod(self, pods: Kind, ns: str | None, name: str, options: Mapping[str, Any]) -> JsonObj:
         """A pod's delete, graceful as podStrategy.CheckGracefulDelete and rest.BeforeDelete make it: the
         grace period asked, else the pod's `terminationGracePeriodSeconds` (30 when unset, the API
         server's default), 0 for a pod on no node or one that has ended (a negative one is 1). A pod
@@ -1551,9 +1363,9 @@ class FakeApiServer:
                 return current  # graceful deletion pending: nothing changes
             period = max(0, asked) if pending else 0
             if period:  # shortened: the deadline moves as much earlier as the period
-                deadline = datetime.strptime(meta["deletionTimestamp"], _TIME).replace(
-                    tzinfo=UTC
-                ) - timedelta(seconds=pending - period)
+                deadline = datetime.strptime(meta["deletionTimestamp"], TIME).replace(tzinfo=UTC) - timedelta(
+                    seconds=pending - period
+                )
                 return self._mark_terminating(pods, key, deadline, period)
         else:
             period = asked if asked is not None else spec.get("terminationGracePeriodSeconds", 30)
@@ -1566,12 +1378,10 @@ class FakeApiServer:
         self._emit(pods, "DELETED", self._store(pods).pop(key))
         return current
 
-    def _mark_terminating(
-        self, pods: _Kind, key: tuple[str, str], deadline: datetime, period: int
-    ) -> JsonObj:
+    def _mark_terminating(self, pods: Kind, key: tuple[str, str], deadline: datetime, period: int) -> JsonObj:
         before = self._store(pods)[key]
         marked = copy.deepcopy(before)
-        marked["metadata"]["deletionTimestamp"] = deadline.strftime(_TIME)
+        marked["metadata"]["deletionTimestamp"] = deadline.strftime(TIME)
         marked["metadata"]["deletionGracePeriodSeconds"] = period
         marked["metadata"]["resourceVersion"] = self._next_rv()
         self._store(pods)[key] = marked
@@ -1581,25 +1391,25 @@ class FakeApiServer:
         return marked
 
     @staticmethod
-    def _check_preconditions(kind: _Kind, name: str, current: JsonObj, options: Mapping[str, Any]) -> None:
+    def _check_preconditions(kind: Kind, name: str, current: JsonObj, options: Mapping[str, Any]) -> None:
         preconditions = options.get("preconditions") or {}
         uid, rv = preconditions.get("uid"), preconditions.get("resourceVersion")
         meta = current["metadata"]
         if uid is not None and uid != meta.get("uid"):
-            raise _conflict(
+            raise conflict_error(
                 kind,
                 name,
                 f"Precondition failed: UID in precondition: {uid}, UID in object meta: {meta.get('uid')}",
             )
         if rv is not None and rv != meta.get("resourceVersion"):
-            raise _conflict(
+            raise conflict_error(
                 kind,
                 name,
                 f"Precondition failed: ResourceVersion in precondition: {rv}, "
                 f"ResourceVersion in object meta: {meta.get('resourceVersion')}",
             )
 
-    def _evict(self, pods: _Kind, ns: str, name: str, body: Any, dry_run: bool) -> tuple[int, JsonObj]:
+    def _evict(self, pods: Kind, ns: str, name: str, body: Any, dry_run: bool) -> tuple[int, JsonObj]:
         if not isinstance(body, dict):
             raise ApiError(400, "the body of the request was in an unknown format")
         if (body.get("metadata") or {}).get("name") != name:
@@ -1625,7 +1435,7 @@ class FakeApiServer:
             self._check_preconditions(pods, name, pod, options)
             return 201, success if dry_run else self._evicted(pods, ns, name, options, success)
         labels = pod["metadata"].get("labels") or {}
-        pdb_kind = _BY_PATH[("policy", "v1", "poddisruptionbudgets")]
+        pdb_kind = BY_PATH[("policy", "v1", "poddisruptionbudgets")]
         matching = [
             pdb
             for (pdb_ns, _), pdb in sorted(self._store(pdb_kind).items())
@@ -1638,9 +1448,9 @@ class FakeApiServer:
             before = copy.deepcopy(budget)
             status = budget.setdefault("status", {})
             status["disruptionsAllowed"] = int(status.get("disruptionsAllowed") or 0) - 1
-            status.setdefault("disruptedPods", {})[name] = self._clock().strftime(_TIME)
+            status.setdefault("disruptedPods", {})[name] = self._clock().strftime(TIME)
             budget["metadata"]["resourceVersion"] = self._next_rv()
-            self._emit(_BY_KIND[(budget["apiVersion"], budget["kind"])], "MODIFIED", budget, before)
+            self._emit(BY_KIND[(budget["apiVersion"], budget["kind"])], "MODIFIED", budget, before)
         try:
             self._check_preconditions(pods, name, pod, options)
         except ApiError as conflict:
@@ -1652,7 +1462,7 @@ class FakeApiServer:
         return 201, success if dry_run else self._evicted(pods, ns, name, options, success)
 
     def _evicted(
-        self, pods: _Kind, ns: str, name: str, options: Mapping[str, Any], success: JsonObj
+        self, pods: Kind, ns: str, name: str, options: Mapping[str, Any], success: JsonObj
     ) -> JsonObj:
         """addConditionAndDeletePod: the pod gets the DisruptionTarget condition (written only when it
         changes, as an update that changes nothing writes nothing), then the delete; the Status."""
@@ -1670,7 +1480,7 @@ class FakeApiServer:
         if found is None or any(found.get(k) != v for k, v in wanted.items()):
             # podutil.UpdatePodCondition: the transition time moves only when the status does.
             moved = found is None or found.get("status") != "True"
-            at = self._clock().strftime(_TIME) if moved else found.get("lastTransitionTime")
+            at = self._clock().strftime(TIME) if moved else found.get("lastTransitionTime")
             if found is not None:
                 conditions.remove(found)
             conditions.append({**wanted, "lastTransitionTime": at})
@@ -1734,7 +1544,7 @@ def _still_processing(pdb: str) -> ApiError:
     )
 
 
-def _keep_uid(kind: _Kind, name: str, *, current: JsonObj, obj: JsonObj) -> None:
+def _keep_uid(kind: Kind, name: str, *, current: JsonObj, obj: JsonObj) -> None:
     """An update's uid, as rest.BeforeUpdate and ValidateObjectMetaUpdate judge it before admission:
     none given is the stored one; another one is a 422 (metadata.uid is immutable), so a write meant
     for an earlier incarnation of a re-created object never lands on the new one."""
@@ -1743,18 +1553,9 @@ def _keep_uid(kind: _Kind, name: str, *, current: JsonObj, obj: JsonObj) -> None
     if not uid:
         meta["uid"] = stored
     elif uid != stored:
-        raise _invalid(
+        raise invalid_error(
             kind.group, kind.kind, name, path="metadata.uid", value=json.dumps(uid), why="field is immutable"
         )
-
-
-def _default(kind: _Kind, obj: JsonObj) -> None:
-    """The API server's defaulting the project relies on: a kind with a `scale` subresource has
-    `spec.replicas` 1 when none is given (apps/v1 SetDefaults, the LeaderWorkerSet CRD's schema default)."""
-    if kind.scale_selector is not None:
-        spec = obj.setdefault("spec", {})
-        if isinstance(spec, dict) and spec.get("replicas") is None:
-            spec["replicas"] = 1
 
 
 def _verb(method: str, name: str | None, query: Mapping[str, tuple[str, ...]]) -> str:
@@ -2077,7 +1878,7 @@ def controller_json(
     LeaderWorkerSet worker StatefulSet's leader `Pod`), its apiVersion looked up unless given.
     `replicas` (scalable kinds; the API's default is 1) and `suspend` (Job, JobSet) are left out when
     None."""
-    api = {k.kind: k for k in _KINDS if k.group} | {"Pod": _BY_PATH[("", "v1", "pods")]}
+    api = {k.kind: k for k in KINDS if k.group} | {"Pod": BY_PATH[("", "v1", "pods")]}
     if kind not in _CONTROLLER_KINDS:
         raise ValueError(f"not a controller kind of the fake: {kind}")
     selector = {"app": name}

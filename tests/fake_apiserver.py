@@ -77,17 +77,14 @@ import copy
 import fnmatch
 import itertools
 import json
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any, Literal
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from kubernetes import client
@@ -102,6 +99,7 @@ from tests.fake_api_errors import (
     invalid_error,
     not_found_error,
 )
+from tests.fake_api_http import Fault, Handler, RecordedRequest, last
 from tests.fake_api_kinds import (
     BY_KIND,
     BY_PATH,
@@ -159,73 +157,6 @@ CONTINUE_EXPIRED = (
 
 # Who `forbid` names as refused by default: gpu-rebalancer's service account, as the API server names it.
 SERVICE_ACCOUNT_USER = "system:serviceaccount:gpu-rebalancer:gpu-rebalancer"
-
-
-# --------------------------------------------------------------------------- requests and faults
-
-
-@dataclass(frozen=True, slots=True)
-class RecordedRequest:
-    """One request as the server saw it. `body` is the parsed JSON (None when there was none)."""
-
-    method: str
-    path: str
-    query: Mapping[str, tuple[str, ...]]
-    body: Any
-    content_type: str = ""
-    fault: str | None = None
-
-    @property
-    def is_write(self) -> bool:
-        return self.method not in ("GET", "HEAD")
-
-    def param(self, name: str) -> str | None:
-        values = self.query.get(name)
-        return values[-1] if values else None
-
-
-@dataclass(slots=True)
-class Fault:
-    """Applies to `times` requests (None: all) matching `pattern` (fnmatch on the path), after `skip`."""
-
-    pattern: str
-    method: str | None = None
-    status: int | None = None
-    message: str = "injected fault"
-    delay: float = 0.0
-    drop: bool = False
-    times: int | None = 1
-    skip: int = 0
-    lose_answer: bool = False
-    watch: bool | None = None
-
-    def matches(self, method: str, path: str, watching: bool = False) -> bool:
-        if self.times is not None and self.times <= 0:
-            return False
-        if self.method is not None and self.method != method:
-            return False
-        if self.watch is not None and self.watch != watching:
-            return False
-        return fnmatch.fnmatchcase(path, self.pattern)
-
-    def consume(self) -> bool:
-        """Count one matching request; True when the fault applies to it."""
-        if self.skip > 0:
-            self.skip -= 1
-            return False
-        if self.times is not None:
-            self.times -= 1
-        return True
-
-    def describe(self) -> str:
-        parts = [f"status={self.status}"] if self.status else []
-        if self.delay:
-            parts.append(f"delay={self.delay}")
-        if self.drop:
-            parts.append("drop")
-        if self.lose_answer:
-            parts.append("lose-answer")
-        return " ".join(parts) or "none"
 
 
 @dataclass(slots=True)
@@ -289,7 +220,7 @@ class FakeApiServer:
     # ---- lifecycle
 
     def start(self) -> FakeApiServer:
-        handler = type("_BoundHandler", (_Handler,), {"fake": self})
+        handler = type("_BoundHandler", (Handler,), {"fake": self})
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05})
@@ -557,14 +488,14 @@ class FakeApiServer:
         ns = parts["ns"]
         with self._lock:
             self._authorize("watch", kind, ns, None, None)
-        labels = parse_label_selector(_last(query, "labelSelector") or "")
-        fields = parse_field_selector(_last(query, "fieldSelector") or "", kind)
-        bookmarks = _last(query, "allowWatchBookmarks") in ("true", "1")
-        timeout = float(_last(query, "timeoutSeconds") or 1800)
+        labels = parse_label_selector(last(query, "labelSelector") or "")
+        fields = parse_field_selector(last(query, "fieldSelector") or "", kind)
+        bookmarks = last(query, "allowWatchBookmarks") in ("true", "1")
+        timeout = float(last(query, "timeoutSeconds") or 1800)
         return self._watch_events(
             kind,
             ns=ns,
-            since=_last(query, "resourceVersion") or "",
+            since=last(query, "resourceVersion") or "",
             labels=labels,
             fields=fields,
             bookmarks=bookmarks,
@@ -743,7 +674,7 @@ class FakeApiServer:
                 return self._patch(kind, ns, name, body=body, ctype=ctype, dry_run=dry_run)
             if method == "DELETE" and sub is None:
                 options = dict(body) if isinstance(body, dict) else {}
-                grace = _last(query, "gracePeriodSeconds")  # DeleteOptions may come as query parameters
+                grace = last(query, "gracePeriodSeconds")  # DeleteOptions may come as query parameters
                 if grace is not None and "gracePeriodSeconds" not in options:
                     options["gracePeriodSeconds"] = int(grace)
                 return self._delete(kind, ns, name, body=options, dry_run=dry_run)
@@ -775,8 +706,8 @@ class FakeApiServer:
         return found
 
     def _list(self, kind: Kind, ns: str | None, query: Mapping[str, tuple[str, ...]]) -> JsonObj:
-        token = _last(query, "continue")
-        limit_text = _last(query, "limit")
+        token = last(query, "continue")
+        limit_text = last(query, "limit")
         try:
             limit = int(limit_text) if limit_text else 0
         except ValueError:
@@ -787,8 +718,8 @@ class FakeApiServer:
             if snapshot is None:
                 raise ApiError(410, CONTINUE_EXPIRED, reason="Expired")
         else:
-            labels = parse_label_selector(_last(query, "labelSelector") or "")
-            fields = parse_field_selector(_last(query, "fieldSelector") or "", kind)
+            labels = parse_label_selector(last(query, "labelSelector") or "")
+            fields = parse_field_selector(last(query, "fieldSelector") or "", kind)
             items = []
             for (item_ns, _), obj in sorted(self._store(kind).items()):
                 if ns is not None and item_ns != ns:
@@ -808,7 +739,7 @@ class FakeApiServer:
         metadata: JsonObj = {"resourceVersion": snapshot.resource_version}
         if end < len(snapshot.items):
             metadata["continue"] = _encode_continue(snapshot_id, end)
-            if not _last(query, "labelSelector") and not _last(query, "fieldSelector") and not token:
+            if not last(query, "labelSelector") and not last(query, "fieldSelector") and not token:
                 metadata["remainingItemCount"] = len(snapshot.items) - end
         else:
             self._snapshots.pop(snapshot_id, None)
@@ -1267,15 +1198,10 @@ def _keep_uid(kind: Kind, name: str, *, current: JsonObj, obj: JsonObj) -> None:
 def _verb(method: str, name: str | None, query: Mapping[str, tuple[str, ...]]) -> str:
     """The verb the authorizer checks for an HTTP request (the API server's RequestInfo)."""
     if method == "GET":
-        return "get" if name else ("watch" if _last(query, "watch") in ("true", "1") else "list")
+        return "get" if name else ("watch" if last(query, "watch") in ("true", "1") else "list")
     if method == "DELETE":
         return "delete" if name else "deletecollection"
     return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
-
-
-def _last(query: Mapping[str, tuple[str, ...]], name: str) -> str | None:
-    values = query.get(name)
-    return values[-1] if values else None
 
 
 def _dry_run(query: Mapping[str, tuple[str, ...]]) -> bool:
@@ -1298,108 +1224,6 @@ def _decode_continue(token: str) -> tuple[int, int]:
         return int(data["id"]), int(data["start"])
     except (ValueError, KeyError, TypeError):
         raise ApiError(400, f"continue key is not valid: {token!r}") from None
-
-
-class _Handler(BaseHTTPRequestHandler):
-    """Parses, records and dispatches one HTTP request; always answers JSON."""
-
-    protocol_version = "HTTP/1.1"
-    fake: FakeApiServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def _serve(self) -> None:
-        split = urlsplit(self.path)
-        query = {k: tuple(v) for k, v in parse_qs(split.query, keep_blank_values=True).items()}
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        ctype = self.headers.get("Content-Type") or ""
-        body: Any = None
-        bad_json = False
-        if raw:
-            try:
-                body = json.loads(raw)
-            except ValueError:
-                bad_json = True
-                body = raw.decode("utf-8", "replace")
-        request = RecordedRequest(self.command, split.path, query, body, ctype)
-        fault = self.fake._record(request)
-        watching = self.command == "GET" and _last(query, "watch") in ("true", "1")
-        if fault is not None:
-            if fault.delay and self.fake._stop.wait(fault.delay):
-                self._drop()
-                return
-            if fault.drop:
-                self._drop()
-                return
-            if fault.status is not None and not fault.lose_answer:
-                error = ApiError(fault.status, fault.message)
-                self._send(fault.status, error.status())
-                return
-        if watching:  # after a delay, the watch is served as usual
-            self._stream_watch(split.path, query)
-            return
-        try:
-            if bad_json:
-                raise ApiError(400, "the body of the request was in an unknown format")
-            code, payload = self.fake.handle(self.command, split.path, query, body, ctype)
-        except ApiError as error:
-            headers = {"Retry-After": str(error.retry_after)} if error.retry_after else {}
-            self._send(error.code, error.status(), headers)
-            return
-        if fault is not None and fault.lose_answer:  # done, but the client never hears of it
-            if fault.status is not None:  # or hears a failure (a gateway that timed out, say)
-                self._send(fault.status, ApiError(fault.status, fault.message).status())
-            else:
-                self._drop()
-            return
-        self._send(code, payload)
-
-    def _stream_watch(self, path: str, query: Mapping[str, tuple[str, ...]]) -> None:
-        """A watch: one JSON event a line, chunked, until the events end (timeout, 410, shutdown)."""
-        try:
-            events = self.fake.watch(path, query)
-        except ApiError as error:
-            self._send(error.code, error.status())
-            return
-        try:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            for event in events:
-                line = json.dumps(event).encode() + b"\n"
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
-                self.wfile.flush()
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
-        except WatchDropped:
-            self._drop()
-        except OSError:
-            pass
-        self.close_connection = True
-
-    def _send(self, code: int, payload: JsonObj, headers: Mapping[str, str] | None = None) -> None:
-        data = json.dumps(payload).encode()
-        try:
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(data)
-            self.wfile.flush()
-        except OSError:  # the client gave up (timeout) and closed its end
-            self.close_connection = True
-
-    def _drop(self) -> None:
-        self.close_connection = True
-        with suppress(OSError):
-            self.connection.shutdown(socket.SHUT_RDWR)
-
-    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
 
 
 # --------------------------------------------------------------------------- fixture

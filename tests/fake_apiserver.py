@@ -75,20 +75,19 @@ from __future__ import annotations
 import base64
 import copy
 import fnmatch
-import itertools
 import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from http.server import ThreadingHTTPServer
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 from kubernetes import client
 
+from tests.fake_api_core import FakeApiCore, ListSnapshot
 from tests.fake_api_errors import (
     MODIFIED,
     NOT_FOUND_RESOURCE,
@@ -97,7 +96,6 @@ from tests.fake_api_errors import (
     WatchDropped,
     conflict_error,
     invalid_error,
-    not_found_error,
 )
 from tests.fake_api_http import Fault, Handler, RecordedRequest, last
 from tests.fake_api_kinds import (
@@ -105,7 +103,6 @@ from tests.fake_api_kinds import (
     BY_PATH,
     CORE_PATH,
     GROUP_PATH,
-    KINDS,
     TIME,
     JsonObj,
     Kind,
@@ -159,63 +156,12 @@ CONTINUE_EXPIRED = (
 SERVICE_ACCOUNT_USER = "system:serviceaccount:gpu-rebalancer:gpu-rebalancer"
 
 
-@dataclass(slots=True)
-class _ListSnapshot:
-    items: list[JsonObj]
-    resource_version: str
-
-
 # --------------------------------------------------------------------------- the server
 
 
-class FakeApiServer:
-    """The fake API server. Use as a context manager; `url` is `http://127.0.0.1:<port>`."""
-
-    def __init__(
-        self,
-        *,
-        clock: Callable[[], datetime] | None = None,
-        missing_kinds: Iterable[str] = (),
-        kubelet: Literal["prompt", "manual"] = "prompt",
-    ) -> None:
-        """`missing_kinds`: custom kinds whose CustomResourceDefinition is not installed, by qualified
-        resource (`notebooks.kubeflow.org`): every path of theirs answers 404 as for an unknown resource,
-        after authorization, as the API server does. `kubelet`: what stands in for the kubelets once a pod
-        is deleted gracefully: `prompt` confirms at once (containers that stop on SIGTERM), `manual` leaves
-        the pod terminating until `finish_terminating()`."""
-        custom = {k.qualified: k for k in KINDS if k.custom}
-        unknown = sorted(set(missing_kinds) - set(custom))
-        if unknown:
-            raise ValueError(
-                f"not custom kinds of the fake: {', '.join(unknown)} (known: {', '.join(custom)})"
-            )
-        self._missing = frozenset(missing_kinds)
-        self._lock = threading.RLock()
-        self._stop = threading.Event()
-        self._stores: dict[tuple[str, str], dict[tuple[str, str], JsonObj]] = {}
-        self._rv = itertools.count(1000)
-        self._last_rv = 999
-        self._requests: list[RecordedRequest] = []
-        self._faults: list[Fault] = []
-        # (verb, group, resource[/subresource], namespace) the authorizer refuses, with the user it names.
-        self._forbidden: dict[tuple[str, str, str, str], str] = {}
-        # (group, resource, namespace) whose updates an admission policy denies: (policy, message, reason).
-        self._denials: dict[tuple[str, str, str], tuple[str, str, str]] = {}
-        self._snapshots: dict[int, _ListSnapshot] = {}
-        # Watch history, as the watch cache keeps it: (rv, group, resource, type, object, the object
-        # before the change or None), oldest first. A watch from an RV older than `_compacted_rv` answers
-        # 410 Gone, as after an etcd compaction.
-        self._history: list[tuple[int, str, str, str, JsonObj, JsonObj | None]] = []
-        self._compacted_rv = 999
-        # Raised by drop_watches(): open watch streams of an older epoch end without their last chunk.
-        self._watch_epoch = 0
-        self._watch_epoch_seen: dict[int, int] = {}  # handler thread -> the epoch its watch arrived in
-        self._changed = threading.Condition(self._lock)
-        self._snapshot_ids = itertools.count(1)
-        self._clock = clock or (lambda: datetime.now(UTC))
-        self._kubelet = kubelet
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+class FakeApiServer(FakeApiCore):
+    """The fake API server. Use as a context manager; `url` is `http://127.0.0.1:<port>`. What it is
+    built with (`missing_kinds`, `kubelet`, `clock`) is `FakeApiCore`'s constructor's to say."""
 
     # ---- lifecycle
 
@@ -418,43 +364,7 @@ class FakeApiServer:
         with self._lock:
             self._denials[(group, resource, namespace)] = (policy, message, reason)
 
-    # ---- internals
-
-    @staticmethod
-    def _kind_of(kind: str, api_version: str) -> Kind:
-        """The kind of that apiVersion; `v1` (the default of the helpers) also names the one kind of that
-        name outside the core group (`get("Deployment", ...)`)."""
-        resolved = BY_KIND.get((api_version, kind))
-        if resolved is None and api_version == "v1":
-            named = [k for k in KINDS if k.kind == kind]
-            resolved = named[0] if len(named) == 1 else None
-        if resolved is None:
-            raise ValueError(f"unsupported kind {api_version}/{kind}")
-        return resolved
-
-    def _store(self, kind: Kind) -> dict[tuple[str, str], JsonObj]:
-        return self._stores.setdefault((kind.group, kind.resource), {})
-
-    @staticmethod
-    def _key(kind: Kind, namespace: str | None, name: str) -> tuple[str, str]:
-        return ((namespace or "default") if kind.namespaced else "", name)
-
-    def _next_rv(self) -> str:
-        self._last_rv = next(self._rv)
-        return str(self._last_rv)
-
-    def _emit(self, kind: Kind, event: str, obj: JsonObj, before: JsonObj | None = None) -> None:
-        """Record a change for watchers, with the object `before` a MODIFIED change (selectors are judged
-        on both). A DELETED event carries the object at the deletion's own resourceVersion, as etcd3's
-        watcher reports it."""
-        shown = copy.deepcopy(obj)
-        if event == "DELETED":
-            shown["metadata"]["resourceVersion"] = self._next_rv()
-        prev = copy.deepcopy(before) if before is not None else None
-        self._history.append(
-            (int(shown["metadata"]["resourceVersion"]), kind.group, kind.resource, event, shown, prev)
-        )
-        self._changed.notify_all()
+    # ---- watches
 
     def drop_watches(self) -> None:
         """End every open watch stream without its last chunk, as a restarting API server or a proxy
@@ -587,14 +497,6 @@ class FakeApiServer:
                     },
                 }
 
-    def _fill_new(self, kind: Kind, obj: JsonObj) -> None:
-        obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
-        meta = obj["metadata"]
-        meta.setdefault("uid", str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", self._clock().strftime(TIME))
-        meta["resourceVersion"] = self._next_rv()
-        default(kind, obj)
-
     def _record(self, request: RecordedRequest) -> Fault | None:
         watching = request.method == "GET" and request.param("watch") in ("true", "1")
         with self._lock:
@@ -680,31 +582,6 @@ class FakeApiServer:
                 return self._delete(kind, ns, name, body=options, dry_run=dry_run)
             raise ApiError(405, "the server does not allow this method on the requested resource")
 
-    def _authorize(self, verb: str, kind: Kind, ns: str | None, name: str | None, sub: str | None) -> None:
-        """The authorizer's refusal, worded as the API server words it (k8s.io/apiserver
-        responsewriters.Forbidden, apimachinery errors.NewForbidden): the Status names the resource and
-        object in `details`, the message the user, verb, resource, API group and namespace."""
-        resource = f"{kind.resource}/{sub}" if sub else kind.resource
-        user = self._forbidden.get((verb, kind.group, resource, ns or ""))
-        if user is None:
-            return
-        where = f'in the namespace "{ns}"' if ns else "at the cluster scope"
-        why = f'User "{user}" cannot {verb} resource "{resource}" in API group "{kind.group}" {where}'
-        what = f'{kind.qualified} "{name}"' if name else kind.qualified
-        raise ApiError(403, f"{what} is forbidden: {why}", kind=kind, name=name)
-
-    @staticmethod
-    def _with_type(kind: Kind, obj: JsonObj) -> JsonObj:
-        out = copy.deepcopy(obj)
-        out["kind"], out["apiVersion"] = kind.kind, kind.api_version
-        return out
-
-    def _existing(self, kind: Kind, ns: str | None, name: str) -> JsonObj:
-        found = self._store(kind).get(self._key(kind, ns, name))
-        if found is None:
-            raise not_found_error(kind, name)
-        return found
-
     def _list(self, kind: Kind, ns: str | None, query: Mapping[str, tuple[str, ...]]) -> JsonObj:
         token = last(query, "continue")
         limit_text = last(query, "limit")
@@ -731,7 +608,7 @@ class FakeApiServer:
                 items.append(obj)
             offset = 0
             snapshot_id = next(self._snapshot_ids)
-            snapshot = _ListSnapshot([copy.deepcopy(i) for i in items], str(self._last_rv))
+            snapshot = ListSnapshot([copy.deepcopy(i) for i in items], str(self._last_rv))
             if limit and len(items) > limit:
                 self._snapshots[snapshot_id] = snapshot
         end = offset + limit if limit else len(snapshot.items)

@@ -72,12 +72,9 @@ budgets; the kubelet stand-in only confirms terminating pods gone); tests change
 
 from __future__ import annotations
 
-import base64
 import copy
 import fnmatch
-import json
 import threading
-import uuid
 from collections.abc import Iterator, Mapping
 from http.server import ThreadingHTTPServer
 from typing import Any
@@ -85,35 +82,15 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.fake_api_core import ListSnapshot
 from tests.fake_api_deletes import EVICTION_REFUSED, MULTIPLE_PDBS, Deletes
-from tests.fake_api_errors import (
-    MODIFIED,
-    NOT_FOUND_RESOURCE,
-    REASONS,
-    ApiError,
-    conflict_error,
-    invalid_error,
-)
+from tests.fake_api_errors import NOT_FOUND_RESOURCE, ApiError
 from tests.fake_api_http import Fault, Handler, RecordedRequest, last
-from tests.fake_api_kinds import (
-    BY_KIND,
-    BY_PATH,
-    CORE_PATH,
-    GROUP_PATH,
-    JsonObj,
-    Kind,
-    default,
-)
+from tests.fake_api_kinds import BY_KIND, BY_PATH, CORE_PATH, GROUP_PATH, JsonObj
 from tests.fake_api_objects import add_consolidation_cluster, controller_json, node_json, pdb_json, pod_json
-from tests.fake_api_patches import apply_patch, json_patch, merge_patch, strategic_merge_patch
+from tests.fake_api_patches import json_patch, merge_patch, strategic_merge_patch
 from tests.fake_api_scale import ScaleSubresource
-from tests.fake_api_selectors import (
-    field_value,
-    parse_field_selector,
-    parse_label_selector,
-    selector_string,
-)
+from tests.fake_api_selectors import parse_label_selector, selector_string
+from tests.fake_api_verbs import CONTINUE_EXPIRED, Verbs
 from tests.fake_api_watch import Watches
 
 # The names the tests import from here, the fake's one entry point, wherever they are defined.
@@ -137,14 +114,6 @@ __all__ = [
     "strategic_merge_patch",
 ]
 
-CONTINUE_EXPIRED = (
-    "The provided continue parameter is too old to display a consistent list result. You can start a new "
-    "list without the continue parameter, or use the continue token in this response to retrieve the "
-    "remainder of the results. Continuing with the provided token results in an inconsistent list - objects "
-    "that were created, modified, or deleted between the time the first chunk was returned and now may "
-    "show up in the list."
-)
-
 # Who `forbid` names as refused by default: gpu-rebalancer's service account, as the API server names it.
 SERVICE_ACCOUNT_USER = "system:serviceaccount:gpu-rebalancer:gpu-rebalancer"
 
@@ -152,7 +121,7 @@ SERVICE_ACCOUNT_USER = "system:serviceaccount:gpu-rebalancer:gpu-rebalancer"
 # --------------------------------------------------------------------------- the server
 
 
-class FakeApiServer(Deletes, ScaleSubresource, Watches):
+class FakeApiServer(Verbs, Deletes, ScaleSubresource, Watches):
     """The fake API server. Use as a context manager; `url` is `http://127.0.0.1:<port>`. What it is
     built with (`missing_kinds`, `kubelet`, `clock`) is `FakeApiCore`'s constructor's to say."""
 
@@ -442,187 +411,6 @@ class FakeApiServer(Deletes, ScaleSubresource, Watches):
                 return self._delete(kind, ns, name, body=options, dry_run=dry_run)
             raise ApiError(405, "the server does not allow this method on the requested resource")
 
-    def _list(self, kind: Kind, ns: str | None, query: Mapping[str, tuple[str, ...]]) -> JsonObj:
-        token = last(query, "continue")
-        limit_text = last(query, "limit")
-        try:
-            limit = int(limit_text) if limit_text else 0
-        except ValueError:
-            raise ApiError(400, f"invalid limit {limit_text!r}") from None
-        if token:
-            snapshot_id, offset = _decode_continue(token)
-            snapshot = self._snapshots.get(snapshot_id)
-            if snapshot is None:
-                raise ApiError(410, CONTINUE_EXPIRED, reason="Expired")
-        else:
-            labels = parse_label_selector(last(query, "labelSelector") or "")
-            fields = parse_field_selector(last(query, "fieldSelector") or "", kind)
-            items = []
-            for (item_ns, _), obj in sorted(self._store(kind).items()):
-                if ns is not None and item_ns != ns:
-                    continue
-                if not all(r.matches(obj["metadata"].get("labels") or {}) for r in labels):
-                    continue
-                if not all((field_value(obj, path) == value) == equal for path, equal, value in fields):
-                    continue
-                items.append(obj)
-            offset = 0
-            snapshot_id = next(self._snapshot_ids)
-            snapshot = ListSnapshot([copy.deepcopy(i) for i in items], str(self._last_rv))
-            if limit and len(items) > limit:
-                self._snapshots[snapshot_id] = snapshot
-        end = offset + limit if limit else len(snapshot.items)
-        page = snapshot.items[offset:end]
-        metadata: JsonObj = {"resourceVersion": snapshot.resource_version}
-        if end < len(snapshot.items):
-            metadata["continue"] = _encode_continue(snapshot_id, end)
-            if not last(query, "labelSelector") and not last(query, "fieldSelector") and not token:
-                metadata["remainingItemCount"] = len(snapshot.items) - end
-        else:
-            self._snapshots.pop(snapshot_id, None)
-        items_out = []
-        for item in page:
-            out = copy.deepcopy(item)
-            if not kind.custom:  # items of a typed List carry no TypeMeta; unstructured ones keep theirs
-                out.pop("kind", None)
-                out.pop("apiVersion", None)
-            items_out.append(out)
-        return {
-            "kind": f"{kind.kind}List",
-            "apiVersion": kind.api_version,
-            "metadata": metadata,
-            "items": items_out,
-        }
-
-    def _create(self, kind: Kind, ns: str | None, body: Any, dry_run: bool) -> tuple[int, JsonObj]:
-        if not isinstance(body, dict):
-            raise ApiError(400, "the body of the request was in an unknown format")
-        obj = copy.deepcopy(body)
-        meta = obj.setdefault("metadata", {})
-        if kind.namespaced:
-            if meta.get("namespace") and meta["namespace"] != ns:
-                raise ApiError(
-                    400,
-                    "the namespace of the provided object does not match the namespace sent on the request",
-                )
-            meta["namespace"] = ns
-        if not meta.get("name"):
-            if not meta.get("generateName"):
-                raise ApiError(
-                    422,
-                    f'{kind.kind} "" is invalid: metadata.name: Required value: '
-                    "name or generateName is required",
-                )
-            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
-        key = self._key(kind, ns, meta["name"])
-        if key in self._store(kind):
-            raise ApiError(
-                409,
-                f'{kind.qualified} "{meta["name"]}" already exists',
-                reason="AlreadyExists",
-                kind=kind,
-                name=meta["name"],
-            )
-        meta.pop("resourceVersion", None)
-        self._fill_new(kind, obj)
-        if not dry_run:
-            self._store(kind)[key] = obj
-            self._emit(kind, "ADDED", obj)
-        return 201, self._with_type(kind, obj)
-
-    def _update(
-        self, kind: Kind, ns: str | None, name: str, *, body: Any, dry_run: bool
-    ) -> tuple[int, JsonObj]:
-        current = self._existing(kind, ns, name)
-        if not isinstance(body, dict):
-            raise ApiError(400, "the body of the request was in an unknown format")
-        obj = copy.deepcopy(body)
-        meta = obj.setdefault("metadata", {})
-        if meta.get("name") != name:
-            raise ApiError(400, "the name of the object does not match the name on the URL")
-        wanted = meta.get("resourceVersion")
-        if not wanted and kind.custom:  # a CRD's strategy allows no unconditional update
-            raise invalid_error(
-                kind.group,
-                kind.resource,
-                name,
-                path="metadata.resourceVersion",
-                value="0x0",
-                why="must be specified for an update",
-            )
-        if wanted and wanted != current["metadata"]["resourceVersion"]:
-            raise conflict_error(kind, name, MODIFIED)
-        _keep_uid(kind, name, current=current, obj=obj)
-        self._admit(kind, ns, name)
-        return self._commit(kind, ns, name, current=current, obj=obj, dry_run=dry_run)
-
-    def _patch(
-        self, kind: Kind, ns: str | None, name: str, *, body: Any, ctype: str, dry_run: bool
-    ) -> tuple[int, JsonObj]:
-        current = self._existing(kind, ns, name)
-        patched = apply_patch(kind, current, body, ctype)
-        if not isinstance(patched, dict):
-            raise ApiError(422, "the patched object is not an object")
-        meta = patched.setdefault("metadata", {})
-        wanted = meta.get("resourceVersion")
-        if wanted and wanted != current["metadata"]["resourceVersion"]:
-            raise conflict_error(kind, name, MODIFIED)
-        if meta.get("name") != name or (kind.namespaced and meta.get("namespace") != ns):
-            raise ApiError(
-                422, f'{kind.kind} "{name}" is invalid: metadata.name: Invalid value: field is immutable'
-            )
-        _keep_uid(kind, name, current=current, obj=patched)
-        self._admit(kind, ns, name)
-        return self._commit(kind, ns, name, current=current, obj=patched, dry_run=dry_run)
-
-    def _admit(self, kind: Kind, ns: str | None, name: str) -> None:
-        """A `deny_updates` denial, as k8s.io/apiserver's validating admission policy plugin builds it
-        (admission.NewForbidden, then the policy's reason and its code, the message as one cause)."""
-        denial = self._denials.get((kind.group, kind.resource, ns or ""))
-        if denial is None:
-            return
-        policy, message, reason = denial
-        why = f"ValidatingAdmissionPolicy '{policy}' with binding '{policy}' denied request: {message}"
-        code = next(c for c, r in REASONS.items() if r == reason)
-        raise ApiError(
-            code,
-            f'{kind.qualified} "{name}" is forbidden: {why}',
-            reason=reason,
-            kind=kind,
-            name=name,
-            causes=[{"message": why}],
-        )
-
-    def _commit(
-        self, kind: Kind, ns: str | None, name: str, *, current: JsonObj, obj: JsonObj, dry_run: bool
-    ) -> tuple[int, JsonObj]:
-        meta = obj["metadata"]
-        meta["uid"] = current["metadata"]["uid"]
-        meta["creationTimestamp"] = current["metadata"].get("creationTimestamp")
-        if kind.namespaced:
-            meta["namespace"] = ns
-        obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
-        default(kind, obj)
-        if not dry_run:
-            meta["resourceVersion"] = self._next_rv()
-            self._store(kind)[self._key(kind, ns, name)] = obj
-            self._emit(kind, "MODIFIED", obj, current)
-        return 200, self._with_type(kind, obj)
-
-
-def _keep_uid(kind: Kind, name: str, *, current: JsonObj, obj: JsonObj) -> None:
-    """An update's uid, as rest.BeforeUpdate and ValidateObjectMetaUpdate judge it before admission:
-    none given is the stored one; another one is a 422 (metadata.uid is immutable), so a write meant
-    for an earlier incarnation of a re-created object never lands on the new one."""
-    meta = obj["metadata"]
-    uid, stored = meta.get("uid"), current["metadata"]["uid"]
-    if not uid:
-        meta["uid"] = stored
-    elif uid != stored:
-        raise invalid_error(
-            kind.group, kind.kind, name, path="metadata.uid", value=json.dumps(uid), why="field is immutable"
-        )
-
 
 def _verb(method: str, name: str | None, query: Mapping[str, tuple[str, ...]]) -> str:
     """The verb the authorizer checks for an HTTP request (the API server's RequestInfo)."""
@@ -639,20 +427,6 @@ def _dry_run(query: Mapping[str, tuple[str, ...]]) -> bool:
         if value != "All":
             raise ApiError(400, f'Invalid dryRun: unsupported value "{value}" (only "All" is supported)')
     return bool(values)
-
-
-def _encode_continue(snapshot_id: int, offset: int) -> str:
-    raw = json.dumps({"v": "fake/v1", "id": snapshot_id, "start": offset}).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_continue(token: str) -> tuple[int, int]:
-    try:
-        padded = token + "=" * (-len(token) % 4)
-        data = json.loads(base64.urlsafe_b64decode(padded))
-        return int(data["id"]), int(data["start"])
-    except (ValueError, KeyError, TypeError):
-        raise ApiError(400, f"continue key is not valid: {token!r}") from None
 
 
 # --------------------------------------------------------------------------- fixture

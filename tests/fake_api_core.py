@@ -4,9 +4,9 @@
 module of its own (the classes it inherits from in tests/fake_api_*.py). Its constructor holds all the
 server's state: the objects by kind, the resourceVersion counter, the watch history, the list snapshots
 behind `continue` tokens, the request log and the faults, the authorizer's refusals, the admission
-denials and the kubelet stand-in's mode. Its methods are the steps every request shares: finding a kind,
-its store and an object, stamping a new object, moving the resourceVersion on, recording a change for
-watchers (`_emit`) and the authorizer's check.
+denials, the kubelet stand-in's mode and the HTTP server that serves it all. Its methods are the steps
+every request shares: finding a kind, its store and an object, stamping a new object, moving the
+resourceVersion on, recording a change for watchers (`_emit`) and the authorizer's check.
 
 This module must serve nothing itself (no HTTP, no verb, no helper for tests), and every change to a
 stored object goes through `_emit`: a change it does not see is a change every watch misses.

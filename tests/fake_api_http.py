@@ -9,7 +9,7 @@ lines) and answers JSON, an `ApiError` as its `Status`. `last` is a query parame
 API server reads a repeated one.
 
 This module must only carry requests and answers: it decides no answer itself (that is
-`FakeApiServer`'s), and keeps no state but the connection it serves.
+`FakeApiServer`'s), and the log and the faults are the server's to keep, under its lock.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The three patches of the fake API server, for tests only, applied as kube-apiserver applies them.
 
 `merge_patch` is RFC 7386 JSON merge patch; `strategic_merge_patch` is Kubernetes strategic merge patch
-for the built-in fields the fake serves (lists merged by their key where the API declares one, other lists
-replaced whole, `$patch`, `$deleteFromPrimitiveList`, `$setElementOrder` and `$retainKeys` as the API
-server reads them); `json_patch` is RFC 6902 JSON patch, a failing operation a 422. `apply_patch` picks
-one by the request's media type, refusing with a 415 what the resource does not take (a CRD's resources
-and their subresources take no strategic merge patch).
+for the built-in fields the fake serves (lists merged by their key where the API declares one, other
+lists replaced whole, `$patch` and `$deleteFromPrimitiveList` honoured, `$setElementOrder` and
+`$retainKeys` passed over); `json_patch` is RFC 6902 JSON patch, a failing operation a 422.
+`apply_patch` picks one by the request's media type, refusing with a 415 what the resource does not take
+(a CRD's resources and their subresources take no strategic merge patch).
 
 This module must only compute the patched document: whether it may be stored (its name, uid,
 resourceVersion, an admission policy) is the server's business, not this module's.

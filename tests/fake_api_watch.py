@@ -4,12 +4,12 @@
 authorizer before any byte is sent, then `_watch_events` yields the changes after the resourceVersion
 asked (or ADDED for every current object first), each judged by the label and field selectors on the
 object before and after the change (an object that stops matching is DELETED, one that starts matching
-ADDED), BOOKMARKs after 0.5 s of quiet, a 410 ERROR event for a compacted resourceVersion, and ends
-after `timeoutSeconds`. `drop_watches` cuts every open stream without its last chunk; `compact` forgets
-the history, as an etcd compaction.
+ADDED), BOOKMARKs (when asked for) after 0.5 s of quiet, a 410 ERROR event for a compacted
+resourceVersion, and ends after `timeoutSeconds`. `drop_watches` cuts every open stream without its last
+chunk; `compact` forgets the history, as an etcd compaction.
 
-This module must only read: a watch changes no object and no history, and it hears of exactly the
-changes `FakeApiCore._emit` recorded, in their order.
+This module must only read the objects: a watch changes none of them, and hears of exactly the changes
+`FakeApiCore._emit` recorded, in their order (`compact` only forgets them).
 """
 
 from __future__ import annotations

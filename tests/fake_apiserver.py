@@ -64,10 +64,22 @@ recorded (method, path, query, parsed body) so a test can assert, for example, t
 nothing; faults (a status code, a delay, a dropped connection) can be injected per path pattern for the
 next N matching requests (`watch=True` / `False`: only watch requests, or only the others).
 
-This module must stay a test double: no project code imports it, it never grows scheduling or
-controller behaviour (no ReplicaSet re-creating evicted pods, no disruption controller recomputing
-budgets; the kubelet stand-in only confirms terminating pods gone); tests change state through
-`add()` / `remove()` (at once, whatever the pod), `finish_terminating()` or the HTTP API.
+The fake is this module and its parts, one concern a module: tests/fake_api_kinds.py (the kinds served),
+tests/fake_api_errors.py (errors as `Status` objects), tests/fake_api_selectors.py and
+tests/fake_api_patches.py (selectors judged and patches applied as the API server does),
+tests/fake_api_http.py (the request log's entries, faults, the HTTP handler), tests/fake_api_core.py
+(the state and the steps every request shares) and the parts `FakeApiServer` inherits from:
+tests/fake_api_verbs.py (list, create, update, patch), tests/fake_api_deletes.py (deletes and
+evictions), tests/fake_api_scale.py (the scale subresource) and tests/fake_api_watch.py (watches);
+tests/fake_api_objects.py builds the objects tests load. This module keeps what tests hold: the server's
+lifecycle, its helpers for state, the request log, faults and authorization, the dispatch of each
+request to its part, and the `fake_apiserver` fixture; tests import what they use of the fake from here
+(`__all__`).
+
+This module and its parts must stay a test double: no project code imports them, they never grow
+scheduling or controller behaviour (no ReplicaSet re-creating evicted pods, no disruption controller
+recomputing budgets; the kubelet stand-in only confirms terminating pods gone); tests change state
+through `add()` / `remove()` (at once, whatever the pod), `finish_terminating()` or the HTTP API.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ from rebalancer.model import NO_TELEMETRY, Finding, GpuRequest, OwnerRef, Pod, T
 from rebalancer.policy import LoadedPolicy, parse_policy
 from rebalancer.sources.kube import ACTIVE_PODS, UNREAD_CONTROLLERS, KubeSource, KubeSourceError
 from rebalancer.sources.kube_lists import ClusterObjects
+from rebalancer.telemetry.series import Sample, Series
+from rebalancer.telemetry.windows import aggregate
 from rebalancer.workloads import resolve
 from tests.builders import NOW, gpu_sample, telemetry
 from tests.fake_apiserver import FakeApiServer, controller_json, node_json, pdb_json, pod_json
@@ -150,6 +152,37 @@ def test_restricted_namespaces(api: FakeApiServer, api_client: client.ApiClient)
     (finding,) = snap.findings
     assert finding.kind == "partial-cluster-view"
     assert "overstated" in finding.detail
+
+
+def test_restricted_namespaces_take_gpu_series_of_other_namespaces_as_labelled(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    # Listing only `web`, the view lacks ml/train-0: its busy GPU is held by that pod, not leaked. A
+    # series naming a pod of a listed namespace that is not there is still attributed to none.
+    _cluster(api)
+    times = [NOW.timestamp() - age for age in range(0, 1800, 60)]
+
+    def series(metric: str, value: float, namespace: str, pod: str) -> Series:
+        labels = {"Hostname": "gpu-1", "UUID": f"GPU-{pod}", "namespace": namespace, "pod": pod}
+        return Series(metric, labels, tuple(Sample(value, t) for t in times))
+
+    history = [
+        series(metric, value, namespace, pod)
+        for namespace, pod in (("ml", "train-0"), ("web", "gone-0"))
+        for metric, value in (("DCGM_FI_DEV_GPU_UTIL", 80.0), ("DCGM_FI_DEV_FB_USED", 60000.0))
+    ]
+    cfg = LOADED.policy.telemetry
+
+    def provider(now: datetime, pods: Mapping[tuple[str, str], Pod]) -> tuple[Telemetry, tuple[Finding, ...]]:
+        return aggregate(history, cfg, [1800], now, pods)
+
+    snap = _source(api_client, namespaces=["web"], telemetry=provider).snapshot(NOW)
+    window = snap.telemetry.window(1800)
+    assert window is not None
+    assert sorted((row.uuid, row.pod_key) for row in window.gpus) == [
+        ("GPU-gone-0", None),
+        ("GPU-train-0", ("ml", "train-0")),
+    ]
 
 
 def test_pod_on_an_unlisted_node_is_a_finding(api: FakeApiServer, api_client: client.ApiClient) -> None:

@@ -62,7 +62,10 @@ def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         dest="namespaces",
         action="append",
         metavar="NS",
-        help="only list pods of this namespace (repeatable; free capacity may then be overstated)",
+        help=(
+            "only list pods of this namespace (repeatable; free capacity may then be overstated, and GPU "
+            "series of other namespaces' pods are taken as their labels say)"
+        ),
     )
     scope.add_argument(
         "-A",

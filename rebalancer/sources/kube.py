@@ -70,6 +70,7 @@ from rebalancer.sources.kube_lists import (
 from rebalancer.sources.kube_objects import controller_from_json, split_unbound
 from rebalancer.sources.kube_pods import pod_from_json
 from rebalancer.sources.object_fields import ObjectError
+from rebalancer.telemetry.identity import PodsOfNamespaces
 from rebalancer.telemetry.windows import unknown_node_findings
 from rebalancer.wording import plural
 from rebalancer.workloads import KINDS, Kind, walks_to
@@ -178,7 +179,8 @@ class KubeSource:
                     kind="partial-cluster-view",
                     detail=(
                         f"pods listed only in namespaces {', '.join(self._namespaces)}: pods of other "
-                        "namespaces are not seen, so free node capacity may be overstated"
+                        "namespaces are not seen, so free node capacity may be overstated (their GPUs' "
+                        "series are taken as their pod labels say, never as held by no pod)"
                     ),
                 )
             )
@@ -197,8 +199,11 @@ class KubeSource:
         if problems:
             raise KubeSourceError(problems)
 
+        by_key = {p.key: p for p in kept}
         resolved, telemetry_findings = self._resolve_telemetry(
-            telemetry if telemetry is not None else self._telemetry, now, {p.key: p for p in kept}
+            telemetry if telemetry is not None else self._telemetry,
+            now,
+            by_key if self._namespaces is None else PodsOfNamespaces(by_key, self._namespaces),
         )
         findings.extend(telemetry_findings)
         if resolved.available:

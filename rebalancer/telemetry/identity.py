@@ -4,7 +4,8 @@ Owns the identity of series, shared by the snapshot-directory and the Prometheus
 
 - `identify`: labels -> `SeriesIdentity` (node, GPU UUID and index, model, MIG instance, pod) following
   the policy's `LabelMapping`; `attribute`: a pod label counts only if it names a pod of the cluster that
-  requests a GPU (the exporter's own pod does not); `group_key` / `fill_identity`: one row per group;
+  requests a GPU (the exporter's own pod does not), or a pod of a namespace the view does not list
+  (`PodsOfNamespaces`); `group_key` / `fill_identity`: one row per group;
 - `resolve_preset`: the metric names, scales and label names a `telemetry.preset` stands for, filled into
   the fields the policy leaves unset; `telemetry_metrics`: the metric names it reads, by role;
 - `is_valid_value`: NaN, infinities, negative values and DCGM's blank sentinels are not data;
@@ -30,6 +31,7 @@ __all__ = [
     "DCGM_INT64_BLANK",
     "PRESETS",
     "GroupKey",
+    "PodsOfNamespaces",
     "Role",
     "SeriesIdentity",
     "attribute",
@@ -125,10 +127,22 @@ def identify(labels: Mapping[str, str], mapping: LabelMapping) -> SeriesIdentity
     )
 
 
+class PodsOfNamespaces(dict[tuple[str, str], Pod]):
+    """The pods of a view that lists only `namespaces`: a series naming a pod of another namespace is
+    taken as labelled, since the view cannot tell it gone (its GPU is not read as held by no pod)."""
+
+    def __init__(self, pods: Mapping[tuple[str, str], Pod], namespaces: Iterable[str]) -> None:
+        super().__init__(pods)
+        self.namespaces = frozenset(namespaces)
+
+
 def attribute(identity: SeriesIdentity, pods: Mapping[tuple[str, str], Pod] | None) -> SeriesIdentity:
-    """Keep the pod only if it is a pod of the cluster that requests a GPU; `pods=None` trusts the labels."""
+    """Keep the pod only if it is a pod of the cluster that requests a GPU; `pods=None` trusts the labels,
+    and `PodsOfNamespaces` those of the namespaces it does not list."""
     key = identity.pod_key
     if key is None or pods is None:
+        return identity
+    if isinstance(pods, PodsOfNamespaces) and key[0] not in pods.namespaces:
         return identity
     pod = pods.get(key)
     if pod is None or not pod.uses_gpu:

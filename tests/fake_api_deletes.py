@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from tests.fake_api_core import FakeApiCore
 from tests.fake_api_errors import ApiError, conflict_error
@@ -63,7 +63,7 @@ class Deletes(FakeApiCore):
             pending = meta.get("deletionGracePeriodSeconds")
             if pending and (asked is None or asked >= pending):
                 return current  # graceful deletion pending: nothing changes
-            period = max(0, asked) if pending else 0
+            period = max(0, cast(int, asked)) if pending else 0  # pending: a shorter period was asked
             if period:  # shortened: the deadline moves as much earlier as the period
                 deadline = datetime.strptime(meta["deletionTimestamp"], TIME).replace(tzinfo=UTC) - timedelta(
                     seconds=pending - period
@@ -182,7 +182,7 @@ class Deletes(FakeApiCore):
         if found is None or any(found.get(k) != v for k, v in wanted.items()):
             # podutil.UpdatePodCondition: the transition time moves only when the status does.
             moved = found is None or found.get("status") != "True"
-            at = self._clock().strftime(TIME) if moved else found.get("lastTransitionTime")
+            at = self._clock().strftime(TIME) if moved or found is None else found.get("lastTransitionTime")
             if found is not None:
                 conditions.remove(found)
             conditions.append({**wanted, "lastTransitionTime": at})

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import pytest
 import urllib3
@@ -53,6 +53,23 @@ def _names(listing: dict[str, Any]) -> list[str]:
 def _body(error: ApiException) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(error.body or "{}")
     return data
+
+
+def _custom(answer: object) -> dict[str, Any]:
+    """What a CustomObjectsApi call answered (typed `object` by the client): the JSON object."""
+    assert isinstance(answer, dict)
+    return answer
+
+
+class _HasMetadata(Protocol):
+    @property
+    def metadata(self) -> client.V1ObjectMeta | None: ...
+
+
+def _meta(obj: _HasMetadata) -> client.V1ObjectMeta:
+    """A client model's metadata, which every object the server answers has."""
+    assert obj.metadata is not None
+    return obj.metadata
 
 
 def _eviction(
@@ -284,13 +301,13 @@ def test_an_update_may_not_change_the_uid_but_may_leave_it_out(
     replaced = copy.deepcopy(pod)
     replaced["metadata"]["uid"] = "uid-new"
     with pytest.raises(ApiException) as caught:
-        core.replace_namespaced_pod("p", "ml", replaced)
+        core.replace_namespaced_pod("p", "ml", client.V1Pod.model_validate(replaced))
     assert caught.value.status == 422
 
     unnamed = copy.deepcopy(pod)
     del unnamed["metadata"]["uid"]
     unnamed["metadata"]["labels"] = {"kept": "uid"}
-    core.replace_namespaced_pod("p", "ml", unnamed)
+    core.replace_namespaced_pod("p", "ml", client.V1Pod.model_validate(unnamed))
     core.patch_namespaced_pod("p", "ml", {"metadata": {"uid": "uid-old", "annotations": {"asked": "yes"}}})
     stored = api.pod("ml", "p")
     assert stored is not None
@@ -552,6 +569,7 @@ def test_a_not_ready_pods_failed_uid_precondition_is_a_429_to_retry(
     with pytest.raises(ApiException) as caught:
         _evict(core, "p", uid="uid-old")
     assert caught.value.status == 429
+    assert caught.value.headers is not None
     assert caught.value.headers["Retry-After"] == "10"
     assert _body(caught.value)["details"]["causes"] == [
         {
@@ -715,8 +733,9 @@ def test_controller_kinds_are_listed_read_created_and_deleted(api: FakeApiServer
         )
         assert "kind" not in listing["items"][0]
         (rs,) = apps.list_namespaced_replica_set("ml").items
-        assert rs.metadata.owner_references[0].kind == "Deployment"
-        assert [s.metadata.name for s in apps.list_stateful_set_for_all_namespaces().items] == ["nb"]
+        owners = _meta(rs).owner_references
+        assert owners is not None and owners[0].kind == "Deployment"
+        assert [_meta(s).name for s in apps.list_stateful_set_for_all_namespaces().items] == ["nb"]
         assert apps.list_namespaced_stateful_set("ml").items == []
         assert apps.read_namespaced_deployment("serve", "ml").spec.replicas == 2
         job = client.V1Job(
@@ -731,7 +750,7 @@ def test_controller_kinds_are_listed_read_created_and_deleted(api: FakeApiServer
             ),
         )
         batch.create_namespaced_job("ml", job)
-        assert [j.metadata.name for j in batch.list_job_for_all_namespaces().items] == ["nightly-1"]
+        assert [_meta(j).name for j in batch.list_job_for_all_namespaces().items] == ["nightly-1"]
         assert batch.read_namespaced_cron_job("nightly", "ml").spec.schedule == "0 2 * * *"
         batch.delete_namespaced_job("nightly-1", "ml")
         with pytest.raises(ApiException) as caught:
@@ -770,11 +789,13 @@ def test_custom_kinds_are_served_as_custom_resources(api: FakeApiServer) -> None
     api.add(controller_json("InferenceService", "llm", namespace="serving"))
     with api.api_client() as api_client:
         custom = client.CustomObjectsApi(api_client)
-        listing = custom.list_namespaced_custom_object("kubeflow.org", "v1", "ml", "notebooks")
+        listing = _custom(custom.list_namespaced_custom_object("kubeflow.org", "v1", "ml", "notebooks"))
         assert listing["kind"] == "NotebookList" and listing["apiVersion"] == "kubeflow.org/v1"
         # Unstructured list items keep their apiVersion and kind (typed Lists' do not).
         assert [(i["apiVersion"], i["kind"]) for i in listing["items"]] == [("kubeflow.org/v1", "Notebook")]
-        every = custom.list_cluster_custom_object("serving.kserve.io", "v1beta1", "inferenceservices")
+        every = _custom(
+            custom.list_cluster_custom_object("serving.kserve.io", "v1beta1", "inferenceservices")
+        )
         assert [i["metadata"]["namespace"] for i in every["items"]] == ["serving"]
 
         stop = {"metadata": {"annotations": {"kubeflow-resource-stopped": "2026-11-29T12:00:00Z"}}}
@@ -791,7 +812,9 @@ def test_custom_kinds_are_served_as_custom_resources(api: FakeApiServer) -> None
             _content_type="application/json-patch+json",
         )  # fmt: skip
 
-        current = custom.get_namespaced_custom_object("kubeflow.org", "v1", "ml", "notebooks", "alice")
+        current = _custom(
+            custom.get_namespaced_custom_object("kubeflow.org", "v1", "ml", "notebooks", "alice")
+        )
         unversioned = copy.deepcopy(current)
         del unversioned["metadata"]["resourceVersion"]
         with pytest.raises(ApiException) as unconditional:
@@ -853,6 +876,7 @@ def test_a_deployments_scale_is_read_and_patched(api: FakeApiServer) -> None:
         )
         assert api.writes()[-1].content_type == "application/json-patch+json"
     assert after_smp is not None and after_smp["spec"]["replicas"] == 0
+    assert scaled.spec is not None and scaled.metadata is not None
     assert (
         scaled.spec.replicas == 0
         and scaled.metadata.resource_version == after_smp["metadata"]["resourceVersion"]
@@ -880,6 +904,7 @@ def test_a_stale_scale_conflicts_and_an_unversioned_one_replaces(api: FakeApiSer
     with api.api_client() as api_client:
         apps = client.AppsV1Api(api_client)
         done = apps.replace_namespaced_stateful_set_scale("nb", "ml", scale(0, first))
+        assert done.metadata is not None and done.spec is not None
         second = done.metadata.resource_version
         assert second != first and done.spec.replicas == 0
         with pytest.raises(ApiException) as stale:
@@ -892,6 +917,7 @@ def test_a_stale_scale_conflicts_and_an_unversioned_one_replaces(api: FakeApiSer
         # No resourceVersion: the registry replaces whatever is there (deployments, statefulsets and
         # replicasets allow unconditional updates).
         unconditional = apps.replace_namespaced_stateful_set_scale("nb", "ml", scale(4, None))
+        assert unconditional.spec is not None and unconditional.metadata is not None
         assert unconditional.spec.replicas == 4 and unconditional.metadata.resource_version != second
     for caught in (stale, stale_patch):
         assert caught.value.status == 409
@@ -909,7 +935,7 @@ def test_the_scale_of_a_missing_parent_is_404(api: FakeApiServer) -> None:
     api.add(controller_json("Job", "train"))
     with api.api_client() as api_client:
         apps = client.AppsV1Api(api_client)
-        calls = [
+        calls: list[Callable[[], object]] = [
             lambda: apps.read_namespaced_deployment_scale("gone", "ml"),
             lambda: apps.patch_namespaced_deployment_scale("gone", "ml", {"spec": {"replicas": 0}}),
             lambda: apps.replace_namespaced_stateful_set_scale(
@@ -987,7 +1013,7 @@ def test_a_leaderworkersets_scale_is_its_crds(api: FakeApiServer) -> None:
     with api.api_client() as api_client:
         custom = client.CustomObjectsApi(api_client)
         args = ("leaderworkerset.x-k8s.io", "v1", "ml", "leaderworkersets", "lws")
-        scale = custom.get_namespaced_custom_object_scale(*args)
+        scale = _custom(custom.get_namespaced_custom_object_scale(*args))
         custom.patch_namespaced_custom_object_scale(*args, {"spec": {"replicas": 0}})
         assert api.writes()[-1].content_type == "application/merge-patch+json"
         with pytest.raises(ApiException) as strategic:
@@ -1009,6 +1035,7 @@ def test_a_dry_run_scale_changes_nothing(api: FakeApiServer) -> None:
         answer = client.AppsV1Api(api_client).patch_namespaced_deployment_scale(
             "serve", "ml", {"spec": {"replicas": 0}}, dry_run="All"
         )
+    assert answer.spec is not None
     assert answer.spec.replicas == 0
     assert api.get("Deployment", "serve", "ml") == stored
 
@@ -1037,7 +1064,7 @@ def test_a_missing_custom_kind_answers_404_on_every_path() -> None:
             api.add(controller_json("Notebook", "alice"))
         custom = client.CustomObjectsApi(api_client)
         group = ("kubeflow.org", "v1")
-        calls = [
+        calls: list[Callable[[], object]] = [
             lambda: custom.list_cluster_custom_object(*group, "notebooks"),
             lambda: custom.list_namespaced_custom_object(*group, "ml", "notebooks"),
             lambda: custom.get_namespaced_custom_object(*group, "ml", "notebooks", "alice"),
@@ -1059,7 +1086,8 @@ def test_a_missing_custom_kind_answers_404_on_every_path() -> None:
         api.forbid("list", "notebooks", "", group="kubeflow.org")
         with pytest.raises(ApiException) as forbidden:
             custom.list_cluster_custom_object(*group, "notebooks")
-        assert len(custom.list_cluster_custom_object("jobset.x-k8s.io", "v1alpha2", "jobsets")["items"]) == 1
+        jobsets = _custom(custom.list_cluster_custom_object("jobset.x-k8s.io", "v1alpha2", "jobsets"))
+        assert len(jobsets["items"]) == 1
     assert all(b["message"] == "the server could not find the requested resource" for b in bodies)
     assert all(b["reason"] == "NotFound" for b in bodies)
     assert forbidden.value.status == 403

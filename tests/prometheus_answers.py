@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeVar, cast
 
 from rebalancer.policy import TelemetryConfig
 from rebalancer.sources.prometheus_plan import query_plan
@@ -22,6 +23,9 @@ from tests.builders import NOW
 
 Answer = tuple[int, bytes]
 Samples = Sequence[tuple[Mapping[str, str], float]]
+# A table's key: (aggregate, metric), or (aggregate, metric, window).
+PlanKey = tuple[str, str] | tuple[str, str, int]
+_Key = TypeVar("_Key", bound=PlanKey)
 UTIL, USED, FREE = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
 
 
@@ -42,19 +46,21 @@ def vector(samples: Samples, at: float | None = None) -> Answer:
 
 
 def plan_responder(
-    table: Mapping[tuple[str, str] | tuple[str, str, int], Samples],
+    table: Mapping[_Key, Samples],
     cfg: TelemetryConfig | None = None,
     windows: Iterable[int] = (1800,),
 ) -> Callable[[dict[str, str]], Answer]:
     """Answers each query of the plan with the table's samples for what it asks (see the module)."""
     plan = {q.expr: q for q in query_plan(cfg or TelemetryConfig(), windows)}
+    # Only read: a table of either kind of key is looked up by both.
+    lookup = cast(Mapping[PlanKey, Samples], table)
 
     def respond(params: dict[str, str]) -> Answer:
         query = plan.get(params.get("query", ""))
         if query is None:
             return vector([])
-        if query.window is not None and (query.aggregate, query.metric, query.window) in table:
-            return vector(table[(query.aggregate, query.metric, query.window)])
-        return vector(table.get((query.aggregate, query.metric), []))
+        if query.window is not None and (query.aggregate, query.metric, query.window) in lookup:
+            return vector(lookup[(query.aggregate, query.metric, query.window)])
+        return vector(lookup.get((query.aggregate, query.metric), []))
 
     return respond

@@ -481,6 +481,7 @@ def test_only_the_gpus_of_late_series_are_looked_up_beyond_the_lookback(
     window = telemetry.window(1800)
     assert window is not None
     newest = {row.pod_name: row.newest_sample for row in window.gpus}
+    assert newest["stalled-0"] is not None
     assert NOW - newest["stalled-0"] < timedelta(minutes=8, seconds=STEP)
     assert NOW - newest["stalled-0"] >= timedelta(minutes=8)
 

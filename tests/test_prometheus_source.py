@@ -13,7 +13,7 @@ import ssl
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -211,7 +211,12 @@ def test_the_late_query_s_uuid_regex_is_a_promql_string_that_matches_exactly_its
 def test_the_late_query_needs_uuids() -> None:
     """No UUID to look up is the caller's to check (it sends no query then): an empty query is no
     answer. A UUID label given no values selects nothing rather than every series without it."""
-    for nothing in ({}, {"UUID": set()}, {"UUID": set(), "uuid": frozenset()}):
+    nothings: tuple[Mapping[str, Collection[str]], ...] = (
+        {},
+        {"UUID": set()},
+        {"UUID": set(), "uuid": frozenset()},
+    )
+    for nothing in nothings:
         with pytest.raises(ValueError, match="no UUID"):
             late_query(TelemetryConfig(), [3600], nothing)
     expr = late_query(TelemetryConfig(), [3600], {"UUID": {"GPU-a"}, "uuid": set()})

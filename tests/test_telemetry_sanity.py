@@ -7,7 +7,7 @@ strategies on what the source gives: no idle-gpu finding or eviction, no consoli
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import pytest
@@ -125,7 +125,7 @@ def test_scrape_interval_is_a_telemetry_setting_with_the_exporter_charts_default
 # --------------------------------------------------------------------------- through the live source
 
 
-def answers(util: dict[tuple[str, str], Samples]) -> Callable[[dict[str, str]], Answer]:
+def answers(util: Mapping[tuple[str, str], Samples]) -> Callable[[dict[str, str]], Answer]:
     """A responder: the given utilisation aggregates, and fresh framebuffer data for both GPUs."""
     t0 = NOW.timestamp()
     return plan_responder(

@@ -24,7 +24,7 @@ import freezegun
 import pytest
 from kubernetes import client
 
-from rebalancer.telemetry import exposition
+from rebalancer.telemetry import exposition, exposition_documents
 from tests.exposition_differential import checking_documents
 from tests.fake_apiserver import FakeApiServer
 
@@ -34,7 +34,7 @@ freezegun.configure(extend_ignore_list=["kubernetes"])
 @pytest.fixture(autouse=True, scope="session")
 def _expositions_read_as_prometheus_client_reads_them() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(exposition, "documents", checking_documents(exposition.documents))
+        patch.setattr(exposition, "documents", checking_documents(exposition_documents.documents))
         yield
 
 

@@ -394,7 +394,8 @@ def test_the_deployment_runs_two_replicas_in_dry_run_first() -> None:
 
 def _run_parser() -> argparse.ArgumentParser:
     """The parser of `rebalancer run`: the CLI's once it has the subcommand, else the daemon's options."""
-    from rebalancer import cli, daemon
+    from rebalancer import cli
+    from rebalancer.daemon.args import add_run_arguments
 
     parser = cli.build_parser()
     subcommands = next((a.choices for a in parser._actions if isinstance(a.choices, dict)), {})
@@ -402,7 +403,7 @@ def _run_parser() -> argparse.ArgumentParser:
         return parser
     standalone = argparse.ArgumentParser(prog="rebalancer")
     sub = standalone.add_subparsers(dest="command", required=True)
-    daemon.add_run_arguments(sub.add_parser("run"))
+    add_run_arguments(sub.add_parser("run"))
     return standalone
 
 

@@ -16,8 +16,8 @@ from rebalancer.kube_evictor import (
     REASON_ANNOTATION,
     REQUESTED_BY_ANNOTATION,
     KubeEvictor,
-    exponential_backoff,
 )
+from rebalancer.kubeapi import exponential_backoff
 from rebalancer.model import Decision, Outcome, Pod, Proposal, ProposalKind
 from rebalancer.node_marks import DRAINING_TAINT_KEY, DryRunTainter, KubeTainter, NodeTainter, TaintChange
 from rebalancer.policy import parse_policy

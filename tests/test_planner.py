@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 
+from rebalancer.history import DisruptionHistory
 from rebalancer.model import (
     Decision,
     DestinationRule,
@@ -19,7 +20,7 @@ from rebalancer.model import (
     ProposalKind,
     Snapshot,
 )
-from rebalancer.planner import DisruptionHistory, Ledger, history_refusal, plan
+from rebalancer.planner import Ledger, history_refusal, plan
 from rebalancer.policy import GuardsConfig, LimitsConfig, Policy
 from tests.builders import NOW, node, pdb, pod, snapshot
 

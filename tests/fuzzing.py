@@ -2337,7 +2337,7 @@ def exposition_texts(draw: st.DrawFn) -> tuple[str, bool]:
                     parts.append('# {trace_id="abc"} 1.0')
                 lines.append(" ".join(parts))
         if draw(st.integers(0, 9)) == 0:
-            extra = ("# a comment", "#") if not openmetrics else ()
+            extra: tuple[str, ...] = ("# a comment", "#") if not openmetrics else ()
             extra += ("", "# TYPE", "  ", "# HELP") if wild else ()
             if extra:
                 lines.append(draw(st.sampled_from(extra)))

@@ -22,9 +22,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import celpy  # type: ignore[import-untyped]
+import celpy
 import pytest
 import yaml
+from celpy.adapter import json_to_cel
+from celpy.evaluation import CELEvalError
 from kubernetes import client
 
 from rebalancer.actuator import DRAINING_SINCE_ANNOTATION
@@ -33,7 +35,7 @@ from rebalancer.guards import (
     CHECKPOINT_DONE_ANNOTATION,
     EVICTION_REQUESTED_AT_ANNOTATION,
 )
-from rebalancer.model import Decision, Proposal, WorkloadAction
+from rebalancer.model import Decision, Proposal, ReclaimHow, WorkloadAction, WorkloadVerb
 from rebalancer.node_marks import DRAINING_TAINT_KEY, KubeTainter
 from rebalancer.reclaim import WorkloadWriter
 from rebalancer.workloads import IDLE_SINCE, KINDS, SCALED_DOWN_FROM, SNOOZE_UNTIL
@@ -84,15 +86,15 @@ class AdmissionPolicy:
     def _run(program: Any, activation: Mapping[str, Any]) -> Any:
         try:
             return program.evaluate(dict(activation))
-        except celpy.CELEvalError as exc:
+        except CELEvalError as exc:
             raise CelError(str(exc)) from exc
 
     def _activation(self, old: Obj, new: Obj, username: str) -> dict[str, Any]:
         request = {"operation": "UPDATE", "userInfo": {"username": username}}
         return {
-            "object": celpy.json_to_cel(new),
-            "oldObject": celpy.json_to_cel(old),
-            "request": celpy.json_to_cel(request),
+            "object": json_to_cel(new),
+            "oldObject": json_to_cel(old),
+            "request": json_to_cel(request),
         }
 
     def applies(self, old: Obj, new: Obj, username: str = USERNAME) -> bool:
@@ -448,11 +450,11 @@ def _workload_change(
     return before, seen
 
 
-def _reclaim(how: str, verb: str, kind: str) -> Decision:
+def _reclaim(how: ReclaimHow, verb: WorkloadVerb, kind: str) -> Decision:
     pod = builders.pod("w-0", "gpu-1")
     action = WorkloadAction(
         verb=verb, workload=("ml", kind, "top"), controller=None, how=how if verb == "reclaim" else None
-    )  # type: ignore[arg-type]
+    )
     proposal = Proposal(strategy="idle-gpu", kind="workload", pods=(pod,), reason="idle", action=action)
     return Decision(proposal=proposal, approved=True)
 
@@ -469,7 +471,7 @@ def _reclaim(how: str, verb: str, kind: str) -> Decision:
     ],
 )
 def test_every_workload_write_of_the_reclaim_is_admitted(
-    api: FakeApiServer, api_client: client.ApiClient, kind: str, api_version: str, how: str
+    api: FakeApiServer, api_client: client.ApiClient, kind: str, api_version: str, how: ReclaimHow
 ) -> None:
     scalable = how == "scale"
     api.add(
@@ -499,7 +501,7 @@ def _deployment(annotations: Mapping[str, str] | None = None) -> Obj:
     return deployment
 
 
-def _annotate(changes: Mapping[str, str | None]) -> Callable[[Obj], object]:
+def _merge_annotations(changes: Mapping[str, str | None]) -> Callable[[Obj], object]:
     def edit(obj: Obj) -> None:
         obj.update(merge_patch(obj, {"metadata": {"annotations": dict(changes)}}))
 
@@ -513,7 +515,7 @@ def _set_template_image(obj: Obj) -> None:
 WORKLOAD_CASES: dict[str, tuple[Obj, Callable[[Obj], object], list[str]]] = {
     "record a reclaim": (
         _deployment({IDLE_SINCE: "t"}),
-        _annotate({IDLE_SINCE: None, SCALED_DOWN_FROM: "2"}),
+        _merge_annotations({IDLE_SINCE: None, SCALED_DOWN_FROM: "2"}),
         [],
     ),
     "suspend": (_deployment(), lambda d: d["spec"].update(suspend=True), []),
@@ -526,12 +528,12 @@ WORKLOAD_CASES: dict[str, tuple[Obj, Callable[[Obj], object], list[str]]] = {
     "change a label": (_deployment(), lambda d: d["metadata"]["labels"].update(app="x"), [WORKLOAD_METADATA]),
     "snooze for the owner": (
         _deployment({IDLE_SINCE: "t"}),
-        _annotate({SNOOZE_UNTIL: "2099-01-01T00:00:00Z"}),
+        _merge_annotations({SNOOZE_UNTIL: "2099-01-01T00:00:00Z"}),
         [WORKLOAD_ANNOTATIONS],
     ),
     "remove the owner's snooze": (
         _deployment({SNOOZE_UNTIL: "2099-01-01T00:00:00Z"}),
-        _annotate({SNOOZE_UNTIL: None}),
+        _merge_annotations({SNOOZE_UNTIL: None}),
         [WORKLOAD_ANNOTATIONS],
     ),
 }

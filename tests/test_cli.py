@@ -77,7 +77,9 @@ def test_the_demo_reclaims_the_idle_notebook_by_scaling_its_statefulset(
     assert (alice["action"], alice["outcome"]) == ("reclaim", "would-scale")
     assert alice["workload"] == "notebooks/StatefulSet/alice-llm-playground"
     assert (bob["action"], bob["blocked_by"]) == ("skip", "opt-out")
-    [notice] = demo_report["workload_actions"]  # type: ignore[misc]
+    workload_actions = demo_report["workload_actions"]
+    assert isinstance(workload_actions, list)
+    [notice] = workload_actions
     assert notice["workload"] == "notebooks/StatefulSet/alice-llm-playground"
     assert "would be scaled to 0 replicas" in notice["message"]
     summary = demo_report["summary"]
@@ -102,7 +104,9 @@ def test_demo_shows_every_strategy_and_the_safety_refusals(demo_report: dict[str
 
 
 def test_demo_consolidation_targets_never_a_freed_node(demo_report: dict[str, object]) -> None:
-    freed = set(demo_report["freed_nodes"])  # type: ignore[arg-type]
+    freed_nodes = demo_report["freed_nodes"]
+    assert isinstance(freed_nodes, list)
+    freed = set(freed_nodes)
     decisions = demo_report["decisions"]
     assert isinstance(decisions, list)
     assert freed
@@ -265,7 +269,12 @@ def test_one_shot_commands_pause_the_collector_and_give_it_back_in_process() -> 
 
     seen: list[bool] = []
     args = build_parser().parse_args(["version"])
-    args.func = lambda _args: seen.append(gc.isenabled()) or 0
+
+    def record(_args: object) -> int:
+        seen.append(gc.isenabled())
+        return 0
+
+    args.func = record
     assert gc.isenabled()
     assert _run_command(args, whole_process=False) == 0
     assert seen == [False] and gc.isenabled()  # paused for the call, given back after it
@@ -283,7 +292,8 @@ def test_a_one_shot_process_freezes_its_heap_so_the_exit_collection_skips_it() -
     out of it; the process frees its memory by exiting."""
     import gc
 
-    from rebalancer.cli import Problems, _run_command, build_parser
+    from rebalancer.cli import _run_command, build_parser
+    from rebalancer.errors import Problems
 
     args = build_parser().parse_args(["version"])
     try:

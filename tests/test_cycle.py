@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import timedelta
 
 import pytest
 
 from rebalancer.cycle import assemble_report, evaluate, execute, propose, run_cycle
 from rebalancer.cycle_report import CycleReport
-from rebalancer.evictor import DryRunEvictor
+from rebalancer.evictor import DryRunEvictor, UnframedEvictor
 from rebalancer.history import DisruptionHistory, Workload
-from rebalancer.model import Decision, Outcome, OwnerRef, Snapshot
+from rebalancer.model import Decision, Mode, Outcome, OwnerRef, Snapshot
 from rebalancer.policy import LoadedPolicy, parse_policy
 from rebalancer.report import render, to_dict
 from tests.builders import A100, H100, NOW, gpu_sample, node, pdb, pod, snapshot, telemetry
@@ -19,7 +20,7 @@ from tests.builders import A100, H100, NOW, gpu_sample, node, pdb, pod, snapshot
 AFFINITY_TO_H100 = {"nvidia.com/gpu.product": H100}
 
 
-def policy(doc: dict[str, object]) -> LoadedPolicy:
+def policy(doc: Mapping[str, object]) -> LoadedPolicy:
     return parse_policy(doc)
 
 
@@ -60,7 +61,10 @@ def test_a_freed_node_is_reported_with_gpus_and_savings() -> None:
 
 
 def test_savings_are_null_without_prices() -> None:
-    doc = {**CONSOLIDATE_BY_ALLOCATION, "prices": {"per_gpu_hour": {}, "default_per_gpu_hour": None}}
+    doc: dict[str, object] = {
+        **CONSOLIDATE_BY_ALLOCATION,
+        "prices": {"per_gpu_hour": {}, "default_per_gpu_hour": None},
+    }
     report = run_cycle(consolidation_cluster(), policy(doc), DryRunEvictor())
     assert report.summary.nodes_freed == 1
     assert report.summary.estimated_savings_per_hour is None
@@ -241,10 +245,10 @@ def test_a_failing_sink_does_not_fail_the_cycle_or_starve_other_sinks() -> None:
     assert errors == ["FailingSink: receiver down"]
 
 
-class PartialEvictor:
+class PartialEvictor(UnframedEvictor):
     """Evicts the first pod of a decision, then reports the PDB said no."""
 
-    mode = "live"
+    mode: Mode = "live"
 
     def evict(self, decision: Decision) -> tuple[Outcome, ...]:
         first, *rest = decision.proposal.pods

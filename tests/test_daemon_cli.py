@@ -410,7 +410,8 @@ def test_allow_service_account_token_reaches_the_prometheus_source(
         prometheus_url=args.prometheus_url,
         allow_service_account_token=args.allow_service_account_token,
     )
-    assert source(NOW, parse_policy({})) == "snapshot"
+    taken: object = source(NOW, parse_policy({}))  # NoCluster's string, not a Snapshot
+    assert taken == "snapshot"
     [kwargs] = built
     assert kwargs["allow_service_account_token"] is allowed
     assert kwargs["prometheus"].url == "http://127.0.0.1:9090"

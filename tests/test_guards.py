@@ -8,7 +8,7 @@ import pytest
 
 from rebalancer import guards
 from rebalancer.guards import GUARD_NAMES, POD_GUARD_NAMES, node_refusal, pod_refusal
-from rebalancer.model import OwnerRef, Pod, Volume
+from rebalancer.model import OwnerRef, Pod, Snapshot, Volume
 from rebalancer.policy import GuardsConfig, LabelSelectorConfig, NamespaceFilter
 from rebalancer.registry import Refusal, StrategyContext
 from tests.builders import NOW, node, pod, snapshot
@@ -377,8 +377,12 @@ def test_first_refusal_is_pod_refusal_on_each_pod_in_order(later: timedelta) -> 
         rest = pods[start:]
         expected = next(((p, r) for p in rest if (r := pod_refusal(p, snap, DEFAULT)) is not None), None)
         assert guards.first_refusal(rest, snap, DEFAULT) == expected
+
         # A context without the orchestrator's one-loop check asks `refusal` pod by pod: the same.
-        ctx = StrategyContext(refusal=lambda p, snap=snap: pod_refusal(p, snap, DEFAULT))
+        def refusal(p: Pod, snap: Snapshot = snap) -> Refusal | None:
+            return pod_refusal(p, snap, DEFAULT)
+
+        ctx = StrategyContext(refusal=refusal)
         assert ctx.first_refusal(rest) == expected
 
 

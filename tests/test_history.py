@@ -13,7 +13,7 @@ from rebalancer.cycle_report import NodeFacts
 from rebalancer.evictor import DryRunEvictor
 from rebalancer.history import NO_HISTORY, DisruptionHistory, EvictionRecord, Memory, Workload
 from rebalancer.history_circuit import open_circuits
-from rebalancer.model import Decision, Finding, Outcome, Proposal
+from rebalancer.model import Decision, Finding, Outcome, Pod, Proposal, ProposalKind
 from rebalancer.planner import plan
 from rebalancer.policy import parse_policy
 from tests.builders import A100, H100, NOW, gpu_sample, node, pod, snapshot, telemetry
@@ -34,14 +34,14 @@ RELAXED = parse_policy(
 )
 
 
-def _decision(*pods: object, kind: str = "pod", node: str | None = None) -> Decision:
+def _decision(*pods: Pod, kind: ProposalKind = "pod", node: str | None = None) -> Decision:
     proposal = Proposal(
         strategy="x",
         kind=kind,
         pods=pods,
         reason="r",
         node=node,
-        nodes_freed=(node,) if node else (),  # type: ignore[arg-type]
+        nodes_freed=(node,) if node else (),
     )
     return Decision(proposal=proposal, approved=True)
 

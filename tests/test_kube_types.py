@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -34,10 +35,11 @@ DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo-cluster"
 def _both(kind: str, obj: dict[str, Any]) -> tuple[Model | str, Model | str]:
     """The model (or the error's text) from the object's JSON bytes and from the decoded mapping."""
     results: list[Model | str] = []
-    for read in (
+    reads: tuple[Callable[[], Model], ...] = (
         lambda: model_from_bytes(kind, json.dumps(obj).encode(), gangs=GANGS, sharing=SHARING),
         lambda: model_from_json(kind, obj, gangs=GANGS, sharing=SHARING),
-    ):
+    )
+    for read in reads:
         try:
             results.append(read())
         except ObjectError as exc:

@@ -12,8 +12,6 @@ the candidates, the rankings and the packed scheduler's choices must be those of
 
 from __future__ import annotations
 
-from typing import Any
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -150,10 +148,12 @@ def histories(draw: st.DrawFn) -> list[Snapshot]:
     return steps
 
 
-def _accounting(built: Any) -> tuple[dict[str, tuple[object, ...]], dict[tuple[str, str], str]]:
+def _accounting(
+    built: snapshot_accounting.Built,
+) -> tuple[dict[str, tuple[object, ...]], dict[tuple[str, str], str]]:
     """Everything a build holds of each node, orders included (what `free` and `holdings` list, and
     the keys accounted), and where each pod is accounted."""
-    nodes = {
+    nodes: dict[str, tuple[object, ...]] = {
         name: (
             state.node,
             list(state.free.items()),
@@ -174,17 +174,17 @@ def _scratch(snap: Snapshot) -> ClusterState:
     return ClusterState(built, dict(built.nodes), moves={}, cordoned=set(), changed=set())
 
 
-def _write(state: ClusterState, snap: Snapshot, draw: st.DrawFn) -> None:
+def _write(state: ClusterState, snap: Snapshot, data: st.DataObject) -> None:
     """Reserve, move and remove pods and cordon nodes on a state: none of it may reach the shared build."""
     names = sorted(snap.nodes)
-    for probe in PROBES[: draw(st.integers(0, len(PROBES)))]:
+    for probe in PROBES[: data.draw(st.integers(0, len(PROBES)))]:
         best = state.best_node(probe)
         if best is not None:
             state.place(probe, best)
-    for p in snap.pods[: draw(st.integers(0, 3))]:
+    for p in snap.pods[: data.draw(st.integers(0, 3))]:
         state.remove(p)
-    if names and draw(st.booleans()):
-        state.cordon(draw(st.sampled_from(names)))
+    if bool(names) and data.draw(st.booleans()):  # bool(): else the draw is typed as the list
+        state.cordon(data.draw(st.sampled_from(names)))
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -204,8 +204,8 @@ def test_the_accounting_built_from_the_last_one_equals_one_built_from_scratch(
         built, fresh = state._built, scratch._built
         assert built.static_candidates == fresh.static_candidates
         assert built.rankings == fresh.rankings
-        _write(state.copy(), snap, data.draw)
-        _write(state, snap, data.draw)
+        _write(state.copy(), snap, data)
+        _write(state, snap, data)
     # Written states never changed the build they share: it still equals a build from scratch.
     assert _accounting(ClusterState.from_snapshot(steps[-1])._built) == _accounting(
         _scratch(steps[-1])._built

@@ -246,7 +246,7 @@ def _cluster(api: FakeApiServer) -> None:
     workloads += [("Deployment", "serve", None), ("ReplicaSet", "batch-5f", None)]
     for kind, name, owner in workloads:
         api.add(controller_json(kind, name, namespace=TEAM, owner=owner))
-    for name, gpus, kind, owner, version in (
+    for name, gpus, kind, owner_name, version in (
         ("alice-0", 1, "StatefulSet", "alice", "apps/v1"),
         ("lws-0", 1, "StatefulSet", "lws", "apps/v1"),
         ("lws-0-1", 1, "StatefulSet", "lws-0", "apps/v1"),
@@ -260,7 +260,7 @@ def _cluster(api: FakeApiServer) -> None:
                 namespace=TEAM,
                 gpus=gpus,
                 owner_kind=kind,
-                owner_name=owner,
+                owner_name=owner_name,
                 owner_api_version=version,
             )
         )
@@ -371,7 +371,7 @@ def _reclaim_every_kind(api_client: client.ApiClient) -> None:
     for kind, name, how in _RECLAIMED:
         told = WorkloadAction(verb="notify", workload=(TEAM, kind, name), controller=None)
         carry_out(told)
-        carry_out(replace(told, verb="reclaim", how=how))  # type: ignore[arg-type]
+        carry_out(replace(told, verb="reclaim", how=how))
     busy = WorkloadAction(verb="notify", workload=(TEAM, "Deployment", "llm-predictor"), controller=None)
     carry_out(busy)
     carry_out(replace(busy, verb="clear"))

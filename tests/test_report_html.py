@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -186,7 +187,7 @@ def _report(**changes: object) -> CycleReport:
             NodeGpus("b", "NVIDIA-L4", None, (GpuCell("0", "busy", ("ml/q",)), GpuCell("1", "free"))),
         ),
     )
-    return replace(base, **changes)  # type: ignore[arg-type]
+    return replace(base, **changes)
 
 
 def test_the_moved_pod_lands_on_its_target_and_the_freed_node_is_empty() -> None:
@@ -277,7 +278,8 @@ def test_once_output_html_draws_every_gpu_node_of_the_demo(capsys: pytest.Captur
     assert len(before) == 12
     assert len(dom.having("rect", class_="gpu")) == 2 * 84
     freed = [row["data-node"] for row in dom.having("g", class_="after") if row["data-freed"] == "true"]
-    assert sorted(freed) == ["a100-a-2", "a100-b-2"]
+    # Every node row is written with its data-node value.
+    assert sorted(cast("list[str]", freed)) == ["a100-a-2", "a100-b-2"]
     moves = {(m["data-from"], m["data-to"]) for m in dom.having("path", class_="move")}
     assert ("a100-a-2", "a100-b-1") in moves and ("a100-b-1", "h100-b-1") in moves
     assert len(dom.having("rect", class_="gpu-leaked")) == 2  # l4-a-1 GPU 3, before and after

@@ -34,7 +34,7 @@ def evidence(**changes: object) -> Evidence:
         p95_utilization_percent=60.0,
         samples=2000,
     )
-    return replace(base, **changes)  # type: ignore[arg-type]
+    return replace(base, **changes)
 
 
 def test_fits_a_cheaper_model_present_in_the_cluster() -> None:

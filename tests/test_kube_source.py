@@ -172,6 +172,7 @@ def test_restricted_namespaces_take_gpu_series_of_other_namespaces_as_labelled(
         for metric, value in (("DCGM_FI_DEV_GPU_UTIL", 80.0), ("DCGM_FI_DEV_FB_USED", 60000.0))
     ]
     cfg = LOADED.policy.telemetry
+    assert cfg is not None
 
     def provider(now: datetime, pods: Mapping[tuple[str, str], Pod]) -> tuple[Telemetry, tuple[Finding, ...]]:
         return aggregate(history, cfg, [1800], now, pods)

@@ -5,7 +5,9 @@ built models, so the kubernetes package is excluded from its patching.
 
 `api` (an empty fake API server, over real HTTP) and `api_client` (a client of it) are shared by every
 test module that talks to a cluster; a module that needs the server pre-filled defines its own `api`.
-`scale` is bench/scale.py, the benchmark's cluster generator, loaded as a module.
+`scale` is bench/scale.py, the benchmark's cluster generator, loaded as a module. `frozen_heap` is for
+tests that time a lease's margins in fractions of a second: late in a whole run the heap is large, and a
+full collection in the middle of the timed window (not what is being tested) would eat the margin.
 
 Every exposition document any test reads in-process, and that the exposition reader reads itself instead
 of handing it to prometheus_client, is also read by prometheus_client and the two compared
@@ -14,6 +16,7 @@ of handing it to prometheus_client, is also read by prometheus_client and the tw
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import sys
 from collections.abc import Iterator
@@ -48,6 +51,18 @@ def api() -> Iterator[FakeApiServer]:
 def api_client(api: FakeApiServer) -> Iterator[client.ApiClient]:
     with api.api_client() as api_client:
         yield api_client
+
+
+@pytest.fixture
+def frozen_heap() -> Iterator[None]:
+    """The heap so far collected once and frozen (as the one-shot commands do), so that collections during
+    the test only visit what it allocates; unfrozen after."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @pytest.fixture(scope="session")

@@ -178,6 +178,7 @@ def test_a_graceful_stop_releases_the_lease_at_once(
     assert took < DURATION / 2
 
 
+@pytest.mark.usefixtures("frozen_heap")
 def test_a_leader_that_cannot_renew_stops_evicting_before_anyone_can_take_over(
     api: FakeApiServer, replicas: Callable[[str], Replica]
 ) -> None:

@@ -134,6 +134,7 @@ def test_every_new_holder_gets_a_larger_term_even_after_a_release(api: FakeApiSe
 # --------------------------------------------------------------------------- the partial partition
 
 
+@pytest.mark.usefixtures("frozen_heap")
 def test_a_partitioned_leader_stops_mid_drain_before_the_standby_can_lead(api: FakeApiServer) -> None:
     """The leader's Lease requests fail while its evictions still go through: it stops writing, even in
     the middle of a node drain, before the standby can take the Lease, and the rest is not attempted."""

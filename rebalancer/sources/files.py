@@ -302,6 +302,10 @@ def _load_snapshot_dir(
 
     pods, unbound = split_unbound(out.pods.values(), out.nodes, missing_from="the snapshot")
     findings.extend(unbound)
+    # No pod on the snapshot's nodes (every real node runs some): the pods were left out, so the exporter's
+    # pod labels are taken as they are (None), not read as pods gone (their GPUs as leaked). No Pod
+    # object at all is also said in a finding.
+    attribution = {p.key: p for p in pods} if pods else None
     if out.nodes and not out.pods:
         findings.append(Finding(kind="partial-cluster-view", detail=NO_POD_OBJECTS))
 
@@ -336,7 +340,7 @@ def _load_snapshot_dir(
             if out.problems:
                 raise SnapshotError(out.problems)
         telemetry, raw_findings, computed = _raw_telemetry(
-            series, metric_files, cfg, windows=windows, now=now, pods=pods
+            series, metric_files, cfg, windows=windows, now=now, pods=pods, attribution=attribution
         )
         findings.extend(raw_findings)
         findings.extend(unknown_node_findings(telemetry, out.nodes))
@@ -373,17 +377,16 @@ def _raw_telemetry(
     windows: frozenset[int],
     now: datetime,
     pods: Sequence[Pod],
+    attribution: Mapping[tuple[str, str], Pod] | None,
 ) -> tuple[Telemetry, tuple[Finding, ...], Aggregates | None]:
-    """Telemetry aggregated from the raw history, and the same as the rows a snapshot may carry."""
+    """Telemetry aggregated from the raw history (series attributed to the pods of `attribution`, or
+    labelled as they are when None), and the same as the rows a snapshot may carry."""
     if not series:
         wanted = telemetry_metrics(cfg)
         where = f"{len(metric_files)} metric files" if metric_files else "no .prom / .om files"
         problem = f"no DCGM series in snapshot (looked for {', '.join(wanted)}: {where})"
         return Telemetry(available=False, problem=problem), (), None
-    # No Pod objects at all (every real node runs some): the pods were left out of the snapshot, so the
-    # exporter's pod labels are taken as they are, not read as pods gone (their GPUs as leaked).
-    by_key = {p.key: p for p in pods} if pods else None
-    telemetry, findings = aggregate(_handed_over(series), cfg, windows, now, by_key)
+    telemetry, findings = aggregate(_handed_over(series), cfg, windows, now, attribution)
     if not telemetry.available:
         return telemetry, findings, None
     return telemetry, findings, aggregates_of(telemetry, findings, now=now, cfg=cfg, pods=pods)

@@ -3,9 +3,10 @@
 
     .venv/bin/python bench/kube_cache.py --nodes 500 1000 [--repeat 3] [--reads 5] [--seed 1]
 
-For each size, bench/scale.py's synthetic cluster (its `generate`, with one DCGM sample a series: only
-the nodes, pods and PDBs are used) is loaded into the fake API server of tests/fake_apiserver.py,
-served over real HTTP from a process of its own, so the client's CPU time is the rebalancer's alone.
+For each size, the scale benchmark's synthetic cluster (bench/scale_population.py's `generate`, with one
+DCGM sample a series: only the nodes, pods and PDBs are used) is loaded into the fake API server of
+tests/fake_apiserver.py, served over real HTTP from a process of its own, so the client's CPU time is the
+rebalancer's alone.
 Then, `--repeat` times, one client process per way of building the snapshot, one after the other:
 
 - `held`: each kind listed whole (every raw page held), then decoded into the model: the live source
@@ -43,7 +44,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 
 from kubernetes import client  # noqa: E402
 
-from bench import scale  # noqa: E402
+from bench import scale, scale_population  # noqa: E402
 from rebalancer.policy import LoadedPolicy, load_policy  # noqa: E402
 from rebalancer.sources.kube import KubeSource  # noqa: E402
 from rebalancer.sources.kube_cache import KubeCache  # noqa: E402
@@ -113,15 +114,15 @@ def run_client(mode: str, url: str, reads: int, policy: Path) -> int:
     if mode == "cache":
         cache = KubeCache(api_client)
         source = KubeSource(api_client, loaded, cluster=cache.read)
-        out["first"] = _timed(lambda: source.snapshot(scale.NOW))
-        out["reads"] = [_timed(lambda: source.snapshot(scale.NOW)) for _ in range(reads)]
-        out["pods"] = len(source.snapshot(scale.NOW).pods)
+        out["first"] = _timed(lambda: source.snapshot(scale_population.NOW))
+        out["reads"] = [_timed(lambda: source.snapshot(scale_population.NOW)) for _ in range(reads)]
+        out["pods"] = len(source.snapshot(scale_population.NOW).pods)
         cache.stop()
     else:
         plain = KubeSource(api_client, loaded)
         source = plain if mode == "list" else KubeSource(api_client, loaded, cluster=_held(plain))
-        out["reads"] = [_timed(lambda: source.snapshot(scale.NOW))]
-        out["pods"] = len(source.snapshot(scale.NOW).pods)
+        out["reads"] = [_timed(lambda: source.snapshot(scale_population.NOW))]
+        out["pods"] = len(source.snapshot(scale_population.NOW).pods)
     out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(out))
     return 0
@@ -233,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: dict[int, dict[str, float]] = {}
     for count in args.nodes:
         directory = args.out / f"objects-{count}-seed{args.seed}"
-        scale.generate(directory, count, args.seed, 180, 0)
+        scale_population.generate(directory, count, args.seed, 180, 0)
         rows[count] = summarise(measure(directory, args.repeat, args.reads, args.policy))
         print(f"{count} nodes: {json.dumps(rows[count])}", flush=True)
     print(table(rows))

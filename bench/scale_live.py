@@ -4,9 +4,9 @@
     .venv/bin/python bench/scale.py --live --nodes 500 5000 [--repeat 3] [--cycles 5] [--span 3600]
         [--telemetry-deadline SECONDS] [--json FILE] [--profile DIR]
 
-For each size, bench/scale.py's synthetic cluster:
+For each size, the scale benchmark's synthetic cluster (bench/scale_population.py):
 
-- its nodes, pods and PDBs (`scale.generate` with one DCGM sample a series, the directories
+- its nodes, pods and PDBs (`scale_population.generate` with one DCGM sample a series, the directories
   bench/kube_cache.py uses) served over real HTTP by tests/fake_apiserver.py from a process of its own
   (`kube_cache.serving`), so that the CPU time measured is the rebalancer's alone;
 - its DCGM series (tools/clustergen, the same devices, utilisation and pods as the snapshot directory)
@@ -63,7 +63,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 
 from kubernetes import client  # noqa: E402
 
-from bench import kube_cache, scale  # noqa: E402
+from bench import kube_cache, scale, scale_population  # noqa: E402
 from bench.timed_run import run_timed  # noqa: E402
 from rebalancer.cycle import propose, run_cycle  # noqa: E402
 from rebalancer.daemon.clock import utcnow  # noqa: E402
@@ -238,9 +238,9 @@ def run_daemon(
 
 
 def live_history(path: Path, nodes: int, seed: int, *, interval: int, history: int, end: datetime) -> int:
-    """The cluster's DCGM series (bench/scale.py's population) from `end - history` to `end`, every
-    `interval` seconds, as OpenMetrics; the number of samples."""
-    cluster = scale.population(nodes, seed)
+    """The cluster's DCGM series (bench/scale_population.py's population) from `end - history` to `end`,
+    every `interval` seconds, as OpenMetrics; the number of samples."""
+    cluster = scale_population.population(nodes, seed)
     devices = clustergen.gpus(cluster.nodes, cluster.pods, cluster.ids)
     return clustergen.write_openmetrics(
         path,
@@ -248,7 +248,7 @@ def live_history(path: Path, nodes: int, seed: int, *, interval: int, history: i
         end,
         history // interval + 1,
         interval,
-        last_sample_age=scale.LAST_SAMPLE_AGE,
+        last_sample_age=scale_population.LAST_SAMPLE_AGE,
         leaked=cluster.leaked,
     )
 
@@ -330,7 +330,7 @@ def run_child(
 def measure_size(nodes: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Every measurement of one size: `repeat` rounds of once, once by phase and the daemon."""
     directory = out / f"objects-{nodes}-seed{args.seed}"
-    objects = scale.generate(directory, nodes, args.seed, args.sample_interval, 0)
+    objects = scale_population.generate(directory, nodes, args.seed, args.sample_interval, 0)
     start = datetime.now(UTC).replace(microsecond=0)
     end = start + timedelta(seconds=args.span)
     results: dict[str, Any] = {"nodes": nodes, "pods": objects.pods, "gpus": objects.gpus, "rounds": []}

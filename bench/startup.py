@@ -8,10 +8,10 @@ shows in the gap between them. The commands:
 - `rebalancer --help` and `rebalancer validate` on the demo policy (imports and argument parsing);
 - `make demo`'s command, `rebalancer once --snapshot examples/demo-cluster` with its policy: the demo
   carries `telemetry-windows.json`, and the same directory without it (raw history only) is timed too;
-- with `--nodes N` (bench/scale.py's synthetic cluster, written under bench/out/ if missing): `once
-  --snapshot` on it with aggregates (written by `rebalancer aggregate` once, not timed), and with
-  `--raw` also on its raw history alone and `rebalancer aggregate` on it (a copy of its own, which each
-  run writes `telemetry-windows.json` into).
+- with `--nodes N` (the scale benchmark's synthetic cluster, bench/scale_population.py's, written under
+  bench/out/ if missing): `once --snapshot` on it with aggregates (written by `rebalancer aggregate`
+  once, not timed), and with `--raw` also on its raw history alone and `rebalancer aggregate` on it (a
+  copy of its own, which each run writes `telemetry-windows.json` into).
 
 `--baseline DIR` runs the same commands against another checkout of the project (e.g. `git archive
 main | tar -x -C DIR`), in the same run, each run of this tree followed by one of the baseline, so before
@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
-from bench import scale  # noqa: E402
+from bench import scale, scale_population  # noqa: E402
 from bench.timed_run import run_timed  # noqa: E402
 
 DEMO = ROOT / "examples" / "demo-cluster"
@@ -100,7 +100,7 @@ def raw_copy(source: Path, target: Path) -> Path:
 def scale_dir(nodes: int) -> Path:
     """bench/scale.py's cluster of `nodes` nodes, with its aggregates for the scale policy."""
     directory = scale.OUT / f"scale-{nodes}-seed1"
-    scale.generate(directory, nodes, 1, 180, 3600)
+    scale_population.generate(directory, nodes, 1, 180, 3600)
     if not (directory / AGGREGATES).exists():
         started = time.perf_counter()
         run(ROOT, ["aggregate", "--snapshot", str(directory), "--policy", str(scale.POLICY)])

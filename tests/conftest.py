@@ -5,9 +5,10 @@ built models, so the kubernetes package is excluded from its patching.
 
 `api` (an empty fake API server, over real HTTP) and `api_client` (a client of it) are shared by every
 test module that talks to a cluster; a module that needs the server pre-filled defines its own `api`.
-`scale` is bench/scale.py, the benchmark's cluster generator, loaded as a module. `frozen_heap` is for
-tests that time a lease's margins in fractions of a second: late in a whole run the heap is large, and a
-full collection in the middle of the timed window (not what is being tested) would eat the margin.
+`scale_population` is bench/scale_population.py, the scale benchmark's cluster generator, loaded as a
+module. `frozen_heap` is for tests that time a lease's margins in fractions of a second: late in a whole
+run the heap is large, and a full collection in the middle of the timed window (not what is being
+tested) would eat the margin.
 
 Every exposition document any test reads in-process, and that the exposition reader reads itself instead
 of handing it to prometheus_client, is also read by prometheus_client and the two compared
@@ -66,9 +67,9 @@ def frozen_heap() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def scale() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "bench" / "scale.py"
-    spec = importlib.util.spec_from_file_location("bench_scale", path)
+def scale_population() -> ModuleType:
+    path = Path(__file__).resolve().parent.parent / "bench" / "scale_population.py"
+    spec = importlib.util.spec_from_file_location("bench_scale_population", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is made

@@ -29,9 +29,11 @@ def _files(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.name != ".params.json"}
 
 
-def test_the_scale_population_is_deterministic_and_loads(scale: ModuleType, tmp_path: Path) -> None:
-    first = scale.generate(tmp_path / "one", 30, 7, 180, 1800)
-    second = scale.generate(tmp_path / "two", 30, 7, 180, 1800)
+def test_the_scale_population_is_deterministic_and_loads(
+    scale_population: ModuleType, tmp_path: Path
+) -> None:
+    first = scale_population.generate(tmp_path / "one", 30, 7, 180, 1800)
+    second = scale_population.generate(tmp_path / "two", 30, 7, 180, 1800)
     assert _files(first.path) == _files(second.path)
     assert sorted(_files(first.path)) == ["dcgm.om", "nodes.json", "pdbs.json", "pods.json", "snapshot.yaml"]
     assert (first.nodes, first.gpus, first.samples % 11) == (30, 240, 0)  # 11 samples a series
@@ -50,9 +52,9 @@ def test_the_scale_population_is_deterministic_and_loads(scale: ModuleType, tmp_
 
 
 def test_the_offline_scale_benchmark_loads_nothing_of_the_live_path() -> None:
-    """bench/scale.py without --live (what bench/startup.py and bench/kube_cache.py import it for) loads
-    neither bench/scale_live.py nor what only the live path needs: the kubernetes client, the daemon,
-    the test suite's Prometheus."""
+    """bench/scale.py without --live, with bench/scale_population.py it imports (what bench/startup.py and
+    bench/kube_cache.py import them for), loads neither bench/scale_live.py nor what only the live path
+    needs: the kubernetes client, the daemon, the test suite's Prometheus."""
     live_only = ("bench.scale_live", "kubernetes", "rebalancer.daemon.loop", "tests.prometheus_server")
     probe = f"import sys; import bench.scale; print([m for m in {live_only!r} if m in sys.modules])"
     done = subprocess.run(
@@ -61,8 +63,8 @@ def test_the_offline_scale_benchmark_loads_nothing_of_the_live_path() -> None:
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
-def test_another_seed_is_another_cluster(scale: ModuleType) -> None:
-    one, other = scale.population(30, 1), scale.population(30, 2)
+def test_another_seed_is_another_cluster(scale_population: ModuleType) -> None:
+    one, other = scale_population.population(30, 1), scale_population.population(30, 2)
     assert [p.name for p in one.pods] != [p.name for p in other.pods]
 
 

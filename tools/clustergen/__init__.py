@@ -1,5 +1,5 @@
 """Synthetic GPU clusters as snapshot directories (DESIGN §4): the one generator behind the demo cluster
-(examples/demo-cluster/generate.py) and the scale benchmark (bench/scale.py).
+(examples/demo-cluster/generate.py) and the scale benchmark (bench/scale_population.py).
 
 A script describes its cluster as tables (`NodeSpec` rows, `Workload` rows, PDBs, leaked VRAM) and this
 package turns them into what `kubectl get nodes,pods,pdb -A -o json`, `kubectl get rs,deploy,sts,jobs -A

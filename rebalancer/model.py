@@ -323,6 +323,9 @@ class GpuTelemetry(msgspec.Struct, frozen=True):
 
     Values follow PromQL: `util_avg_percent` is avg_over_time, `fb_used_mib` the last sample at or before
     `now` (within the lookback), `fb_used_max_mib` max_over_time. None means no sample in the window.
+    `fb_used_by_unseen_pod`: that last framebuffer sample came from a series naming a pod the cluster
+    view does not have (created after the pod list, or deleted just before it), so the row carries no
+    pod, but the exporter says a pod holds the GPU: its memory is never read as held by no pod.
 
     A frozen msgspec Struct (see the module's docstring): 0.1 us to build one instead of 1.6 us, and a
     snapshot of 5,000 nodes holds 84,486 of them.
@@ -342,6 +345,7 @@ class GpuTelemetry(msgspec.Struct, frozen=True):
     fb_used_mib: float | None = None
     fb_used_max_mib: float | None = None
     fb_free_mib: float | None = None
+    fb_used_by_unseen_pod: bool = False
     newest_sample: datetime | None = None
 
     @property

@@ -7,8 +7,8 @@ workload a person manages (`rebalancer.workloads`), and each workload whose ever
 the way its kind allows), or `restart`: its idle pods evicted for their controller to re-create (e.g.
 a stuck process holding VRAM), a gang only when every GPU-holding member is idle.
 Missing, stale or thin telemetry is never read as idle: it yields a `stale-telemetry` finding instead.
-Framebuffer in use with no pod attached, or held by a pod that computed nothing for the whole window,
-yields a `leaked-vram` finding and never an action.
+Framebuffer in use with no pod attached (not even one the view does not have yet), or held by a pod
+that computed nothing for the whole window, yields a `leaked-vram` finding and never an action.
 
 This module must stay pure: no I/O, no clock (it reads `snapshot.now`), no cluster or Prometheus
 clients. It must not apply safety guards (PDBs, opt-out annotations, limits): the planner does, so
@@ -78,7 +78,9 @@ def _leaked_vram(window: TelemetryWindow, args: IdleGpuArgs, now: datetime) -> I
                 continue
             used = fmt(row.fb_used_mib)
             if row.pod_key is None:
-                if attributed:
+                # The exporter names a pod the view does not have (one created since the pod list):
+                # held by a pod, not by nobody.
+                if attributed or row.fb_used_by_unseen_pod:
                     continue
                 yield Finding(
                     kind="leaked-vram",

@@ -19,7 +19,14 @@ from rebalancer.telemetry.exposition import (
     parse_exposition,
     parse_exposition_lines,
 )
-from rebalancer.telemetry.identity import SeriesIdentity, attribute, group_key, identify, is_valid_value
+from rebalancer.telemetry.identity import (
+    PodsOfNamespaces,
+    SeriesIdentity,
+    attribute,
+    group_key,
+    identify,
+    is_valid_value,
+)
 from rebalancer.telemetry.windows import LOOKBACK_SECONDS, aggregate, unknown_node_findings
 from rebalancer.telemetry.windows import row as to_gpu_telemetry
 from tests.builders import NOW, pod
@@ -585,6 +592,51 @@ def test_pod_attribution_in_aggregate() -> None:
     )
     row = only_row(aggregate([series], CFG, [60], NOW, {trainer.key: trainer})[0], 60)
     assert row.pod_key == ("ml", "train-0")
+
+
+def used_series(points: list[tuple[float, float]], **labels: str) -> Series:
+    return Series(
+        "DCGM_FI_DEV_FB_USED",
+        {"Hostname": "n1", "UUID": UUID, **labels},
+        tuple(Sample(value, ts) for ts, value in points),
+        "test",
+    )
+
+
+@pytest.mark.parametrize(
+    ("unlabelled_at", "pod_label_at", "in_view", "held"),
+    [
+        # A pod created after the pod list: the exporter names it in the newest sample.
+        (T0 - 60, T0 - 15, False, True),
+        # A pod deleted before the pod list: the exporter's newest sample names no pod (memory left
+        # behind is the GPU's own), and the pod's older one does not hide it.
+        (T0 - 15, T0 - 60, False, False),
+        # Same instant: the larger value is the instant one, and it is the pod's.
+        (T0 - 15, T0 - 15, False, True),
+        # A pod the view has that holds no GPU (the exporter's own, a mislabelled series) holds nothing.
+        (T0 - 60, T0 - 15, True, False),
+    ],
+    ids=["created-after-the-list", "deleted-before-the-list", "same-instant", "a-pod-without-gpus"],
+)
+def test_framebuffer_of_a_pod_the_view_does_not_have_is_marked_held(
+    unlabelled_at: float, pod_label_at: float, in_view: bool, held: bool
+) -> None:
+    free = used_series([(T0 - 600, 0.0), (unlabelled_at, 2.0)])
+    busy = used_series([(pod_label_at, 30000.0)], namespace="ml", pod="new-0")
+    pods = {("other", "p"): pod("p", "n1", namespace="other")}
+    if in_view:
+        pods[("ml", "new-0")] = pod("new-0", "n1", namespace="ml", gpus=0)
+    row = only_row(aggregate([free, busy], CFG, [600], NOW, pods)[0], 600)
+    assert row.pod_key is None
+    assert row.fb_used_by_unseen_pod is held
+    assert row.fb_used_mib == (30000.0 if pod_label_at >= unlabelled_at else 2.0)
+
+
+def test_without_pod_objects_or_outside_the_listed_namespaces_the_label_is_kept_not_marked() -> None:
+    busy = used_series([(T0 - 15, 30000.0)], namespace="ml", pod="new-0")
+    for pods in (None, PodsOfNamespaces({}, ["web"])):
+        row = only_row(aggregate([busy], CFG, [600], NOW, pods)[0], 600)
+        assert (row.pod_key, row.fb_used_by_unseen_pod) == (("ml", "new-0"), False)
 
 
 def test_same_series_from_two_sources_is_merged_without_double_counting() -> None:

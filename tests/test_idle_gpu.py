@@ -428,6 +428,13 @@ def test_unattributed_row_of_a_device_a_pod_uses_is_not_leaked() -> None:
     assert kinds(result, "leaked-vram") == []
 
 
+def test_memory_of_a_pod_the_view_does_not_have_yet_is_not_leaked() -> None:
+    # The exporter names a pod created after the pod list: the row carries no pod, but a pod holds it.
+    held = replace(gpu_sample("gpu-a-1", "GPU-1", util=80.0, fb_used_mib=30000), fb_used_by_unseen_pod=True)
+    assert kinds(run([], [held]), "leaked-vram") == []
+    assert len(kinds(run([], [replace(held, fb_used_by_unseen_pod=False)]), "leaked-vram")) == 1
+
+
 def test_small_or_stale_unattributed_use_is_not_leaked() -> None:
     rows = [
         gpu_sample("gpu-a-1", "GPU-1", util=0.0, fb_used_mib=512),

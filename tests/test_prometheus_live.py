@@ -139,6 +139,7 @@ def idle(rng: random.Random) -> float:
 
 A100, T4, L4 = "NVIDIA A100-SXM4-80GB", "Tesla T4", "NVIDIA L4"
 MIG_UUID = "GPU-34319582-d595-d1c7-d1d2-179bcfa61660"
+NEW_UUID = "GPU-eeeeeeee-0000-4000-8000-000000000000"
 
 
 def history() -> list[Gpu]:
@@ -182,6 +183,15 @@ def history() -> list[Gpu]:
             2000,
             jitter_ms=999,
             fb_total=23034,
+        ),
+        # A pod created after the view's pod list: its GPU was free until a minute ago, and the
+        # exporter now names the new pod, which the view does not have. Held, not leaked.
+        Gpu(exporter_labels("gpu-d", 0, NEW_UUID, A100, legacy=False), lambda _r: 0.0, 0, stop=60),
+        Gpu(
+            {**exporter_labels("gpu-d", 0, NEW_UUID, A100, legacy=False), "namespace": "ml", "pod": "new-0"},
+            busy,
+            30000,
+            start=45,
         ),
         # Unusable: no GPU UUID, and no node label.
         Gpu({"gpu": "7", "Hostname": "gpu-a"}, idle, 1),
@@ -263,6 +273,7 @@ def cluster_objects() -> list[dict[str, Any]]:
         node_json("gpu-a", A100, extra={"nvidia.com/mig-3g.40gb": "2"}),
         node_json("gpu-b", T4, extra={"nvidia.com/gpu.shared": "4"}),
         node_json("gpu-c", L4, gpus=1),
+        node_json("gpu-d", A100, gpus=1),
         pod_json("train-0", "gpu-a"),
         pod_json("idle-0", "gpu-a"),
         pod_json("mig-busy", "gpu-a", resource="nvidia.com/mig-3g.40gb"),
@@ -408,6 +419,10 @@ def test_decisions_at_now_are_the_expected_ones(dcgm_server: PrometheusServer, t
     assert rows["share-0"].uuid == rows["share-1"].uuid == "GPU-bbbbbbbb-0000-4000-8000-000000000000"
     assert rows["infer-0"].node == "gpu-c"
     assert rows["train-0"].pod_namespace == "ml"  # exported_pod, never the exporter's own pod label
+    # new-0, started since the pod list: its GPU's row has no pod, and says a pod holds its memory.
+    (new,) = [row for row in window.gpus if row.uuid == NEW_UUID]
+    assert (new.pod_key, new.fb_used_by_unseen_pod) == (None, True)
+    assert new.fb_used_mib is not None and new.fb_used_mib >= 30000
 
 
 def test_nan_samples_never_make_a_gpu_idle(dcgm_server: PrometheusServer) -> None:

@@ -150,6 +150,30 @@ def test_findings_and_pods_round_trip(tmp_path: Path) -> None:
     assert [(g.pod_name, g.util_avg_percent) for g in window.gpus] == [("train-0", 40.0)]
 
 
+def test_a_framebuffer_held_by_a_pod_the_view_does_not_have_round_trips(tmp_path: Path) -> None:
+    # The pod list has train-0; new-0 started since, and its series holds the GPU's newest framebuffer.
+    write(tmp_path, "c.json", kube_list(node("n1"), pod("train-0", "n1")))
+    write(
+        tmp_path,
+        "m.om",
+        f'DCGM_FI_DEV_FB_USED{{Hostname="n1",UUID="{UUID}"}} 0 {T0 - 60}\n'
+        f'DCGM_FI_DEV_FB_USED{{Hostname="n1",UUID="{UUID}",namespace="ml",pod="new-0"}} 30000 {T0}\n'
+        "# EOF\n",
+    )
+    write(tmp_path, "snapshot.yaml", f"now: {NOW.isoformat()}\n")
+    from_raw = load_snapshot_dir(tmp_path, loaded())
+    write_aggregates(tmp_path / AGGREGATES_FILE, aggregate_snapshot_dir(tmp_path, loaded()))
+    (tmp_path / "m.om").unlink()
+    written = (tmp_path / AGGREGATES_FILE).read_bytes()
+    assert written.count(b'"fb_used_by_unseen_pod": true') == len(from_raw.telemetry.windows)
+    from_aggregates = load_snapshot_dir(tmp_path, loaded())
+    _same_telemetry(from_aggregates, from_raw)
+    for window in from_aggregates.telemetry.windows.values():
+        assert [(g.pod_key, g.fb_used_by_unseen_pod) for g in window.gpus] == [(None, True)]
+    # Both readers read the flag alike.
+    assert _read_fast(written) == _read_validated(tmp_path / AGGREGATES_FILE, written)
+
+
 # --------------------------------------------------------------------------- rows that do not fit
 
 

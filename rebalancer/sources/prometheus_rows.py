@@ -16,7 +16,8 @@ Owns reading the answers of `sources.prometheus_plan`'s queries into the same ro
   `timestamp()` at `now` for the label sets heard from within the lookback, else from the late query's
   answer (`late_uuids` says which label sets need it: those of groups with samples in a window and
   none within the lookback); the instant fb used / free is a label set's newest value when its
-  timestamp is within the lookback, the newest label set of a group winning (ties: the largest);
+  timestamp is within the lookback, the newest label set of a group winning (ties: the largest), and
+  whether it is a label set naming a pod the view does not have;
 - `stale-telemetry` findings for series no current pod holds whose newest sample is older than
   `telemetry.max_age`.
 
@@ -43,6 +44,7 @@ from rebalancer.telemetry.identity import (
 from rebalancer.telemetry.sanity import UtilisationRule, unusable_gpu_finding
 from rebalancer.telemetry.windows import (
     LOOKBACK_SECONDS,
+    Admitted,
     Grouping,
     datetime_from_ms,
     epoch_ms,
@@ -87,6 +89,14 @@ class _Group:
     windows: dict[int, _Window] = field(default_factory=dict)
     used_last: tuple[int, float] | None = None
     free_last: tuple[int, float] | None = None
+    # The newest fb used of the group's label sets that named a pod the view does not have.
+    unseen_used_last: tuple[int, float] | None = None
+
+    @property
+    def used_by_unseen_pod(self) -> bool:
+        """The instant fb used came from a label set naming a pod the view does not have (as
+        `telemetry.windows` judges it: the same newest sample, ties the largest value)."""
+        return self.used_last is not None and self.unseen_used_last == self.used_last
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,20 +157,26 @@ class Rows:
         # sets (which series is a metric's first unusable example, which completes a group's identity).
         self._identity: dict[int, SeriesIdentity | None] = {}
         self._group: dict[int, _Group] = {}
+        self._unseen_pod: set[int] = set()  # label sets naming a pod the view does not have
         for key in sorted(set().union(*self.by_metric.values()), key=labels.__getitem__):
             known = identity_of(key)
             if known is not None:
-                admitted = self._identity[key] = self.grouping.admit(known)
-                self._group[key] = self.grouping.group(admitted)
+                self._admit(key, self.grouping.admit(known))
                 continue
             for metric, keys in self.by_metric.items():
                 if key not in keys:
                     continue
-                identity = self.grouping.identify(metric, dict(labels[key]))  # an unusable one: per metric
-                self._identity[key] = identity
-                if identity is not None:
-                    self._group[key] = self.grouping.group(identity)
+                admitted = self.grouping.identify(metric, dict(labels[key]))  # an unusable one: per metric
+                self._identity[key] = None
+                if admitted is not None:
+                    self._admit(key, admitted)
                     break
+
+    def _admit(self, key: int, admitted: Admitted) -> None:
+        self._identity[key] = admitted.identity
+        self._group[key] = self.grouping.group(admitted.identity)
+        if admitted.unseen_pod:
+            self._unseen_pod.add(key)
 
     @property
     def identified(self) -> bool:
@@ -241,8 +257,16 @@ class Rows:
                     moment = moments[newest] = datetime_from_ms(newest)
                 fb_used = used_last[1] if used_last is not None else None
                 fb_free = free_last[1] if free_last is not None else None
+                by_unseen_pod = group.used_by_unseen_pod
                 if acc is None:
-                    only = row(group.identity, cfg, fb_used=fb_used, fb_free=fb_free, newest_sample=moment)
+                    only = row(
+                        group.identity,
+                        cfg,
+                        fb_used=fb_used,
+                        fb_free=fb_free,
+                        fb_used_by_unseen_pod=by_unseen_pod,
+                        newest_sample=moment,
+                    )
                     rows.append(only)
                     continue
                 rows.append(
@@ -255,6 +279,7 @@ class Rows:
                         fb_used=fb_used,
                         fb_used_max=acc.used_max,
                         fb_free=fb_free,
+                        fb_used_by_unseen_pod=by_unseen_pod,
                         newest_sample=moment,
                     )
                 )
@@ -301,6 +326,8 @@ class Rows:
                     continue
                 if role == "used":
                     group.used_last = _newer(group.used_last, (ms, value))
+                    if key in self._unseen_pod:
+                        group.unseen_used_last = _newer(group.unseen_used_last, (ms, value))
                 else:
                     group.free_last = _newer(group.free_last, (ms, value))
 

@@ -78,6 +78,7 @@ class _Row(_Strict):
     fb_used_mib: float | None = Field(default=None, ge=0)
     fb_used_max_mib: float | None = Field(default=None, ge=0)
     fb_free_mib: float | None = Field(default=None, ge=0)
+    fb_used_by_unseen_pod: bool = False
     newest_sample: AwareDatetime | None = None
 
 
@@ -197,7 +198,7 @@ def _stamp(moment: datetime | None) -> str | None:
 
 
 def _row(gpu: GpuTelemetry) -> dict[str, Any]:
-    return {
+    fields = {
         "node": gpu.node,
         "uuid": gpu.uuid,
         "gpu_index": gpu.gpu_index,
@@ -214,6 +215,10 @@ def _row(gpu: GpuTelemetry) -> dict[str, Any]:
         "fb_free_mib": gpu.fb_free_mib,
         "newest_sample": _stamp(gpu.newest_sample),
     }
+    # Additive: written only when set, so rows without it read as before everywhere.
+    if gpu.fb_used_by_unseen_pod:
+        fields["fb_used_by_unseen_pod"] = True
+    return fields
 
 
 def _finding(finding: Finding) -> dict[str, Any]:
@@ -320,6 +325,7 @@ class _FastRow(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     fb_used_mib: _NonNegative | None = None
     fb_used_max_mib: _NonNegative | None = None
     fb_free_mib: _NonNegative | None = None
+    fb_used_by_unseen_pod: bool = False
     newest_sample: _Utc | None = None
 
 

@@ -5,8 +5,9 @@ Prometheus source:
 
 - `Grouping`: series -> groups of (node, GPU UUID, MIG instance, pod), through `telemetry.identity`,
   with the series no row can use (`unusable-telemetry`) and the pod labels that named no pod of the
-  cluster (for the live source's `stale-telemetry`); `row()` turns a group's aggregates into a
-  `GpuTelemetry` row, scaling each metric to the model's units;
+  cluster (for the live source's `stale-telemetry`; a row whose instant framebuffer came from a series
+  naming a pod the view does not have says so, `fb_used_by_unseen_pod`); `row()` turns a group's
+  aggregates into a `GpuTelemetry` row, scaling each metric to the model's units;
 - `aggregate`: raw samples with PromQL semantics of Prometheus 2.x evaluated at `now`
   (`avg_over_time` / `max_over_time` / `count_over_time` over `[now - window, now]`, both ends inclusive;
   instant vectors take the newest sample in `[now - 5m, now]`), so a snapshot directory backfilled into
@@ -26,7 +27,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from operator import itemgetter
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Generic, Literal, NamedTuple, Protocol, TypeVar
 
 import msgspec
 
@@ -48,12 +49,14 @@ from rebalancer.telemetry.identity import (
     identify,
     is_valid_value,
     metric_roles,
+    names_unseen_pod,
     resolve_preset,
     unusable_finding,
 )
 
 __all__ = [
     "LOOKBACK_SECONDS",
+    "Admitted",
     "Grouping",
     "aggregate",
     "datetime_from_ms",
@@ -98,6 +101,14 @@ class _HasIdentity(Protocol):
 G = TypeVar("G", bound=_HasIdentity)
 
 
+class Admitted(NamedTuple):
+    """A series' identity once attributed, and whether its pod label named a pod the view does not have
+    (`names_unseen_pod`: attribution then reads it as no pod, while the exporter says a pod holds the GPU)."""
+
+    identity: SeriesIdentity
+    unseen_pod: bool
+
+
 class Grouping(Generic[G]):
     """Series sorted into groups of (node, GPU UUID, MIG instance, pod), one accumulator `G` each.
 
@@ -118,9 +129,9 @@ class Grouping(Generic[G]):
         # Per group left without a pod, the pod labels its series carried that name no GPU pod.
         self.claimed: dict[GroupKey, set[PodKey]] = defaultdict(set)
         self.identified = 0
-        self._identities: dict[tuple[tuple[str, str], ...], SeriesIdentity] = {}
+        self._identities: dict[tuple[tuple[str, str], ...], Admitted] = {}
 
-    def identify(self, metric: str, labels: Mapping[str, str], source: str = "") -> SeriesIdentity | None:
+    def identify(self, metric: str, labels: Mapping[str, str], source: str = "") -> Admitted | None:
         # A GPU's label set comes back in every metric: resolved (and attributed) once.
         known = self._identities.get(cache_key := tuple(labels.items()))
         if known is not None:
@@ -135,16 +146,17 @@ class Grouping(Generic[G]):
                 format_labels(labels) + (f" from {source}" if source else "")
             )
             return None
-        attributed = self._identities[cache_key] = self.admit(identity)
-        return attributed
+        admitted = self._identities[cache_key] = self.admit(identity)
+        return admitted
 
-    def admit(self, identity: SeriesIdentity) -> SeriesIdentity:
+    def admit(self, identity: SeriesIdentity) -> Admitted:
         """A series already identified (`identify` of its labels), attributed to a pod of the cluster."""
         self.identified += 1
         attributed = attribute(identity, self._pods)
-        if identity.pod_key is not None and attributed.pod_key is None:
-            self.claimed[group_key(attributed)].add(identity.pod_key)
-        return attributed
+        if identity.pod_key is None or attributed.pod_key is not None:
+            return Admitted(attributed, False)
+        self.claimed[group_key(attributed)].add(identity.pod_key)
+        return Admitted(attributed, names_unseen_pod(identity, self._pods))
 
     def group(self, identity: SeriesIdentity) -> G:
         key = group_key(identity)
@@ -193,6 +205,7 @@ def row(
     fb_used: float | None = None,
     fb_used_max: float | None = None,
     fb_free: float | None = None,
+    fb_used_by_unseen_pod: bool = False,
     newest_sample: datetime | None = None,
 ) -> GpuTelemetry:
     """The identity's row with raw (exporter-unit) aggregates, each metric's `scale` applied.
@@ -207,6 +220,7 @@ def row(
         fb_used_mib=_scaled(fb_used, cfg.fb_used.scale),
         fb_used_max_mib=_scaled(fb_used_max, cfg.fb_used.scale),
         fb_free_mib=_scaled(fb_free, cfg.fb_free.scale),
+        fb_used_by_unseen_pod=fb_used_by_unseen_pod,
         newest_sample=newest_sample,
     )
 
@@ -244,6 +258,8 @@ class _Points:
 class _SampleGroup:
     identity: SeriesIdentity
     points: dict[Role, _Points] = field(default_factory=dict)
+    # The framebuffer-used samples of the group's series that named a pod the view does not have.
+    unseen_used: _Points | None = None
 
 
 def _all_valid(values: Collection[float]) -> bool:
@@ -265,6 +281,7 @@ def _window_row(group: _SampleGroup, cfg: TelemetryConfig, lo: int, now: int) ->
     newest: list[int] = []
     util_avg = util_max = fb_used = fb_used_max = fb_free = None
     util_count = 0
+    by_unseen_pod = False
     if (util := group.points.get("util")) is not None:
         times, values = util.between(lo, now)
         if values:
@@ -278,6 +295,7 @@ def _window_row(group: _SampleGroup, cfg: TelemetryConfig, lo: int, now: int) ->
         if (last := used.instant(lookback, now)) is not None:
             newest.append(last[0])
             fb_used = last[1]
+            by_unseen_pod = group.unseen_used is not None and group.unseen_used.instant(lookback, now) == last
     if (free := group.points.get("fb_free")) is not None:
         times, _ = free.between(lo, now)
         newest.extend(times[-1:])
@@ -295,6 +313,7 @@ def _window_row(group: _SampleGroup, cfg: TelemetryConfig, lo: int, now: int) ->
         fb_used=fb_used,
         fb_used_max=fb_used_max,
         fb_free=fb_free,
+        fb_used_by_unseen_pod=by_unseen_pod,
         newest_sample=datetime_from_ms(max(newest)),
     )
 
@@ -351,9 +370,10 @@ def aggregate(
         points = merged.pop(key)  # each series's points go once grouped
         source = first_source[key]
         metric, labels = key[0], dict(key[1])
-        identity = grouping.identify(metric, labels, source or "unknown source")
-        if identity is None:
+        admitted = grouping.identify(metric, labels, source or "unknown source")
+        if admitted is None:
             continue
+        identity = admitted.identity
         valid = (
             points if _all_valid(points.values()) else {t: v for t, v in points.items() if is_valid_value(v)}
         )
@@ -377,6 +397,9 @@ def aggregate(
         group = grouping.group(identity)
         for role in roles[metric]:
             group.points.setdefault(role, _Points()).extend(good)
+            if role == "fb_used" and admitted.unseen_pod:
+                group.unseen_used = group.unseen_used or _Points()
+                group.unseen_used.extend(good)
 
     findings.extend(grouping.unusable_findings())
     if not grouping.identified:

@@ -58,7 +58,7 @@ from tests.builders import replace
 
 # --------------------------------------------------------------------------- layout
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BASE_DIR = ROOT / "tests" / "fixtures" / "fuzz" / "base"
 CORPUS_DIR = ROOT / "tests" / "fuzz_corpus"
 DEMO_POLICY = ROOT / "examples" / "demo-cluster" / "policy.yaml"

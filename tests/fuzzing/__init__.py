@@ -55,35 +55,55 @@ from hypothesis import strategies as st
 
 import rebalancer.cli
 from tests.builders import replace
-
-# --------------------------------------------------------------------------- layout
-
-ROOT = Path(__file__).resolve().parents[2]
-BASE_DIR = ROOT / "tests" / "fixtures" / "fuzz" / "base"
-CORPUS_DIR = ROOT / "tests" / "fuzz_corpus"
-DEMO_POLICY = ROOT / "examples" / "demo-cluster" / "policy.yaml"
-POLICY_SEEDS = (
+from tests.fuzzing.case import BASE_FILES, POLICY_TEXTS, Case, argv_for, base_case, write_case
+from tests.fuzzing.layout import (
+    ARGV_KINDS,
+    CASE_FILE,
+    CHILD_CRASH,
+    CORPUS_DIR,
+    DEFAULT_MEMORY,
+    DEFAULT_TIMEOUT,
     DEMO_POLICY,
-    ROOT / "policies" / "default.yaml",
-    *sorted((ROOT / "policies" / "examples").glob("*.yaml")),
+    ERROR_PREFIX,
+    GIB,
+    MAX_LINE,
+    POLICY_FILE,
+    SNAPSHOT_DIR,
+    STRATEGY_NAMES,
+    WARNING_PREFIX,
+    ArgvKind,
+    Json,
+    JsonPath,
 )
 
-SNAPSHOT_DIR = "snapshot"
-POLICY_FILE = "policy.yaml"
-CASE_FILE = "case.json"
-ERROR_PREFIX = "rebalancer: error: "
-WARNING_PREFIX = "rebalancer: warning: "
-MAX_LINE = 2000  # longest acceptable stderr line: values echoed in messages must be cut
-STRATEGY_NAMES = ("gpu-affinity", "idle-gpu", "topology-spread", "gpu-consolidation")
-
-GIB = 1024**3
-DEFAULT_TIMEOUT = 20.0
-DEFAULT_MEMORY = 2 * GIB
-CHILD_CRASH = 99  # exit code of a child whose command raised
-
-ArgvKind = Literal["once", "once-json", "once-markdown", "validate"]
-ARGV_KINDS: tuple[ArgvKind, ...] = ("once", "once-json", "once-markdown", "validate")
-ONCE_KINDS: tuple[ArgvKind, ...] = ("once", "once-json", "once-markdown")
+# The names bench/ and the tests use as `fuzzing.X` (bench/fuzz.py also borrows `_cut`).
+__all__ = [
+    "BASE_FILES",
+    "CHILD_CRASH",
+    "DEFAULT_TIMEOUT",
+    "GIB",
+    "KINDS",
+    "POLICY_TEXTS",
+    "STRATEGY_NAMES",
+    "VIOLATION_ORDER",
+    "Case",
+    "CorpusEntry",
+    "Kind",
+    "_cut",
+    "base_case",
+    "cases",
+    "describe",
+    "exposition_texts",
+    "load_corpus",
+    "minimize",
+    "mutated_expositions",
+    "run",
+    "run_case",
+    "save_case",
+    "signature",
+    "violations",
+    "warm_up",
+]
 
 Kind = Literal[
     "objects-json", "objects-yaml", "bytes", "files", "exposition", "snapshot-yaml", "policy", "mixed"
@@ -98,113 +118,6 @@ KINDS: tuple[Kind, ...] = (
     "policy",
     "mixed",
 )
-
-# Decoded JSON / YAML: anything a loader can return.
-Json = Any
-JsonPath = tuple[str | int, ...]
-
-
-# --------------------------------------------------------------------------- cases
-
-
-@dataclasses.dataclass(frozen=True, repr=False)
-class Case:
-    """One input: relative path -> content (a path ending in `/` is a directory), and the command."""
-
-    files: Mapping[str, bytes]
-    argv_kind: ArgvKind
-    note: str = ""
-
-    def __repr__(self) -> str:  # hypothesis prints drawn cases: sizes, not 150 KB of bytes
-        sizes = ", ".join(f"{name}={len(data)}B" for name, data in sorted(self.files.items()))
-        return f"Case({self.argv_kind!r}, note={self.note!r}, files=[{sizes}])"
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # hypothesis' pretty printer
-        printer.text(repr(self))
-
-    def with_file(self, name: str, data: bytes, note: str) -> Case:
-        return Case({**self.files, name: data}, self.argv_kind, _join_note(self.note, note))
-
-    def without(self, names: Sequence[str], note: str) -> Case:
-        files = {k: v for k, v in self.files.items() if k not in names}
-        return Case(files, self.argv_kind, _join_note(self.note, note))
-
-    def replace_files(self, files: Mapping[str, bytes], note: str) -> Case:
-        return Case(dict(files), self.argv_kind, _join_note(self.note, note))
-
-    def with_argv(self, argv_kind: ArgvKind) -> Case:
-        return Case(self.files, argv_kind, self.note)
-
-    def snapshot_files(self) -> list[str]:
-        return sorted(k for k in self.files if k.startswith(SNAPSHOT_DIR + "/") and not k.endswith("/"))
-
-    @property
-    def size(self) -> int:
-        return sum(len(v) for v in self.files.values())
-
-
-def _join_note(note: str, more: str) -> str:
-    joined = f"{note}; {more}" if note and more else note or more
-    return joined if len(joined) <= 600 else joined[:597] + "..."
-
-
-def _load_base() -> dict[str, bytes]:
-    return {f"{SNAPSHOT_DIR}/{p.name}": p.read_bytes() for p in sorted(BASE_DIR.iterdir()) if p.is_file()}
-
-
-BASE_FILES: Mapping[str, bytes] = _load_base()
-POLICY_TEXTS: Mapping[str, bytes] = {p.relative_to(ROOT).as_posix(): p.read_bytes() for p in POLICY_SEEDS}
-
-
-def base_case(argv_kind: ArgvKind = "once", *, policy: bytes | None = None) -> Case:
-    """The unmodified base snapshot with the demo policy (or `policy`)."""
-    files = dict(BASE_FILES)
-    files[POLICY_FILE] = DEMO_POLICY.read_bytes() if policy is None else policy
-    return Case(files, argv_kind)
-
-
-def policy_paths(files: Mapping[str, bytes]) -> list[str]:
-    """The policies of a case: top-level `*.yaml` / `*.yml` files, or one inside the snapshot directory."""
-    top = sorted(k for k in files if "/" not in k and k.endswith((".yaml", ".yml")))
-    if top:
-        return top
-    inside = f"{SNAPSHOT_DIR}/{POLICY_FILE}"
-    return [inside] if inside in files else []
-
-
-def argv_for(files: Mapping[str, bytes], argv_kind: ArgvKind) -> list[str]:
-    """The command line for a case, relative to the case directory."""
-    policies = policy_paths(files)
-    if argv_kind == "validate":
-        return ["validate", *(policies or [POLICY_FILE])]
-    argv = ["once", "--snapshot", SNAPSHOT_DIR]
-    if policies:
-        argv += ["--policy", POLICY_FILE if POLICY_FILE in policies else policies[0]]
-    if argv_kind == "once-json":
-        argv += ["--output", "json"]
-    elif argv_kind == "once-markdown":
-        argv += ["--output", "markdown"]
-    return argv
-
-
-def write_case(root: Path, files: Mapping[str, bytes]) -> None:
-    """Write a case's files under `root` (created); directories are keys ending in `/`."""
-    root.mkdir(parents=True, exist_ok=True)
-    for name in sorted(files):
-        parts = Path(name.rstrip("/")).parts
-        if not parts or name.startswith("/") or ".." in parts:
-            raise ValueError(f"case path outside the case: {name!r}")
-        target = root.joinpath(*parts)
-        # Entries that contradict each other (`snapshot` both a file and a directory): the first wins.
-        if any(parent.is_file() for parent in target.parents if parent != root and root in parent.parents):
-            continue
-        if target.exists() and target.is_dir() != name.endswith("/"):
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if name.endswith("/"):
-            target.mkdir(exist_ok=True)
-        else:
-            target.write_bytes(files[name])
 
 
 # --------------------------------------------------------------------------- running a case

@@ -4,7 +4,7 @@
     .venv/bin/python bench/fuzz.py [--cases 10000] [--seed S] [--kinds KIND ...] [--jobs N]
                                    [--timeout SECONDS] [--save-failures] [--max-saved 40]
 
-Runs the hypothesis strategies of tests/fuzzing.py (mutated kubectl objects, expositions,
+Runs the hypothesis strategies of tests/fuzzing/ (mutated kubectl objects, expositions,
 `snapshot.yaml`, policies, whole files) against `rebalancer once --snapshot` / `rebalancer validate`,
 each case in a forked child under memory and time limits, and collects every result instead of
 stopping at the first failure. It prints how many cases ran and failed, the failures by violation

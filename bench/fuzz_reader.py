@@ -3,13 +3,13 @@
 
     .venv/bin/python bench/fuzz_reader.py [--cases 20000] [--seed S]
 
-Draws expositions from the strategies of tests/fuzzing.py (`exposition_texts`: from scratch, tame or
-wild; `mutated_expositions`: the base snapshot's expositions mutated), half each, and compares, as
-tests/test_exposition_reader.py does, the fast reading with prometheus_client's (the same series and
-samples or the same error at the same line; where ours accepts, the library's parser on the whole text
-gives the same samples), in the drawn format and the other one, cut into documents of 1, 2, 3 or 20,000
-samples, with and without a metric filter. Prints how many cases ran, how many documents the fast reading
-read or left to the library, and the first differences; exits 1 when any case differed.
+Draws expositions from the strategies of tests/fuzzing/exposition_texts.py (`exposition_texts`: from
+scratch, tame or wild; `mutated_expositions`: the base snapshot's expositions mutated), half each, and
+compares, as tests/test_exposition_reader.py does, the fast reading with prometheus_client's (the same
+series and samples or the same error at the same line; where ours accepts, the library's parser on the
+whole text gives the same samples), in the drawn format and the other one, cut into documents of 1, 2,
+3 or 20,000 samples, with and without a metric filter. Prints how many cases ran, how many documents
+the fast reading read or left to the library, and the first differences; exits 1 when any case differed.
 """
 
 from __future__ import annotations

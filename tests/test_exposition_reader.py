@@ -3,13 +3,13 @@
 `telemetry.exposition` reads the plain documents of an exposition itself and hands every other one to
 prometheus_client. Here, for every exposition file of the tests (tests/fixtures, the fuzz corpus), the
 real samples in ../shared/data/dcgm-samples, the demo cluster's history, what tools/clustergen writes for
-bench/scale_population.py, the invalid expositions of tests/test_dcgm.py and fuzzed ones (tests/fuzzing.py:
-drawn from scratch with tricky escapes, label orders, numbers and timestamps, and the base snapshot's
-expositions mutated), in both formats, cut into documents of several sizes and with and without a metric
-filter: the fast reading gives what prometheus_client gives (the same series, values by `repr` so NaN and -0.0
-count, the same timestamps) or the same error at the same line; and where it accepts a text,
-prometheus_client's parser on the whole text gives the same samples. tests/conftest.py also compares every
-document any other test reads.
+bench/scale_population.py, the invalid expositions of tests/test_dcgm.py and fuzzed ones
+(tests/fuzzing/exposition_texts.py: drawn from scratch with tricky escapes, label orders, numbers and
+timestamps, and the base snapshot's expositions mutated), in both formats, cut into documents of
+several sizes and with and without a metric filter: the fast reading gives what prometheus_client gives
+(the same series, values by `repr` so NaN and -0.0 count, the same timestamps) or the same error at the
+same line; and where it accepts a text, prometheus_client's parser on the whole text gives the same
+samples. tests/conftest.py also compares every document any other test reads.
 
 Then what the fast reading is for: it does read the plain expositions (or the comparisons would be
 vacuous), its results on hand-checked lines, and the comparison failing when the reader is broken.

@@ -1,4 +1,4 @@
-"""The command line's input contract under fuzzing (tests/fuzzing.py holds the harness).
+"""The command line's input contract under fuzzing (the package tests/fuzzing/ holds the harness).
 
 For every input, `rebalancer once --snapshot DIR [--policy FILE]` and `rebalancer validate POLICY...`
 exit 0, or exit 2 with one `rebalancer: error: <where>: <what>` line per problem naming the file:

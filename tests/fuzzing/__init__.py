@@ -6,22 +6,37 @@ the form `rebalancer: error: <where>: <what>` where <where> names the file (and 
 where known). Never a traceback, never exit 1 for a problem in a file, always in bounded time and
 memory.
 
-This module holds everything the fuzz tests (tests/test_fuzz.py) and the long runner (bench/fuzz.py)
-share:
+This package holds everything the fuzz tests (tests/test_fuzz.py, tests/test_exposition_reader.py) and
+the long runners (bench/fuzz.py, bench/fuzz_reader.py) share, a module a concern, lowest first:
 
-- `Case`: the files of one input (a snapshot directory `snapshot/`, policies next to it) and the
-  command to run on them;
+- `layout`: the paths of the inputs, the layout of a case directory, the names and limits every part
+  shares;
+- `case`: `Case`, the files of one input (a snapshot directory `snapshot/`, policies next to it) and the
+  command to run on them; the base case, the command line, writing a case out;
 - hypothesis strategies that mutate the real inputs of `tests/fixtures/fuzz/base` (a small cut of
-  examples/demo-cluster) and the shipped policies: structure-aware (parse the JSON / YAML, change one
-  path, write it back) and byte-level, kubectl objects and Lists, DCGM expositions, `snapshot.yaml`,
-  policies, and whole files (compressed, moved, renamed, deleted);
-- `run_case`: runs the command on a case in a forked child under an address-space limit and a time
-  limit, and collects its exit status, output and resource use;
-- `violations`: what in a result breaks the contract, and `signature`, a short key that groups the
-  results of one bug;
-- `minimize`: a delta-debugging reducer that keeps a failing case small while its signature holds;
-- the corpus: `save_case` writes a failing case under `tests/fuzz_corpus/<hash>/` (its files plus a
+  examples/demo-cluster) and the shipped policies:
+  - `values`: the nasty values and the raw fragments a serialiser cannot write;
+  - `edits`: structure-aware edits (parse the JSON / YAML, change one path, write it back);
+  - `object_fields` and `objects`: kubectl objects and Lists (the fields the rebalancer reads; the
+    object files of the snapshot, in JSON or YAML);
+  - `files`: byte-level damage, and whole files (compressed, moved, renamed, deleted);
+  - `expositions`: DCGM expositions; `exposition_texts`: whole expositions for the differential test of
+    the exposition reader;
+  - `snapshot_yaml`: `snapshot.yaml`; `policies`: policies;
+  - `kinds`: the input kinds and `cases(kind)`, the strategy tests/test_fuzz.py and bench/fuzz.py draw
+    cases from;
+- `runner`: `run_case` runs the command on a case in a forked child under an address-space limit and a
+  time limit, and collects its exit status, output and resource use;
+- `contract`: `violations`, what in a result breaks the contract, and `signature`, a short key that
+  groups the results of one bug;
+- `reducer`: `minimize`, a delta-debugging reducer that keeps a failing case small while its signature
+  holds;
+- `corpus`: `save_case` writes a failing case under `tests/fuzz_corpus/<hash>/` (its files plus a
   `case.json`), `load_corpus` reads every saved case back.
+
+A module imports only modules listed before it (`layout` none of the package), never the package.
+This file holds no code: it re-exports the names the tests and bench/ use, so that they import
+`tests.fuzzing` alone.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 key that groups the results of one bug.
 
 Owns the violation kinds and their order of importance, the checks of the exit code and of every
-stderr line (prefixed, located in a file of the case, not overlong, no traceback), the summary of a
-traceback or a faulthandler dump, and `describe`, the failure message of a test.
+stderr line (prefixed, located in a file of the case, not overlong, no traceback), of the JSON report,
+the summary of a traceback or a faulthandler dump, and `describe`, the failure message of a test.
 
 This module must not run anything: it reads a `CaseResult` only (tests/fuzzing/runner.py makes them).
 """

@@ -4,8 +4,8 @@ and writing the document back as JSON or YAML with the raw fragments in place.
 
 Owns walking a document's paths (`all_paths`, `get_path`) and the writers (`dump_json`, `dump_yaml`).
 This module must not pick a file of a case nor know what a field means: the strategies of each input
-(kubectl objects, policies) choose the document, and tests/fuzzing/objects.py the fields the rebalancer
-reads.
+(kubectl objects, policies) choose the document, and tests/fuzzing/object_fields.py the fields the
+rebalancer reads.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ bench/fuzz_reader.py): `exposition_texts` draws one from scratch, tame or wild, 
 meant as OpenMetrics.
 
 Owns the pools of what both parsers accept and of what one of them refuses or reads its own way. This
-module must not touch a case's other files nor run the command line: its expositions are read by the
-reader and by prometheus_client, and compared.
+module must not make cases nor run the command line: it yields texts, which the reader and
+prometheus_client read and the tests compare.
 """
 
 from __future__ import annotations

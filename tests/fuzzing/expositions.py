@@ -1,7 +1,7 @@
 """DCGM expositions of the snapshot (`.om`, `.prom`) mutated line by line: sample values, timestamps
 (scaled, out of order, removed), labels (escapes, duplicates, unclosed sets, bad names), families
 repeated, `# TYPE` changed, metadata dropped, `# EOF` removed, moved or added, garbage lines, CRLF,
-exemplars, renamed metrics.
+exemplars, renamed metrics; sometimes `snapshot.yaml` dropped, so that the instant comes from the samples.
 
 Owns `mutate_exposition` and its pools. This module must not build an exposition from scratch
 (tests/fuzzing/exposition_texts.py does, for the differential test of the exposition reader).

@@ -3,7 +3,7 @@
 Owns `mutate_bytes` (truncation, invalid UTF-8, NULs, BOMs, UTF-16 and latin-1, bit flips, deleted or
 repeated chunks, line ends, random bytes, splices) and `mutate_files` (gzip-compressed copies,
 subdirectories, deletions, copies, renames, hidden files, directories where files were, no or an empty
-snapshot directory, the policy inside it, odd names, a single file kept). This module must not decode a
+snapshot directory, the policy inside it, odd names, a single file kept). This module must not parse a
 file: what is inside it is for the structure-aware strategies.
 """
 

@@ -5,7 +5,7 @@ policies), the layout of a case directory (`snapshot/`, `policy.yaml`, `case.jso
 messages start with, the time and memory limits of a run, the command kinds (`ArgvKind`) and the types
 of decoded documents (`Json`, `JsonPath`).
 
-This module must hold no logic and import nothing of the harness: every other module imports it.
+This module must hold constants only and import nothing of the harness: every other module imports it.
 """
 
 from __future__ import annotations

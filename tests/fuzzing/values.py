@@ -6,8 +6,8 @@ scalars, nesting depths), `_Raw` (fragments written verbatim in place of a marke
 numbers, nesting thousands deep, YAML tags) and `nasty_value`, a value fitting a place or of any wrong
 type.
 
-Values only: this module must not know any input file or where a value goes (tests/fuzzing/edits.py
-and the strategies of each input place them).
+Values only: this module must not read a case or a file, nor change a document (tests/fuzzing/edits.py
+and the strategies of each input put the values in place).
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ class NodeFacts:
 
 
 # A frozen msgspec Struct, one per GPU of the report's GPU map (40,000 at 5,000 nodes): built in C
-# (`rebalancer.model` says why).
+# (`rebalancer.model.cluster` says why).
 class GpuCell(msgspec.Struct, frozen=True):
     """One GPU of a node at the snapshot: its state, the pods holding it, its averaged telemetry."""
 

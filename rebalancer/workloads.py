@@ -137,7 +137,8 @@ _WALKS_INTO: Mapping[str, frozenset[str]] = {
 }
 
 
-# A frozen msgspec Struct, one per pod of every cycle: built in C (`rebalancer.model` says why).
+# A frozen msgspec Struct, one per pod of every cycle: built in C
+# (`rebalancer.model.cluster` says why).
 class Resolved(msgspec.Struct, frozen=True):
     """A pod's workload: its key (a bare pod is its own), the controller object when the snapshot has
     it, and the kind of a parent the walk stopped below on purpose (a Job's CronJob)."""

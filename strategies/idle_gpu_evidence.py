@@ -103,7 +103,8 @@ class IdleGpuArgs(StrategyArgs):
         return next((rule for rule in self.actions if rule.matches(namespace, labels)), REPORT)
 
 
-# A frozen msgspec Struct, one per GPU pod of every cycle: built in C (`rebalancer.model` says why).
+# A frozen msgspec Struct, one per GPU pod of every cycle: built in C
+# (`rebalancer.model.cluster` says why).
 class Verdict(msgspec.Struct, frozen=True):
     """How one pod's GPUs look over the window."""
 

@@ -91,6 +91,8 @@ _LIVE_ONLY_FLAGS = (
     ("kubeconfig", "--kubeconfig", "only points at a live cluster"),
     ("context", "--context", "only points at a live cluster"),
     ("prometheus_url", "--prometheus-url", "only reads live telemetry (a snapshot carries its own)"),
+    ("state_file", "--state-file", "only keeps a live run's memory"),
+    ("state_namespace", "--state-namespace", "only keeps a live run's memory"),
 )
 
 
@@ -104,7 +106,9 @@ def _refuse_live_flags(args: argparse.Namespace, command: str = "once") -> None:
             ]
         )
     given = [
-        (flag, what) for attribute, flag, what in _LIVE_ONLY_FLAGS if getattr(args, attribute) is not None
+        (flag, what)
+        for attribute, flag, what in _LIVE_ONLY_FLAGS
+        if getattr(args, attribute, None) is not None
     ]
     if given:
         flags = ", ".join(flag for flag, _ in given)
@@ -329,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"exit {EXIT_WOULD_ACT} when the cycle evicted or changed a workload, or (dry run) would "
         "have: a CI job fails on a policy that would act",
     )
-    add_live_once_arguments(once)  # without --snapshot: one cycle against the live cluster
+    add_live_once_arguments(once, memory=True)  # without --snapshot: one cycle against the live cluster
     once.set_defaults(func=cmd_once)
 
     run = sub.add_parser("run", help="the daemon: cycles every interval, leader election, /metrics")

@@ -24,8 +24,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
 from rebalancer import rfc3339
 from rebalancer.daemon.clock import utcnow
 from rebalancer.errors import InputError
@@ -48,7 +46,6 @@ from rebalancer.sources.snapshot_history import snapshot_series
 from rebalancer.telemetry.exposition import Series
 from rebalancer.telemetry.identity import resolve_preset
 from rebalancer.waste import gpu_product
-from rebalancer.wording import quoted
 
 if TYPE_CHECKING:
     from rebalancer.sources.prometheus import PrometheusTelemetrySource
@@ -87,14 +84,7 @@ class HistoryInputs:
 
 def _prometheus(command: str, cfg: TelemetryConfig, url: str) -> PrometheusConfig | None:
     """The policy's connection with `--prometheus-url`; InputError naming the flag for a bad URL."""
-    try:
-        return prometheus_with_url(cfg.prometheus, url)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        detail = str(error["msg"]).removeprefix("Value error, ")
-        if error["type"] == "string_pattern_mismatch":
-            detail = "expected an http(s):// URL"
-        raise InputError([f"{command}: --prometheus-url: {detail} (got {quoted(redact_url(url))})"]) from None
+    return prometheus_with_url(cfg.prometheus, url, command)
 
 
 def _until(command: str, text: str | None) -> datetime | None:

@@ -83,7 +83,6 @@ def _capture_cluster(args: argparse.Namespace, loaded: LoadedPolicy, out: Path) 
 
 def run_snapshot(args: argparse.Namespace, loaded: LoadedPolicy) -> int:
     """`rebalancer snapshot` with the policy it names."""
-    from pydantic import ValidationError
 
     from rebalancer.policy import parse_duration, prometheus_with_url
     from rebalancer.redaction import redact_url
@@ -97,10 +96,9 @@ def run_snapshot(args: argparse.Namespace, loaded: LoadedPolicy) -> int:
         raise InputError(["snapshot: telemetry is disabled in the policy (telemetry: null)"])
     try:
         window = parse_duration(args.window)
-        conn = prometheus_with_url(cfg.prometheus, args.prometheus_url)
-    except ValueError as exc:  # pydantic's ValidationError is a ValueError too
-        detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
-        raise InputError([f"snapshot: {detail}"]) from None
+    except ValueError as exc:
+        raise InputError([f"snapshot: --window: {exc}"]) from None
+    conn = prometheus_with_url(cfg.prometheus, args.prometheus_url, "snapshot")
     if conn is None:
         raise InputError(
             ["snapshot: no Prometheus: pass --prometheus-url URL or set telemetry.prometheus.url"]

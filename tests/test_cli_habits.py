@@ -201,3 +201,9 @@ def test_restore_takes_n_or_a() -> None:
 def test_a_snapshot_refuses_n_it_could_not_honour(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["once", *DEMO_ARGS, "-n", "ml"]) == 2
     assert "once --snapshot: --namespace: only restricts the pods listed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--state-file", "--state-namespace"])
+def test_a_snapshot_refuses_the_memory_of_a_live_run(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["once", *DEMO_ARGS, flag, "x"]) == 2
+    assert f"once --snapshot: {flag}: only keeps a live run's memory" in capsys.readouterr().err

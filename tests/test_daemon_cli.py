@@ -233,8 +233,9 @@ def test_once_without_snapshot_runs_one_dry_run_cycle_on_the_cluster(
 
 @pytest.mark.usefixtures("quiet_logging")
 def test_once_no_dry_run_evicts(
-    api: FakeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    api: FakeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("POD_NAMESPACE", STATE_NS)
     config = kubeconfig(tmp_path / "kubeconfig", api.url)
     args = ["once", "--kubeconfig", str(config), "--policy", str(policy(tmp_path / "p.yaml"))]
     code = main([*args, "--no-dry-run", "--output", "json"])
@@ -242,7 +243,69 @@ def test_once_no_dry_run_evicts(
     assert code == 0 and report["mode"] == "live"
     assert [(d["pod"], d["outcome"]) for d in report["decisions"]] == [("lonely", "evicted")]
     assert api.pod("ml", "lonely") is None
-    assert [r.path for r in api.writes()] == ["/api/v1/namespaces/ml/pods/lonely/eviction"]
+    # What `run` writes around an eviction: the drain mark, the memory, the Events.
+    assert {(r.method, r.path) for r in api.writes()} == {
+        ("PATCH", "/api/v1/nodes/a-1"),
+        ("POST", "/api/v1/namespaces/ml/pods/lonely/eviction"),
+        ("POST", f"/api/v1/namespaces/{STATE_NS}/configmaps"),
+        ("PATCH", f"/api/v1/namespaces/{STATE_NS}/configmaps/{STATE_CONFIGMAP}"),
+        ("POST", "/api/v1/namespaces/ml/events"),
+        ("POST", "/api/v1/namespaces/default/events"),
+    }
+
+
+@pytest.mark.usefixtures("quiet_logging")
+def test_once_no_dry_run_takes_the_policy_s_eviction_section(
+    api: FakeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Server-side dry run: the API server checks the eviction and persists nothing, as `run` does.
+    config = kubeconfig(tmp_path / "kubeconfig", api.url)
+    live = policy(tmp_path / "p.yaml", dry_run=False, eviction={"server_dry_run": True})
+    code = main(["once", "--kubeconfig", str(config), "--policy", str(live), "--output", "json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["mode"] == "dry-run"
+    assert [(d["pod"], d["outcome"]) for d in report["decisions"]] == [("lonely", "would-evict")]
+    assert api.pod("ml", "lonely") is not None
+    (eviction,) = [r for r in api.writes() if r.path.endswith("/eviction")]
+    assert eviction.param("dryRun") == "All"
+
+    # A grace period the policy sets goes with the eviction.
+    graced = policy(tmp_path / "g.yaml", eviction={"grace_period_seconds": 7})
+    main(["once", "--kubeconfig", str(config), "--policy", str(graced), "--no-dry-run", "--output", "json"])
+    capsys.readouterr()
+    (eviction,) = [r for r in api.writes() if r.path.endswith("/eviction") and r.param("dryRun") is None]
+    assert eviction.body["deleteOptions"]["gracePeriodSeconds"] == 7
+
+
+@pytest.mark.usefixtures("quiet_logging")
+def test_live_once_runs_keep_the_daemon_s_memory_and_drain_marks(
+    api: FakeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What the CronJob does every 15 minutes: each run must see what the last one did, as the daemon's
+    # cycles do (cooldown, disruption budget, circuit breaker), and mark the node it drains.
+    monkeypatch.setenv("POD_NAMESPACE", STATE_NS)
+    config = kubeconfig(tmp_path / "kubeconfig", api.url)
+    args = ["once", "--kubeconfig", str(config), "--policy", str(policy(tmp_path / "p.yaml"))]
+    assert main([*args, "--no-dry-run", "--output", "json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert [(d["pod"], d["outcome"]) for d in first["decisions"]] == [("lonely", "evicted")]
+    node = api.node("a-1")
+    assert node is not None and [t["key"] for t in node["spec"].get("taints", [])] == [
+        "rebalancer.gpu/draining"
+    ]
+    stored = api.get("ConfigMap", STATE_CONFIGMAP, STATE_NS)
+    assert stored is not None
+    assert [e["pod"] for e in json.loads(stored["data"][STATE_KEY])["evictions"]] == ["lonely"]
+
+    # The ReplicaSet's replacement, back on a-1 (its mark lifted meanwhile): the workload is cooling down.
+    api.add(node_json("a-1"))
+    api.add(pod_json("lonely-2", "a-1"))
+    assert main([*args, "--no-dry-run", "--output", "json"]) == 0
+    second = json.loads(capsys.readouterr().out)
+    refused = {(d["pod"], d["blocked_by"]) for d in second["decisions"] if d["outcome"] is None}
+    assert ("lonely-2", "cooldown") in refused
+    assert all(d["outcome"] is None for d in second["decisions"])  # a-2's drain: the same workload
+    assert api.pod("ml", "lonely-2") is not None
 
 
 @pytest.mark.usefixtures("quiet_logging")

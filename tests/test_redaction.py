@@ -109,3 +109,28 @@ def test_a_bad_prometheus_url_is_refused_without_echoing_its_password(
     assert code == 2
     assert "expected an http(s):// URL" in err and "***@prom.example:9090" in err
     assert "hunter2" not in err
+
+
+@pytest.mark.parametrize("command", ["once", "run"])
+def test_a_prometheus_url_the_policy_s_credentials_refuse_is_an_error_at_start_without_them(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A token over plain http:// is refused by the policy; the flag must not turn that into a traceback
+    # quoting the URL's password (nor a daemon whose every cycle fails).
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "telemetry:\n  prometheus:\n    url: https://prometheus.example.com\n"
+        "    bearer_token_env: PROMETHEUS_BEARER_TOKEN\n"
+    )
+    config = kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:9")
+    argv = [command, "--kubeconfig", str(config), "--policy", str(policy)]
+    code = main([*argv, "--prometheus-url", "http://admin:hunter2@prom:9090"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.splitlines()[-1] == (
+        "rebalancer: error: --prometheus-url: url is plain http:// but credentials are configured "
+        "(bearer_token_env, credentials in url): they would cross the network unencrypted; use an "
+        "https:// url (plain http:// only to a loopback host: 127.0.0.1, ::1, localhost) "
+        "(got 'http://***@prom:9090')"
+    )
+    assert "hunter2" not in err and "Traceback" not in err

@@ -92,9 +92,18 @@ def add_service_account_token_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_live_once_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options `rebalancer once` needs without --snapshot (one live cycle, e.g. as a CronJob)."""
+def add_live_once_arguments(parser: argparse.ArgumentParser, *, memory: bool = False) -> None:
+    """The options `rebalancer once` needs without --snapshot (one live cycle, e.g. as a CronJob); with
+    `memory`, where a live run keeps the daemon's memory (what `explain`, always dry, has no use for)."""
     _add_cluster_arguments(parser)
+    if memory:
+        where = _add_memory_arguments(parser, where="the namespace of --state-namespace")
+        where.add_argument(
+            "--state-namespace",
+            default=None,
+            metavar="NS",
+            help="the state ConfigMap's namespace (default: the pod's, as the daemon's; else `default`)",
+        )
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -168,16 +177,24 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="time left before the renew deadline that a decision needs to start (default 2s)",
     )
+    _add_memory_arguments(parser, where="the Lease's namespace")
+
+
+def _add_memory_arguments(parser: argparse.ArgumentParser, *, where: str) -> argparse._ArgumentGroup:
+    """`--state-configmap` / `--state-file`: where a live run keeps the actuator's memory (the cooldowns,
+    the disruption budget and the circuit breaker plan with it); the group, for more options."""
     memory = parser.add_argument_group(
-        "actuator memory (circuit breaker, owned drains), kept across restarts and leader changes"
+        "actuator memory (cooldowns, disruption budget, circuit breaker, owned drains), kept across runs, "
+        "restarts and leader changes"
     )
-    where = memory.add_mutually_exclusive_group()
-    where.add_argument(
+    choice = memory.add_mutually_exclusive_group()
+    choice.add_argument(
         "--state-configmap",
         default=STATE_CONFIGMAP,
         metavar="NAME",
-        help=f"a ConfigMap in the Lease's namespace (default {STATE_CONFIGMAP}; unused with --dry-run)",
+        help=f"a ConfigMap in {where} (default {STATE_CONFIGMAP}; unused with --dry-run)",
     )
-    where.add_argument(
+    choice.add_argument(
         "--state-file", metavar="PATH", default=None, help="a JSON file instead (e.g. on a persistent volume)"
     )
+    return memory

@@ -8,11 +8,11 @@ and nothing else:
   bearer token be the pod's service-account token). `rebalancer run` builds it on a KubeCache (one
   watch per kind of nodes, pods and PDBs for the daemon's life, started by the first cycle, stopped at
   exit); a live `once` and `explain` list once;
-- the live edge: `rebalancer run` with the policy's `eviction:` section gets the ClusterActuator (drain
-  marks, checkpoint requests, and the memory kept by the state store: the ConfigMap `--state-configmap`
-  of the Lease's namespace, or `--state-file`; none when forced dry with `--dry-run`) and the Events
-  sink; a server-side dry run gets a plain KubeEvictor and an in-process memory; `once` a plain
-  KubeEvictor;
+- the live edge, the same for `rebalancer run` and a live `once`: the policy's `eviction:` section gets
+  the ClusterActuator (drain marks, checkpoint requests, and the memory kept by the state store: the
+  ConfigMap `--state-configmap` of the Lease's namespace (`once`: `--state-namespace`), or
+  `--state-file`; none when forced dry with `--dry-run`) and the Events sink; a server-side dry run
+  gets a plain KubeEvictor and an in-process memory;
 - the Lease elector, the notifiers (one worker per Slack / webhook sink), the metrics (with the watch
   cache's age and relists), the HTTP servers
   (`/metrics` `/healthz` `/readyz` on `--listen`, `/report` `/report.html` on `--report-listen`, or on
@@ -80,7 +80,6 @@ from rebalancer.sources.prometheus import PrometheusTelemetrySource
 from rebalancer.sources.prometheus_labels import LabelSets
 from rebalancer.sources.usage_history import PrometheusUsage
 from rebalancer.state import ConfigMapStateStore, FileStateStore, StateStore
-from rebalancer.wording import quoted
 
 __all__ = [
     "build_notifiers",
@@ -104,7 +103,9 @@ log = structlog.get_logger("rebalancer.daemon")
 
 
 def _prometheus(loaded: LoadedPolicy, url: str | None) -> PrometheusConfig | None:
-    """The policy's Prometheus connection, with its URL replaced by `url` when given."""
+    """The policy's Prometheus connection, with its URL replaced by `url` when given (InputError when
+    the connection refuses it: a reloaded policy's credentials over a plain http:// flag fail the cycle
+    with that message, never with the URL's credentials)."""
     cfg = loaded.policy.telemetry
     return prometheus_with_url(cfg.prometheus if cfg is not None else None, url)
 
@@ -175,16 +176,18 @@ def kube_snapshot_source(
 def build_state_store(
     args: argparse.Namespace, api_client: client.ApiClient, leadership: Leadership | None = None
 ) -> StateStore | None:
-    """Where `rebalancer run` keeps its memory: None when the run is forced dry (`--dry-run` writes
-    nothing), else the file `--state-file` or the ConfigMap `--state-configmap` in the Lease's
-    namespace (`--lease-namespace`, default the pod's), its writes fenced by the lease (not by the
-    cycle's deadline: the memory of what was done is always saved while this replica leads) and
-    stamped with the leader's term. Builds the store only: no request is made."""
+    """Where `rebalancer run` (and a live `once`) keeps its memory: None when the run is forced dry
+    (`--dry-run` writes nothing), else the file `--state-file` or the ConfigMap `--state-configmap` in
+    the Lease's namespace (`--lease-namespace`; `once`: `--state-namespace`; default the pod's), its
+    writes fenced by the lease (not by the cycle's deadline: the memory of what was done is always saved
+    while this replica leads) and stamped with the leader's term. Builds the store only: no request is
+    made."""
     if args.dry_run is True:
         return None
     if args.state_file is not None:
         return FileStateStore(args.state_file)
-    namespace = args.lease_namespace or _default_namespace()
+    namespace = getattr(args, "lease_namespace", None) or getattr(args, "state_namespace", None)
+    namespace = namespace or _default_namespace()
     if leadership is None:
         return ConfigMapStateStore(api_client, namespace=namespace, name=args.state_configmap)
     elector = leadership.elector
@@ -334,10 +337,11 @@ def _default_identity() -> str:
     return f"{base}_{uuid.uuid4().hex[:8]}"
 
 
-def _prometheus_url(args: argparse.Namespace) -> str | None:
+def _prometheus_url(args: argparse.Namespace, loaded: LoadedPolicy) -> str | None:
+    """`--prometheus-url`, refused at start (InputError, exit 2) when the policy's connection would
+    refuse it: not http(s), or plain http:// while the policy sends credentials."""
     url: str | None = args.prometheus_url
-    if url is not None and not url.startswith(("http://", "https://")):
-        raise InputError([f"--prometheus-url: expected an http(s):// URL, got {quoted(url)}"])
+    _prometheus(loaded, url)
     return url
 
 
@@ -366,7 +370,7 @@ def live_snapshot(args: argparse.Namespace, loaded: LoadedPolicy, now: datetime)
     configure_logging(args.log_format, level=logging.WARNING)
     source = kube_snapshot_source(
         _api_client(args),
-        prometheus_url=_prometheus_url(args),
+        prometheus_url=_prometheus_url(args, loaded),
         namespaces=args.namespaces,
         allow_service_account_token=args.allow_service_account_token,
         described=live_source_description(args),
@@ -379,22 +383,28 @@ def run_live_once(args: argparse.Namespace, loaded: LoadedPolicy) -> CycleReport
 
     Raises DaemonError (or the source's error) when the cluster cannot be read.
     """
+    prometheus_url = _prometheus_url(args, loaded)
     # The report goes to stdout; stderr gets only warnings and errors (no decision lines twice).
     configure_logging(args.log_format, level=logging.WARNING)
     api_client = _api_client(args)
     source = kube_snapshot_source(
         api_client,
-        prometheus_url=_prometheus_url(args),
+        prometheus_url=prometheus_url,
         namespaces=args.namespaces,
         allow_service_account_token=args.allow_service_account_token,
         described=live_source_description(args),
     )
+    # The edge of `run`: the policy's `eviction:` section, drain marks, and the daemon's memory, so that
+    # one run after another (a CronJob) keeps cooldowns, the disruption budget and the circuit breaker.
+    live, extra_sinks = live_edge(
+        api_client, loaded, _default_identity(), state_store=build_state_store(args, api_client)
+    )
     daemon = Daemon(
         loaded,
         source,
-        live=LiveEdge(KubeEvictor(api_client)),
+        live=live,
         dry_run=args.dry_run,
-        sinks=DaemonSinks(notifiers=default_notifiers),
+        sinks=DaemonSinks(notifiers=default_notifiers, extra=extra_sinks),
     )
     try:
         report = daemon.run_cycle(raise_errors=True)
@@ -408,11 +418,12 @@ def run_live_once(args: argparse.Namespace, loaded: LoadedPolicy) -> CycleReport
 def run_command(args: argparse.Namespace) -> int:
     """`rebalancer run`: serve until SIGTERM / SIGINT, then exit 0 after the decision in flight."""
     policy: PolicyWatcher | LoadedPolicy = PolicyWatcher(args.policy) if args.policy else default_policy()
+    loaded = policy.current if isinstance(policy, PolicyWatcher) else policy
+    prometheus_url = _prometheus_url(args, loaded)
     configure_logging(args.log_format)
     api_client = _api_client(args)
     identity = args.identity or _default_identity()
     metrics = DaemonMetrics()
-    loaded = policy.current if isinstance(policy, PolicyWatcher) else policy
 
     leadership: Leadership | None = None
     holder: list[Daemon] = []
@@ -452,7 +463,7 @@ def run_command(args: argparse.Namespace) -> int:
         policy,
         kube_snapshot_source(
             api_client,
-            prometheus_url=_prometheus_url(args),
+            prometheus_url=prometheus_url,
             namespaces=args.namespaces,
             allow_service_account_token=args.allow_service_account_token,
             described=live_source_description(args),

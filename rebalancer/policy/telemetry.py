@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from rebalancer.errors import InputError
 from rebalancer.policy.fields import Duration, StrictModel, refuse_secrets_over_plain_http
+from rebalancer.redaction import redact_url
+from rebalancer.wording import quoted
 
 __all__ = [
     "LabelMapping",
@@ -71,14 +74,25 @@ class PrometheusConfig(StrictModel):
         return self
 
 
-def prometheus_with_url(conn: PrometheusConfig | None, url: str | None) -> PrometheusConfig | None:
+def prometheus_with_url(
+    conn: PrometheusConfig | None, url: str | None, command: str | None = None
+) -> PrometheusConfig | None:
     """`conn` with its URL replaced by `url` (a command line's `--prometheus-url`), keeping the rest of
-    the connection settings; `conn` itself when no URL is given. Raises pydantic's ValidationError for
-    a URL the connection refuses."""
+    the connection settings; `conn` itself when no URL is given. A URL the connection refuses (not
+    http(s), or plain http:// with the policy's credentials) is an InputError naming `command` (when
+    given) and the flag, the URL shown without its credentials (pydantic's own message would quote them)."""
     if url is None:
         return conn
     base = conn.model_dump() if conn is not None else {}
-    return PrometheusConfig.model_validate({**base, "url": url})
+    try:
+        return PrometheusConfig.model_validate({**base, "url": url})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        detail = str(error["msg"]).removeprefix("Value error, ")
+        if error["type"] == "string_pattern_mismatch":
+            detail = "expected an http(s):// URL"
+        where = f"{command}: --prometheus-url" if command else "--prometheus-url"
+        raise InputError([f"{where}: {detail} (got {quoted(redact_url(url))})"]) from None
 
 
 class TelemetryConfig(StrictModel):

@@ -530,3 +530,37 @@ def test_explain_live_reads_the_cluster_as_once_does_and_never_writes(
     assert api.writes() == []
     assert main(["explain", "a-1", *base, "--no-dry-run"]) == 2
     assert "explain: --no-dry-run: explain never evicts" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("quiet_logging")
+def test_a_reloaded_eviction_section_is_not_half_applied(api: FakeApiServer, tmp_path: Path) -> None:
+    # The actuator is built from `eviction:` at start; a reload changing it keeps the whole running
+    # section (the planner's reschedule timeout included), runs the rest, says so, and counts it.
+    from rebalancer.daemon.reload import PolicyWatcher
+    from tests.test_daemon import sample
+
+    path = tmp_path / "policy.yaml"
+    live = {**POLICY, "dry_run": False}
+    path.write_text(json.dumps(live))
+    watcher = PolicyWatcher(path)
+    edge, extra = live_edge(api.api_client(), watcher.current, "me")
+    daemon = Daemon(
+        watcher,
+        kube_snapshot_source(api.api_client()),
+        live=edge,
+        sinks=DaemonSinks(extra=extra),
+        clock=Clock(wall=lambda: NOW),
+    )
+    started = watcher.current.policy.eviction
+    changed = {"server_dry_run": True, "reschedule_timeout": "20m"}
+    path.write_text(json.dumps({**live, "eviction": changed, "limits": {"max_per_cycle": 7}}))
+    report = daemon.run_cycle()
+    assert report is not None
+    running = daemon.policy.policy
+    assert running.eviction == started  # all of it, not the planner's part only
+    assert running.limits.max_per_cycle == 7  # the rest of the change runs
+    assert report.policy_digest == daemon.policy.digest != watcher.current.digest
+    assert sample(daemon, "gpu_rebalancer_policy_reload_errors_total") == 1
+    # Evicted as the running section says (for real), not as the file now says (server dry run).
+    (eviction,) = api.requests_to("/api/v1/namespaces/*/pods/*/eviction", "POST")
+    assert eviction.param("dryRun") is None and api.pod("ml", "lonely") is None

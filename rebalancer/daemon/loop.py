@@ -104,13 +104,14 @@ class DaemonError(Problems):
 class LiveEdge:
     """What a live cycle uses: the evictor, the memory it plans with, and what to tell about changes.
 
-    `memory` None keeps the history in process. `on_policy_change(old, new)` hears of every reload,
-    `on_lost_leadership()` of every term's end.
+    `memory` None keeps the history in process. `on_policy_change(old, new)` hears of every reload and
+    says which policy runs: `new`, or `new` with what the edge cannot change while it runs kept from
+    `old` (a reload error). `on_lost_leadership()` hears of every term's end.
     """
 
     evictor: Evictor
     memory: CycleMemory | None = None
-    on_policy_change: Callable[[LoadedPolicy, LoadedPolicy], None] | None = None
+    on_policy_change: Callable[[LoadedPolicy, LoadedPolicy], LoadedPolicy] | None = None
     on_lost_leadership: Callable[[], None] | None = None
     # The fence the evictor's writes ask (rebalancer.fence): the loop gives it the cycle's deadline and,
     # once a stop is requested, the shutdown's.
@@ -343,6 +344,10 @@ class Daemon:
             return
         old_loaded = self._loaded
         self._loaded = self._watcher.current
+        if self._live is not None and self._live.on_policy_change is not None:
+            self._loaded = self._live.on_policy_change(old_loaded, self._loaded)
+            if self._loaded is not self._watcher.current:
+                self.metrics.policy_reload_errors.inc()
         policy = self._loaded.policy
         log.info(
             "policy reloaded",
@@ -355,8 +360,6 @@ class Daemon:
             for notifier in self._notifiers:
                 notifier.close()
             self._notifiers = self._sinks.notifiers(policy.notify, self.metrics.notification)
-        if self._live is not None and self._live.on_policy_change is not None:
-            self._live.on_policy_change(old_loaded, self._loaded)
         if result.interval_changed and self._scheduler is not None:
             self._scheduler.reschedule_job(JOB_ID, trigger=self._trigger(policy.interval))
             log.info("cycle rescheduled", interval=format_duration(policy.interval))

@@ -219,15 +219,25 @@ def live_edge(
     """What `rebalancer run` puts around live evictions, and the sinks that go with it.
 
     The actuator is built once from the policy's `eviction:` section (a change there needs a restart:
-    the actuator's memory must not be lost). With `eviction.server_dry_run` the API server checks every
-    eviction and persists nothing, so there is no actuator: nothing of its own is written either.
+    the actuator's memory must not be lost), so a reload that changes it runs with the whole running
+    section kept (the planner reads it too: its timeouts must be the actuator's), says so, and counts a
+    reload error; `dry_run: true` still applies at once. With `eviction.server_dry_run` the API server
+    checks every eviction and persists nothing, so there is no actuator: nothing of its own is written
+    either.
     """
     cfg = loaded.policy.eviction
     requested_by = f"{REQUESTER}/{identity}"
 
-    def policy_changed(old: LoadedPolicy, new: LoadedPolicy) -> None:
-        if old.policy.eviction != new.policy.eviction:
-            log.warning("policy `eviction:` changed: restart the daemon to apply it (kept the running one)")
+    def policy_changed(old: LoadedPolicy, new: LoadedPolicy) -> LoadedPolicy:
+        if old.policy.eviction == new.policy.eviction:
+            return new
+        log.error(
+            "policy `eviction:` changed: restart the daemon to apply it; the rest of the change runs, "
+            "with the running `eviction:` section",
+            source=new.source,
+        )
+        kept = new.policy.model_copy(update={"eviction": old.policy.eviction})
+        return new.model_copy(update={"policy": kept})
 
     if cfg.server_dry_run:
         evictor = KubeEvictor(

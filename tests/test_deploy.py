@@ -354,6 +354,31 @@ def test_the_policy_configmap_is_the_default_policy_verbatim() -> None:
     assert policy_text() == (ROOT / "policies" / "default.yaml").read_text(encoding="utf-8")
 
 
+def uncommented(text: str, key: str) -> str:
+    """`text` with its commented-out `# key:` block (and the comment lines indented under it) as YAML."""
+    lines, out, inside = text.splitlines(), [], ""
+    for line in lines:
+        if (found := re.match(rf"^(\s*)# {re.escape(key)}:\s*$", line)) is not None:
+            inside = found[1]
+            out.append(f"{inside}{key}:")
+            continue
+        if inside and line.startswith(f"{inside}#   "):
+            out.append(inside + line[len(inside) + 2 :])
+            continue
+        inside = ""
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def test_the_shipped_prometheus_example_is_a_valid_policy_once_uncommented() -> None:
+    # An operator uncomments it in the ConfigMap: it must load, as the daemon (no extra flag) runs it.
+    text = uncommented(policy_text(), "prometheus")
+    assert text != policy_text()
+    loaded = loads_policy(text, "deploy/policy-configmap.yaml")
+    assert loaded.policy.telemetry is not None and loaded.policy.telemetry.prometheus is not None
+    assert loaded.policy.telemetry.prometheus.url == "http://prometheus-operated.monitoring.svc:9090"
+
+
 def test_the_policy_configmap_is_valid_and_dry_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

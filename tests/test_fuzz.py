@@ -312,3 +312,13 @@ def test_minimize_cuts_long_repetitions_keeping_brackets_matched() -> None:
     small = fuzzing.minimize(deep, keeps, budget=40)
     assert keeps(small)
     assert small.size < 10_000
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_every_edit_of_a_string_of_non_decimal_digits_is_drawn(data: st.DataObject) -> None:
+    # `"²".isdigit()` is true, but int() refuses it: a drawn edit must never crash the harness itself.
+    from tests.fuzzing.edits import edit_document
+    from tests.fuzzing.values import _Raw
+
+    data.draw(edit_document(["²", {"n": "③"}], _Raw()))

@@ -114,7 +114,7 @@ def edit_document(draw: st.DrawFn, doc: Json, raw: _Raw, *, extra: Sequence[Json
         return put({"value": value}), f"{where} wrapped in a mapping"
     if op == "stringify":
         if isinstance(value, str):
-            number = int(value) if value.isdigit() and len(value) < 100 else 0
+            number = int(value) if value.isdecimal() and len(value) < 100 else 0
             new = draw(st.sampled_from((number, len(value), [value], value * 2)))
         else:
             new = json.dumps(value, default=str)[:1000] if not isinstance(value, float) else str(value)

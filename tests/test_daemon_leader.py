@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
 from rebalancer.daemon.lease import LeaseElector
 from rebalancer.daemon.loop import Clock, Daemon, DaemonSinks, Leadership, LiveEdge
@@ -213,6 +214,38 @@ def test_a_leader_that_cannot_renew_stops_evicting_before_anyone_can_take_over(
     # And a cycle on the cut-off leader acts as a standby: it does not even build a snapshot.
     assert leader.daemon.run_cycle() is None
     assert leader.daemon.counts["standby"] == 1
+
+
+def test_a_replica_that_lost_the_lease_exports_no_gauge_of_its_last_cycle(
+    api: FakeApiServer, replicas: Callable[[str], Replica]
+) -> None:
+    """Both replicas are scraped: the ex-leader's last cycle must not be read as the cluster's state."""
+    api.add(pod_json("lonely", "a-1"))
+    one, two = replicas("replica-1"), replicas("replica-2")
+    leader = leader_of(one, two)
+    standby = two if leader is one else one
+    assert leader.daemon.run_cycle() is not None
+    assert gauges(leader, "gpu_rebalancer_nodes_freeable") == {(("gpu_model", "NVIDIA-A100-SXM4-80GB"),): 1}
+    leader.partition()  # still running, no longer renewing
+    wait_for(standby.elector.holds, 3, "the standby to take over")
+    assert leader.daemon.run_cycle() is None
+    assert leader.daemon.counts["standby"] == 1
+    assert gauges(leader, "gpu_rebalancer_leader") == {(): 0}
+    assert gauges(leader, "gpu_rebalancer_nodes_freeable") == {}
+    assert gauges(leader, "gpu_rebalancer_gpus_freeable") == {}
+    assert gauges(leader, "gpu_rebalancer_circuit_open") == {(): 0}
+    assert gauges(leader, "gpu_rebalancer_cycles_total")[(("result", "success"),)] == 1
+
+
+def gauges(replica: Replica, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The samples of `name` in the replica's /metrics exposition, by their labels."""
+    body, _ = replica.daemon.metrics.exposition()
+    return {
+        tuple(sorted(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+        if sample.name == name
+    }
 
 
 def test_the_elector_rejects_unsafe_timings() -> None:

@@ -7,6 +7,7 @@ import hmac
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -513,6 +514,62 @@ def test_circuit_open_follows_the_circuit_finding() -> None:
     assert _samples(metrics)[("gpu_rebalancer_circuit_open", ())] == 1
     metrics.publish(make_report())
     assert _samples(metrics)[("gpu_rebalancer_circuit_open", ())] == 0
+
+
+def test_a_replica_that_stops_leading_clears_the_last_cycles_gauges() -> None:
+    """Its last cycle no longer describes the cluster (the new leader's do): the per-cycle gauges are
+    those of a replica that has run no cycle; counters and the last success stay."""
+    metrics = DaemonMetrics()
+    leading = make_report(
+        decisions=[row("a")],
+        freed=["a-1"],
+        savings=20.0,
+        nodes={"a-1": NodeFacts(A100, 8), "a-3": NodeFacts(A100, 8)},
+        findings=[
+            Finding("circuit-open", namespace="ml", detail="ml/train still Pending"),
+            Finding("leaked-vram", node="a-3", gpu="GPU-9", fb_used_mib=1024.0),
+            Finding("idle-gpu", node="a-1", gpu="GPU-1", namespace="ml", pod="nb"),
+            Finding("gpu-rightsizing", namespace="ml", workload="ml/Job/b", saving_per_hour=4.0),
+        ],
+    )
+    metrics.publish(leading)
+    fresh = _samples(DaemonMetrics())
+    cycle_gauges = {
+        "gpu_rebalancer_nodes_freeable",
+        "gpu_rebalancer_gpus_freeable",
+        "gpu_rebalancer_idle_gpus",
+        "gpu_rebalancer_leaked_vram_bytes",
+        "gpu_rebalancer_estimated_savings_per_hour",
+        "gpu_rebalancer_rightsizing_savings_per_hour",
+        "gpu_rebalancer_circuit_open",
+    }
+    assert cycle_gauges <= {name for name, _ in _samples(metrics)}
+
+    metrics.clear_cycle_state()
+    samples = _samples(metrics)
+    assert {k: v for k, v in samples.items() if k[0] in cycle_gauges} == {
+        k: v for k, v in fresh.items() if k[0] in cycle_gauges
+    }
+    assert samples[("gpu_rebalancer_circuit_open", ())] == 0
+    assert samples[("gpu_rebalancer_cycles_total", (("result", "success"),))] == 1
+    assert samples[("gpu_rebalancer_last_success_timestamp_seconds", ())] == NOW.timestamp()
+    evicted = (("mode", "dry-run"), ("result", "would-evict"), ("strategy", "gpu-consolidation"))
+    assert samples[("gpu_rebalancer_evictions_total", evicted)] == 1
+
+
+def test_idle_gpu_seconds_are_not_counted_across_a_time_as_standby() -> None:
+    """Another replica led (and counted) meanwhile: the first cycle of a new term counts nothing."""
+    idle = [Finding("idle-gpu", node="a-1", gpu="GPU-1", namespace="ml", pod="nb")]
+    seconds = ("gpu_rebalancer_idle_gpu_seconds_total", (("namespace", "ml"),))
+    metrics = DaemonMetrics()
+    metrics.publish(make_report(findings=idle))
+    metrics.publish(replace(make_report(findings=idle), now=NOW + timedelta(minutes=5)))
+    assert _samples(metrics)[seconds] == 300
+    metrics.clear_cycle_state()
+    metrics.publish(replace(make_report(findings=idle), now=NOW + timedelta(minutes=30)))
+    assert _samples(metrics)[seconds] == 300
+    metrics.publish(replace(make_report(findings=idle), now=NOW + timedelta(minutes=35)))
+    assert _samples(metrics)[seconds] == 600
 
 
 def test_metrics_of_a_cycle_use_the_contract_names_and_no_pod_labels() -> None:

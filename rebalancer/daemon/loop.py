@@ -5,8 +5,9 @@ Owns running over time:
 - the schedule: an apscheduler 3.x interval job (`interval` from the policy, first cycle at start,
   `max_instances=1`, `coalesce=True`, jitter); a tick that finds the previous cycle still running is
   skipped and counted;
-- one cycle (`Daemon.run_cycle`): re-check the policy file, check leadership, read the wall clock once
-  (`now`), build the Snapshot (the injected `SnapshotSource`), then `run_cycle` with the dry-run
+- one cycle (`Daemon.run_cycle`): re-check the policy file, check leadership (a standby only counts the
+  tick and clears its last cycle's per-cycle gauges: the leader's describe the cluster), read the wall
+  clock once (`now`), build the Snapshot (the injected `SnapshotSource`), then `run_cycle` with the dry-run
   evictor or the live one (behind a `GatedEvictor`) and the memory of earlier cycles, and publish the
   report to the log sink, the extra sinks (Events) and the notifiers; count it in the metrics and keep
   it for `/report`. The cyclic garbage collector is paused for the whole cycle (`rebalancer.gcpause`),
@@ -419,6 +420,7 @@ class Daemon:
             if not leading:
                 self._standby = True
                 self._last_ok = self._clock.monotonic()
+                self.metrics.clear_cycle_state()  # the leader's gauges describe the cluster now
                 self._not_run("standby")
                 log.info("standby: another replica holds the lease", identity=leadership.elector.identity)
                 return None

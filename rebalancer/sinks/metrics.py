@@ -19,7 +19,8 @@ names) into counter increments and per-cycle gauges; the daemon adds the cycles 
 - `cycle_duration_seconds` (histogram), `last_success_timestamp_seconds`, `policy_valid`, `leader`,
   `build_info{version,python}`;
 - per-cycle state, replaced whole at the end of every successful cycle so that a scrape never sees
-  half of two cycles: `nodes_freeable{gpu_model}`, `idle_gpus{gpu_model}` (distinct GPU UUIDs of
+  half of two cycles, and cleared (`clear_cycle_state`) while the replica is a standby, since the
+  leader's describe the cluster: `nodes_freeable{gpu_model}`, `idle_gpus{gpu_model}` (distinct GPU UUIDs of
   per-GPU `idle-gpu` findings, and the GPUs of each idle workload's), `leaked_vram_bytes{node}`,
   `estimated_savings_per_hour` (absent when the policy has no prices),
   `rightsizing_savings_per_hour{namespace}` (what the gpu-rightsizing findings' changes would save an
@@ -406,9 +407,17 @@ class DaemonMetrics:
         self.cycles.labels(result="success").inc()
         self.last_success.set(report.now.timestamp())
 
+    def clear_cycle_state(self) -> None:
+        """This replica is not the leader: its last cycle no longer describes the cluster, so the
+        per-cycle gauges go back to those of a replica that has run no cycle (counters and the last
+        success stay), and its next cycle counts no idle GPU-seconds for the time it did not look."""
+        self._state.set(CycleState())
+        self._last_now = None
+
     def _count_idle(self, report: CycleReport) -> None:
         """The GPUs idle at this cycle, held idle since the previous one: a gap longer than
-        MAX_IDLE_GAP_SECONDS (the daemon was down or not the leader) counts nothing, since nobody looked."""
+        MAX_IDLE_GAP_SECONDS (the daemon was down) counts nothing, since nobody looked, and so does the
+        first cycle after a time as standby (`clear_cycle_state`), since the leader counted it."""
         last, self._last_now = self._last_now, report.now
         if last is None:
             return

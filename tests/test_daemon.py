@@ -371,6 +371,39 @@ def test_invalid_policy_change_keeps_the_running_policy(tmp_path: Path, daemons:
     assert sample(daemon, "gpu_rebalancer_policy_valid") == 1
 
 
+def test_an_unreadable_policy_file_keeps_the_running_policy_and_says_so_in_the_metrics(
+    tmp_path: Path, daemons: list[Daemon]
+) -> None:
+    """A removed file (a renamed ConfigMap key) is alerted on as an invalid one: counted once per time it
+    goes missing, the policy not valid while it stays so."""
+    path = write_policy(tmp_path / "policy.yaml")
+    daemon = Daemon(
+        PolicyWatcher(path), source, sinks=DaemonSinks(notifiers=no_notifiers), clock=Clock(wall=lambda: NOW)
+    )
+    daemons.append(daemon)
+    assert daemon.run_cycle() is not None
+
+    path.unlink()
+    with structlog.testing.capture_logs() as logs:
+        report = daemon.run_cycle()
+        daemon.run_cycle()
+    assert report is not None and report.summary.evictions == 5  # the running policy still runs
+    assert [e for e in logs if e["event"].startswith("policy file unreadable")]
+    assert sample(daemon, "gpu_rebalancer_policy_valid") == 0
+    assert sample(daemon, "gpu_rebalancer_policy_reload_errors_total") == 1
+    assert daemon.policy.policy.interval == 300
+
+    write_policy(path)  # back, with the running content
+    daemon.run_cycle()
+    assert sample(daemon, "gpu_rebalancer_policy_valid") == 1
+    assert sample(daemon, "gpu_rebalancer_policy_reload_errors_total") == 1
+
+    path.unlink()  # gone again: a new error
+    daemon.run_cycle()
+    assert sample(daemon, "gpu_rebalancer_policy_valid") == 0
+    assert sample(daemon, "gpu_rebalancer_policy_reload_errors_total") == 2
+
+
 def test_configmap_symlink_swap_is_noticed(tmp_path: Path) -> None:
     """kubelet's atomic update: policy.yaml -> ..data/policy.yaml, ..data -> ..<timestamp> swapped."""
     mount = tmp_path / "mount"

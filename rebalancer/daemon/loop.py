@@ -239,6 +239,7 @@ class Daemon:
     ) -> None:
         self._watcher = policy if isinstance(policy, PolicyWatcher) else None
         self._loaded = policy.current if isinstance(policy, PolicyWatcher) else policy
+        self._policy_unreadable = False  # the file could not be read at the last check (counted once)
         self._source = source
         self._live = live
         self._memory: CycleMemory = (live.memory if live is not None else None) or Memory()
@@ -331,8 +332,15 @@ class Daemon:
             return
         result = self._watcher.check()
         if result.status == "unreadable":
+            # As an invalid change for the metrics (a renamed ConfigMap key must alert too): one error
+            # each time the file goes missing, the policy not valid while it stays so.
             log.warning("policy file unreadable: keeping the running policy", problems=list(result.problems))
+            if not self._policy_unreadable:
+                self._policy_unreadable = True
+                self.metrics.policy_reload_errors.inc()
+            self.metrics.policy_valid.set(0)
             return
+        self._policy_unreadable = False
         if result.status == "invalid":
             log.error(
                 "policy change rejected: keeping the running policy",

@@ -323,12 +323,13 @@ class DaemonMetrics:
         )
         self.policy_reload_errors = Counter(
             f"{PREFIX}policy_reload_errors",
-            "Changed policy files that failed validation (the running policy was kept).",
+            "Changed policy files that failed validation or could not be read (the running policy was kept).",
             registry=reg,
         )
         self.policy_valid = Gauge(
             f"{PREFIX}policy_valid",
-            "1 when the policy file on disk is the running policy, 0 while it holds an invalid change.",
+            "1 when the policy file on disk is the running policy, 0 while it holds an invalid change or "
+            "cannot be read.",
             registry=reg,
         )
         self.leader = Gauge(

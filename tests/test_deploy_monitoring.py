@@ -4,7 +4,8 @@
   point at the Service's port;
 - every alert expression and annotation template passes `promtool check rules`, and `promtool test
   rules` shows each alert firing on the series the metrics sink really exports (label values taken
-  from the code) and staying quiet on a healthy replica pair;
+  from the code) and staying quiet on a healthy replica pair, and on the last cycle of a replica that
+  lost the Lease (alerts and panels read the per-cycle gauges of the leader only);
 - the dashboard parses, is the same in its ConfigMap and in grafana/, has the panels operators need,
   and every metric it queries is one DESIGN §8 lists and the metrics sink registers: each query is
   evaluated by promtool over a real scrape of the sink's registry (after a cycle of the demo
@@ -35,7 +36,7 @@ from rebalancer.evictor import DryRunEvictor
 from rebalancer.guards import PDB
 from rebalancer.model import PREDICTION_RESULTS, OutcomeResult
 from rebalancer.policy import LoadedPolicy, loads_policy, parse_policy
-from rebalancer.sinks.metrics import CYCLE_RESULTS, DaemonMetrics
+from rebalancer.sinks.metrics import CYCLE_GAUGES, CYCLE_RESULTS, DaemonMetrics
 from rebalancer.sources.files import load_snapshot_dir
 from rebalancer.sources.kube_cache import KubeCache, ListStatus
 from rebalancer.sources.snapshot_history import with_directory_usage
@@ -71,6 +72,8 @@ DESIGN_METRICS: dict[str, frozenset[str]] = {
     # Additive to §8: the daemon's watch cache, how long since the API server spoke, how often relisted.
     "gpu_rebalancer_cluster_cache_age_seconds": frozenset({"kind"}),
     "gpu_rebalancer_cluster_cache_relists_total": frozenset({"kind", "reason"}),
+    # Additive to §8: which replica leads (the per-cycle gauges are read from it only).
+    "gpu_rebalancer_leader": frozenset(),
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # Labels Prometheus adds to every scraped series (ServiceMonitor target labels).
@@ -404,6 +407,8 @@ HEALTHY = [
     series("gpu_rebalancer_last_success_timestamp_seconds", "0x300", STANDBY),
     series("gpu_rebalancer_build_info", "1x300", version="0.1.0", python="3.11.7"),
     series("gpu_rebalancer_build_info", "1x300", STANDBY, version="0.1.0", python="3.11.7"),
+    series("gpu_rebalancer_leader", "1x300"),
+    series("gpu_rebalancer_leader", "0x300", STANDBY),
     series("gpu_rebalancer_leaked_vram_bytes", "0x300", node="gpu-a-1"),
     series(
         "gpu_rebalancer_evictions_total",
@@ -483,10 +488,42 @@ def alert_scenarios() -> list[dict[str, Any]]:
             "input_series": [
                 *HEALTHY,
                 series("gpu_rebalancer_leaked_vram_bytes", "0x10 2147483648x200", node="gpu-b-7"),
-                # the standby still shows what it saw as leader long ago: max() per node is one alert
+                # the standby still shows what it saw as leader long ago: only the leader's is read
                 series("gpu_rebalancer_leaked_vram_bytes", "1073741824x200", STANDBY, node="gpu-b-7"),
             ],
-            "tests": [firing("30m", alert("GpuRebalancerLeakedVram", node="gpu-b-7", **ns))],
+            "tests": [
+                quiet("30m"),  # the leader has seen it for 20 minutes only; the standby's does not count
+                firing("45m", alert("GpuRebalancerLeakedVram", node="gpu-b-7", **ns)),
+            ],
+        },
+        {
+            # A replica that lost the Lease (an older version, or before its next tick clears them)
+            # still exports its last cycle's gauges: they are not the cluster's state.
+            "name": "an ex-leader's last cycle raises nothing",
+            "input_series": [
+                *HEALTHY,
+                series("gpu_rebalancer_circuit_open", "0x300"),
+                series("gpu_rebalancer_circuit_open", "1x300", STANDBY),
+                series("gpu_rebalancer_leaked_vram_bytes", "2147483648x300", STANDBY, node="gpu-b-9"),
+            ],
+            "tests": [quiet("30m"), quiet("2h")],
+        },
+        {
+            "name": "the lease moves while the circuit is open",
+            "input_series": [
+                *_without("gpu_rebalancer_leader"),
+                # a leads with the circuit open; b takes over at 20m and finds every evicted pod
+                # placed, while a still exports its last cycle's gauge
+                series("gpu_rebalancer_leader", "1x20 0x100"),
+                series("gpu_rebalancer_leader", "0x20 1x100", STANDBY),
+                series("gpu_rebalancer_circuit_open", "1x120"),
+                series("gpu_rebalancer_circuit_open", "0x120", STANDBY),
+            ],
+            "tests": [
+                firing("15m", alert("GpuRebalancerCircuitOpen", **ns)),
+                quiet("30m"),
+                quiet("90m"),
+            ],
         },
         {
             "name": "replacements land elsewhere than predicted",
@@ -636,14 +673,18 @@ def test_the_dashboard_has_the_panels_operators_need() -> None:
 
     assert queried("Evictions by strategy and result") == {"gpu_rebalancer_evictions_total"}
     assert queried("Blocked by guard") == {"gpu_rebalancer_blocked_total"}
-    assert queried("Idle GPUs by model") == {"gpu_rebalancer_idle_gpus"}
+    assert queried("Idle GPUs by model") == {"gpu_rebalancer_idle_gpus", "gpu_rebalancer_leader"}
     assert queried("Cycle duration") == {"gpu_rebalancer_cycle_duration_seconds"}
-    assert queried("Nodes freed by GPU model") == {"gpu_rebalancer_nodes_freeable"}
-    assert queried("Estimated savings per hour") == {"gpu_rebalancer_estimated_savings_per_hour"}
+    assert queried("Nodes freed by GPU model") == {"gpu_rebalancer_nodes_freeable", "gpu_rebalancer_leader"}
+    assert queried("Estimated savings per hour") == {
+        "gpu_rebalancer_estimated_savings_per_hour",
+        "gpu_rebalancer_leader",
+    }
     assert queried("Replacement landings by strategy and result") == {"gpu_rebalancer_predictions_total"}
     assert queried("Landed as predicted (range)") == {"gpu_rebalancer_predictions_total"}
     assert queried("Right-sizing savings per hour by namespace") == {
-        "gpu_rebalancer_rightsizing_savings_per_hour"
+        "gpu_rebalancer_rightsizing_savings_per_hour",
+        "gpu_rebalancer_leader",
     }
     assert queried("Cluster cache age by kind") == {"gpu_rebalancer_cluster_cache_age_seconds"}
     assert queried("Cluster cache relists by kind and reason") == {
@@ -663,16 +704,13 @@ def test_every_dashboard_query_returns_data_from_a_real_scrape(
     """Each query, evaluated by Prometheus' engine over the sink's own exposition (leader and standby)."""
     report = demo_report()
     leader, standby = DaemonMetrics(), DaemonMetrics()
+    leader.leader.set(1)  # as the daemon says of the replica holding the Lease
     leader.watch_cache(lambda: watched)  # the standby has listed nothing: no cache metrics
     leader.cycle_took(1.5)
     leader.publish(report)
     leader.publish(later(report))
     standby.cycle_not_run("standby")
-    input_series = []
-    for target, metrics in ((LEADER, leader), (STANDBY, standby)):
-        for name, labels, value, counter in scraped_series(generate_latest(metrics.registry).decode()):
-            values = f"{value:g}+{value:g}x120" if counter else f"{value:g}x120"
-            input_series.append(series(name, values, target, **labels))
+    input_series = scraped_input({"gpu-rebalancer-a": leader, "gpu-rebalancer-b": standby})
     tests = []
     for expr in dashboard_queries():
         promql = grafana_to_promql(expr)
@@ -692,4 +730,56 @@ def test_every_dashboard_query_returns_data_from_a_real_scrape(
     unit = {"tests": [{"interval": "1m", "input_series": input_series, "promql_expr_test": tests}]}
     (tmp_path / "dashboard_test.yaml").write_text(yaml.safe_dump(unit, sort_keys=False), encoding="utf-8")
     done = run_promtool(promtool, "test", "rules", "dashboard_test.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def scraped_input(replicas: Mapping[str, DaemonMetrics]) -> list[dict[str, str]]:
+    """promtool input series of each replica's exposition (by pod name), constant for two hours."""
+    input_series = []
+    for pod, metrics in replicas.items():
+        target = {**LEADER, "pod": pod}
+        for name, labels, value, counter in scraped_series(generate_latest(metrics.registry).decode()):
+            values = f"{value:g}+{value:g}x120" if counter else f"{value:g}x120"
+            input_series.append(series(name, values, target, **labels))
+    return input_series
+
+
+def reads_cycle_gauges(expr: str) -> bool:
+    return any(base_name(name) in CYCLE_GAUGES for name, _ in metric_selectors(expr))
+
+
+_LEADER_ONLY = re.compile(r"\band\s+on\s*\(\s*namespace\s*,\s*pod\s*\)\s*gpu_rebalancer_leader\s*==\s*1\b")
+
+
+def test_per_cycle_gauges_are_read_from_the_leader_only() -> None:
+    """Both replicas are scraped, and only the leader's last cycle describes the cluster."""
+    exprs = [*(rule["expr"] for rule in alerts().values()), *dashboard_queries()]
+    reading = [expr for expr in exprs if reads_cycle_gauges(expr)]
+    assert len(reading) >= 8
+    for expr in reading:
+        gauges = sum(1 for name, _ in metric_selectors(expr) if base_name(name) in CYCLE_GAUGES)
+        assert len(_LEADER_ONLY.findall(expr)) >= gauges, f"{expr!r} reads a standby's gauges too"
+
+
+def test_just_after_a_takeover_no_panel_shows_the_ex_leaders_last_cycle(
+    promtool: str, tmp_path: Path
+) -> None:
+    """The new leader has run no cycle yet; the ex-leader still exports its last one (until its next
+    tick as standby clears it): the per-cycle panels are empty, not the ex-leader's."""
+    report = demo_report()
+    new_leader, ex_leader = DaemonMetrics(), DaemonMetrics()
+    new_leader.leader.set(1)
+    ex_leader.publish(report)
+    ex_leader.publish(later(report))
+    ex_leader.leader.set(0)
+    input_series = scraped_input({"gpu-rebalancer-a": new_leader, "gpu-rebalancer-b": ex_leader})
+    tests = [
+        {"expr": grafana_to_promql(expr), "eval_time": "1h", "exp_samples": []}
+        for expr in dashboard_queries()
+        if reads_cycle_gauges(expr)
+    ]
+    assert len(tests) >= 6
+    unit = {"tests": [{"interval": "1m", "input_series": input_series, "promql_expr_test": tests}]}
+    (tmp_path / "takeover_test.yaml").write_text(yaml.safe_dump(unit, sort_keys=False), encoding="utf-8")
+    done = run_promtool(promtool, "test", "rules", "takeover_test.yaml", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -56,6 +56,7 @@ from rebalancer import __version__
 from rebalancer.cycle_report import CycleReport
 
 __all__ = [
+    "CYCLE_GAUGES",
     "CYCLE_RESULTS",
     "PREFIX",
     "CacheStatus",
@@ -224,6 +225,11 @@ class _CycleStateCollector(Collector):
         with self._lock:
             state = self._state
         return list(self._families(state))
+
+
+# The names of the per-cycle gauges: what a standby clears, and what dashboards and alerts read from the
+# leader only.
+CYCLE_GAUGES: tuple[str, ...] = tuple(family.name for family in _CycleStateCollector().describe())
 
 
 class CacheStatus(Protocol):

@@ -33,6 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rebalancer.cycle import run_cycle
 from rebalancer.cycle_report import CycleReport, PredictionCheck
 from rebalancer.evictor import DryRunEvictor
+from rebalancer.finding_kinds import FINDING_KINDS
 from rebalancer.guards import PDB
 from rebalancer.model import PREDICTION_RESULTS, OutcomeResult
 from rebalancer.policy import LoadedPolicy, loads_policy, parse_policy
@@ -42,7 +43,7 @@ from rebalancer.sources.kube_cache import KubeCache, ListStatus
 from rebalancer.sources.snapshot_history import with_directory_usage
 from tests.builders import replace
 from tests.fake_apiserver import FakeApiServer, node_json, pod_json
-from tests.test_deploy import DEPLOY, NAMESPACE, ROOT, find, policy_text
+from tests.test_deploy import DEPLOY, NAMESPACE, ROOT, find
 
 Manifest = dict[str, Any]
 
@@ -74,6 +75,8 @@ DESIGN_METRICS: dict[str, frozenset[str]] = {
     "gpu_rebalancer_cluster_cache_relists_total": frozenset({"kind", "reason"}),
     # Additive to §8: which replica leads (the per-cycle gauges are read from it only).
     "gpu_rebalancer_leader": frozenset(),
+    # Additive to §8: the last cycle's findings by kind (telemetry-unavailable: no GPU telemetry read).
+    "gpu_rebalancer_findings": frozenset({"kind"}),
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # Labels Prometheus adds to every scraped series (ServiceMonitor target labels).
@@ -313,17 +316,8 @@ def test_the_prometheus_rule_has_the_required_fields() -> None:
 
 
 def test_alert_expressions_query_exported_metrics(scraped: dict[str, frozenset[str]]) -> None:
-    telemetry = load_policy_telemetry_metrics()
-    check_queries((rule["expr"] for rule in alerts().values()), scraped, allow_dcgm=telemetry)
-
-
-def load_policy_telemetry_metrics() -> set[str]:
-    """The DCGM metric names the deployed policy reads (the stale-telemetry alert watches them)."""
-    from rebalancer.policy import loads_policy
-
-    telemetry = loads_policy(policy_text()).policy.telemetry
-    assert telemetry is not None
-    return {telemetry.utilization.name, telemetry.fb_used.name, telemetry.fb_free.name}
+    """Only the rebalancer's own: no alert depends on the exporter's metric names (`telemetry.preset`)."""
+    check_queries((rule["expr"] for rule in alerts().values()), scraped, allow_dcgm=set())
 
 
 def test_alert_label_values_are_ones_the_code_uses() -> None:
@@ -338,6 +332,8 @@ def test_alert_label_values_are_ones_the_code_uses() -> None:
                 assert matchers["guard"] == PDB
             if name == "gpu_rebalancer_predictions_total" and "result" in matchers:
                 assert set(matchers["result"].split("|")) <= set(PREDICTION_RESULTS)
+            if name == "gpu_rebalancer_findings":
+                assert matchers["kind"] in FINDING_KINDS
 
 
 def write_rules(directory: Path) -> Path:
@@ -410,6 +406,8 @@ HEALTHY = [
     series("gpu_rebalancer_leader", "1x300"),
     series("gpu_rebalancer_leader", "0x300", STANDBY),
     series("gpu_rebalancer_leaked_vram_bytes", "0x300", node="gpu-a-1"),
+    series("gpu_rebalancer_findings", "0x300", kind="telemetry-unavailable"),
+    series("gpu_rebalancer_findings", "2x300", kind="stale-telemetry"),
     series(
         "gpu_rebalancer_evictions_total",
         "0+1x300",
@@ -505,6 +503,7 @@ def alert_scenarios() -> list[dict[str, Any]]:
                 series("gpu_rebalancer_circuit_open", "0x300"),
                 series("gpu_rebalancer_circuit_open", "1x300", STANDBY),
                 series("gpu_rebalancer_leaked_vram_bytes", "2147483648x300", STANDBY, node="gpu-b-9"),
+                series("gpu_rebalancer_findings", "1x300", STANDBY, kind="telemetry-unavailable"),
             ],
             "tests": [quiet("30m"), quiet("2h")],
         },
@@ -577,9 +576,21 @@ def alert_scenarios() -> list[dict[str, Any]]:
             ],
         },
         {
-            "name": "no DCGM telemetry",
+            # Prometheus unreachable from the rebalancer, its token refused, or no recent samples of the
+            # metrics the policy reads: the exporter's series may be there or not.
+            "name": "the rebalancer reads no GPU telemetry",
+            "input_series": [
+                *_without("gpu_rebalancer_findings"),
+                series("gpu_rebalancer_findings", "0x5 1x200", kind="telemetry-unavailable"),
+            ],
+            "tests": [quiet("10m"), firing("30m", alert("GpuRebalancerTelemetryStale", **ns))],
+        },
+        {
+            # telemetry.preset nv-gpu, or a custom metric name: no DCGM_FI_ series at all, and the
+            # rebalancer reads its telemetry.
+            "name": "telemetry under another exporter's names",
             "input_series": _without("DCGM_FI_DEV_GPU_UTIL"),
-            "tests": [quiet("10m"), firing("30m", alert("GpuRebalancerTelemetryStale"))],
+            "tests": [quiet("30m"), quiet("2h")],
         },
     ]
 

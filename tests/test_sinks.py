@@ -15,6 +15,7 @@ import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
 from rebalancer.cycle_report import CycleReport, NodeFacts, ReportedDecision, Summary, WorkloadNotice
+from rebalancer.finding_kinds import FINDING_KINDS
 from rebalancer.model import Finding, Mode, OutcomeResult
 from rebalancer.policy import SlackSinkConfig, WebhookSinkConfig
 from rebalancer.report import decision_dict, summary_dict, to_dict
@@ -516,6 +517,22 @@ def test_circuit_open_follows_the_circuit_finding() -> None:
     assert _samples(metrics)[("gpu_rebalancer_circuit_open", ())] == 0
 
 
+def test_findings_of_the_last_cycle_are_counted_by_kind_every_kind_said() -> None:
+    """What alerts read the rebalancer's own view from (a telemetry-unavailable finding: it could not
+    read GPU telemetry, whatever the exporter's metric names), replaced whole every cycle."""
+    metrics = DaemonMetrics()
+    gauge = "gpu_rebalancer_findings"
+    unavailable = Finding("telemetry-unavailable", detail="Prometheus at http://prom:9090: timed out")
+    leaked = Finding("leaked-vram", node="a-3", gpu="GPU-9", fb_used_mib=1024.0)
+    metrics.publish(make_report(findings=[unavailable, leaked, replace(leaked, gpu="GPU-8")]))
+    samples = {dict(labels)["kind"]: v for (name, labels), v in _samples(metrics).items() if name == gauge}
+    assert samples == dict.fromkeys(FINDING_KINDS, 0) | {"telemetry-unavailable": 1, "leaked-vram": 2}
+    metrics.publish(make_report())
+    samples = {dict(labels)["kind"]: v for (name, labels), v in _samples(metrics).items() if name == gauge}
+    assert samples == dict.fromkeys(FINDING_KINDS, 0)
+    assert not any(name == gauge for name, _ in _samples(DaemonMetrics()))  # no cycle, no findings
+
+
 def test_a_replica_that_stops_leading_clears_the_last_cycles_gauges() -> None:
     """Its last cycle no longer describes the cluster (the new leader's do): the per-cycle gauges are
     those of a replica that has run no cycle; counters and the last success stay."""
@@ -542,6 +559,7 @@ def test_a_replica_that_stops_leading_clears_the_last_cycles_gauges() -> None:
         "gpu_rebalancer_estimated_savings_per_hour",
         "gpu_rebalancer_rightsizing_savings_per_hour",
         "gpu_rebalancer_circuit_open",
+        "gpu_rebalancer_findings",
     }
     assert cycle_gauges <= {name for name, _ in _samples(metrics)}
 

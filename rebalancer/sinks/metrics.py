@@ -24,7 +24,9 @@ names) into counter increments and per-cycle gauges; the daemon adds the cycles 
   per-GPU `idle-gpu` findings, and the GPUs of each idle workload's), `leaked_vram_bytes{node}`,
   `estimated_savings_per_hour` (absent when the policy has no prices),
   `rightsizing_savings_per_hour{namespace}` (what the gpu-rightsizing findings' changes would save an
-  hour, at the policy's prices, by the workload's namespace);
+  hour, at the policy's prices, by the workload's namespace), `findings{kind}` (the cycle's findings of
+  every kind `finding_kinds` lists, 0 for those it did not report: `telemetry-unavailable` says that it
+  read no GPU telemetry, whatever the exporter's metric names);
 - the daemon's watch cache of nodes, pods and PDBs, read at scrape time from what `watch_cache` was
   given (`KubeCache.status`): `cluster_cache_age_seconds{kind}` (seconds since the API server was last
   heard from about the kind: a list, a watch, an event or bookmark; the oldest of its lists when the
@@ -54,6 +56,7 @@ from prometheus_client.registry import Collector
 
 from rebalancer import __version__
 from rebalancer.cycle_report import CycleReport
+from rebalancer.finding_kinds import FINDING_KINDS
 
 __all__ = [
     "CYCLE_GAUGES",
@@ -87,6 +90,8 @@ class CycleState:
     estimated_savings_per_hour: float | None = None
     circuit_open: bool = False
     rightsizing_savings_per_hour: Mapping[str, float] = field(default_factory=dict)
+    # Findings by kind, every kind said (empty: no cycle, no samples).
+    findings: Mapping[str, int] = field(default_factory=dict)
 
 
 def cycle_state(report: CycleReport) -> CycleState:
@@ -131,6 +136,10 @@ def cycle_state(report: CycleReport) -> CycleState:
         if finding.kind == RIGHTSIZING and finding.namespace and finding.saving_per_hour is not None:
             rightsizing[finding.namespace] = rightsizing.get(finding.namespace, 0.0) + finding.saving_per_hour
 
+    found: dict[str, int] = dict.fromkeys(FINDING_KINDS, 0)
+    for finding in report.findings:
+        found[finding.kind] += 1
+
     return CycleState(
         nodes_freeable=dict(freeable),
         gpus_freeable=dict(gpus_freeable),
@@ -139,6 +148,7 @@ def cycle_state(report: CycleReport) -> CycleState:
         estimated_savings_per_hour=report.summary.estimated_savings_per_hour,
         circuit_open=any(finding.kind == "circuit-open" for finding in report.findings),
         rightsizing_savings_per_hour=rightsizing,
+        findings=found,
     )
 
 
@@ -195,6 +205,12 @@ class _CycleStateCollector(Collector):
             "What the changes gpu-rightsizing recommends would save an hour, at policy prices, by namespace.",
             ["namespace"],
         )
+        findings = _gauge(
+            "findings",
+            "Findings of the last cycle by kind, 0 for a kind it did not report (telemetry-unavailable: "
+            "no GPU telemetry could be read).",
+            ["kind"],
+        )
         if state is not None:
             for model, count in sorted(state.nodes_freeable.items()):
                 freeable.add_metric([model], count)
@@ -209,6 +225,8 @@ class _CycleStateCollector(Collector):
                 savings.add_metric([], state.estimated_savings_per_hour)
             for namespace, saving in sorted(state.rightsizing_savings_per_hour.items()):
                 rightsizing.add_metric([namespace], saving)
+            for kind, count in sorted(state.findings.items()):
+                findings.add_metric([kind], count)
         yield freeable
         yield gpus_freeable
         yield circuit
@@ -217,6 +235,7 @@ class _CycleStateCollector(Collector):
         if state is None or state.estimated_savings_per_hour is not None:
             yield savings
         yield rightsizing
+        yield findings
 
     def describe(self) -> Iterable[Metric]:
         return list(self._families(None))

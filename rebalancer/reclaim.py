@@ -4,11 +4,15 @@ Owns the writes to a workload's own object (`rebalancer.workloads.KINDS`: where 
 that the `idle-gpu` strategy's workload proposals ask for, and `rebalancer restore`'s undoing of them:
 
 - `notify`: `rebalancer.gpu/idle-since: <now>` on the workload (kept when already there);
-- `reclaim`, by the kind's way: `scale` reads the `scale` subresource, records the replicas it had
-  (`rebalancer.gpu/scaled-down-from`, with `reclaimed-at`, `reclaimed-by`, `reclaim-reason`) and then
-  sets `spec.replicas: 0` through `scale`; `suspend` sets `spec.suspend: true` (Job, JobSet, a
-  Kueue-managed Job) and `stop` Kubeflow's `kubeflow-resource-stopped` (Notebook), each in one write
-  with the same record; `idle-since` is removed, so a restored workload starts a new idle period;
+- `reclaim`, by the kind's way: `scale` reads the `scale` subresource, sets `spec.replicas: 0` through
+  it and then records the replicas it had (`rebalancer.gpu/scaled-down-from`, with `reclaimed-at`,
+  `reclaimed-by`, `reclaim-reason`); `suspend` sets `spec.suspend: true` (Job, JobSet, a Kueue-managed
+  Job) and `stop` Kubeflow's `kubeflow-resource-stopped` (Notebook), each in one write with the same
+  record; `idle-since` is removed with the record, so a restored workload starts a new idle period.
+  The record never goes before the change it records, so a running workload never carries one: a scale
+  that cannot be made leaves the workload as it was, idle-since too (the next cycle tries again); a
+  retry that finds the workload at 0 after its own scale (the answer lost) only writes the record; a
+  record that cannot follow its scale is an `error` saying so, with the `kubectl scale` that undoes it;
 - `clear`: `idle-since` removed (the workload computed again);
 - `restore`: the reclaim undone from the record (replicas back, `suspend: false`, the stop annotation
   removed) and the record removed; the owner's `snooze-until` is kept.
@@ -16,9 +20,10 @@ that the `idle-gpu` strategy's workload proposals ask for, and `rebalancer resto
 Every write re-reads the object first and is a JSON patch that tests its resourceVersion, so a change
 made meanwhile (a conflict, 409 / 422) is read again and judged again; a reclaim is not attempted when
 the owner snoozed it or the idle mark went away since the snapshot. Transient failures are retried a
-bounded number of times (`kubeapi.with_retries`); every write asks the write fence first and clips its
-timeout to it. One outcome per pod of the decision, all alike. Server-side dry run (`dryRun=All`) runs
-the API server's checks and persists nothing.
+bounded number of times (`kubeapi.with_retries`; a reclaim by scale's two writes share the attempts,
+each reading again); every write asks the write fence first and clips its timeout to it. One outcome
+per pod of the decision, all alike. Server-side dry run (`dryRun=All`) runs the API server's checks and
+persists nothing.
 
 It must not decide anything (the strategy proposed, the planner approved), read the clock (`now` is
 given), or write anything but the annotations named here, `spec.replicas` through `scale` and
@@ -61,6 +66,7 @@ from rebalancer.workloads import (
     SCALED_DOWN_FROM,
     SNOOZE_UNTIL,
     Kind,
+    kubectl_resource,
     result_of,
 )
 
@@ -102,6 +108,26 @@ class _Target:
     @property
     def where(self) -> str:
         return f"{self.kind.kind} {self.namespace}/{self.name}"
+
+
+@dataclass(slots=True)
+class _Scaled:
+    """A reclaim's scale to 0 across the attempts of its write: the replicas it scales from (0: not sent
+    yet) and whether it went through (then only its record may be missing)."""
+
+    replicas: int = 0
+    done: bool = False
+
+
+def _still_due(where: str, notes: Mapping[str, str], now: datetime) -> None:
+    """Nothing is reclaimed that the owner snoozed, or whose idle mark went away, since the snapshot."""
+    snooze = notes.get(SNOOZE_UNTIL)
+    if snooze is not None:
+        until = rfc3339.parse_or_none(snooze.strip())
+        if until is None or until > now:
+            raise _Skip("error", f"{NOT_ATTEMPTED}{where} was snoozed meanwhile ({SNOOZE_UNTIL}: {snooze})")
+    if IDLE_SINCE not in notes:
+        raise _Skip("error", f"{NOT_ATTEMPTED}the idle mark on {where} was removed meanwhile")
 
 
 def _retry_write(exc: BaseException) -> bool:
@@ -156,6 +182,8 @@ class WorkloadWriter:
         stamp = rfc3339.format_utc(now)
         where = target.where
 
+        scaled = _Scaled()
+
         def write() -> str:
             current = self._read(target)
             notes = dict((current.get("metadata") or {}).get("annotations") or {})
@@ -170,9 +198,20 @@ class WorkloadWriter:
                     raise _Skip(done, f"{where} has no {IDLE_SINCE} any more")
                 self._patch(target, current, notes)
                 return f"{IDLE_SINCE} removed from {where}"
-            return self._reclaim(action, target, current, notes, reason=reason, now=now)
+            return self._reclaim(action, target, current, notes, reason=reason, now=now, scaled=scaled)
 
-        return self._attempt(write, done, target.namespace)
+        result, detail = self._attempt(write, done, target.namespace)
+        if result == "error" and scaled.done:
+            log.warning("%s scaled to 0 replicas from %d without its reclaim record", where, scaled.replicas)
+            undo = (
+                f"kubectl scale {kubectl_resource(target.kind)} {target.name} -n {target.namespace} "
+                f"--replicas={scaled.replicas}"
+            )
+            detail = (
+                f"{where} scaled from {scaled.replicas} to 0 replicas, but its reclaim record was not "
+                f"written ({detail}); undo by hand: {undo}"
+            )
+        return result, detail
 
     def _reclaim(
         self,
@@ -183,32 +222,33 @@ class WorkloadWriter:
         *,
         reason: str,
         now: datetime,
+        scaled: _Scaled,
     ) -> str:
         where = target.where
         stamp = rfc3339.format_utc(now)
-        snooze = notes.get(SNOOZE_UNTIL)
-        if snooze is not None:
-            until = rfc3339.parse_or_none(snooze.strip())
-            if until is None or until > now:
-                raise _Skip(
-                    "error", f"{NOT_ATTEMPTED}{where} was snoozed meanwhile ({SNOOZE_UNTIL}: {snooze})"
-                )
-        if IDLE_SINCE not in notes:
-            raise _Skip("error", f"{NOT_ATTEMPTED}the idle mark on {where} was removed meanwhile")
-        notes.pop(IDLE_SINCE)
-        notes.update({RECLAIMED_AT: stamp, RECLAIMED_BY: action.how or "", RECLAIM_REASON: reason})
+        record = {RECLAIMED_AT: stamp, RECLAIMED_BY: action.how or "", RECLAIM_REASON: reason}
         spec = current.get("spec") or {}
         if action.how == "scale":
-            replicas = _replicas(self._read(target, scale=True))
-            if replicas == 0:
-                raise _Skip("gone", f"{where} is already at 0 replicas")
-            notes[SCALED_DOWN_FROM] = str(replicas)
+            # The scale first, then the record: a running workload never carries a reclaim record, and a
+            # scale that fails leaves idle-since for the next cycle. A retry that finds the workload at 0
+            # after this reclaim sent its scale (an answer lost, a record not written) only records it.
+            scale = self._read(target, scale=True)
+            if not (scaled.replicas and _replicas(scale) == 0):
+                _still_due(where, notes, now)
+                if _replicas(scale) == 0:
+                    raise _Skip("gone", f"{where} is already at 0 replicas")
+                scaled.replicas = _replicas(scale)
+                self._patch_scale(target, current, 0)  # at the version judged: the scale shares it
+                current = self._read(target)  # the scale moved the version on
+                notes = dict((current.get("metadata") or {}).get("annotations") or {})
+            scaled.done = not self._server_dry_run
+            notes.pop(IDLE_SINCE, None)
+            notes.update({**record, SCALED_DOWN_FROM: str(scaled.replicas)})
             self._patch(target, current, notes)
-            try:  # the record changed the object's resourceVersion, which the scale shares
-                self._patch_scale(target, self._read(target, scale=True), 0)
-            except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
-                raise _Skip("error", f"{where} recorded but not scaled to 0: {describe_answer(exc)}") from exc
-            return f"{where} scaled from {replicas} to 0 replicas"
+            return f"{where} scaled from {scaled.replicas} to 0 replicas"
+        _still_due(where, notes, now)
+        notes.pop(IDLE_SINCE)
+        notes.update(record)
         if action.how == "suspend":
             if spec.get("suspend") is True:
                 raise _Skip("gone", f"{where} is already suspended")

@@ -1,5 +1,6 @@
 """Reclaiming idle GPUs for real, against the fake API server: notify, grace, reclaim, snooze, busy again,
-restore, every owner kind, dry runs that write nothing, and a restart in the middle of a grace period.
+restore, every owner kind, dry runs that write nothing, a restart in the middle of a grace period, and a
+scale to 0 that fails, or whose record cannot follow it.
 
 Each cycle is a fresh source, evictor and policy, as after a restart or a leader change: all the state
 the lifecycle needs is on the workload's annotations.
@@ -19,6 +20,7 @@ from rebalancer.cli import main
 from rebalancer.cycle import run_cycle
 from rebalancer.cycle_report import CycleReport
 from rebalancer.evictor import DryRunEvictor
+from rebalancer.fence import UNFENCED, Fence, WriteFence
 from rebalancer.kube_evictor import KubeEvictor
 from rebalancer.model import GpuTelemetry, Telemetry
 from rebalancer.policy import LoadedPolicy, parse_policy
@@ -28,6 +30,8 @@ from rebalancer.sources.kube import KubeSource
 from rebalancer.workloads import (
     IDLE_SINCE,
     KUBEFLOW_STOPPED,
+    RECLAIM_REASON,
+    RECLAIMED_AT,
     RECLAIMED_BY,
     SCALED_DOWN_FROM,
     SNOOZE_UNTIL,
@@ -73,11 +77,12 @@ def _cycle(
     *,
     loaded: LoadedPolicy | None = None,
     dry_run: bool = False,
+    fence: Fence = UNFENCED,
 ) -> CycleReport:
     loaded = loaded or _policy()
     source = KubeSource(api_client, loaded, telemetry=_at(tel, at), sleep=lambda _s: None)
     snapshot = source.snapshot(at)
-    evictor = DryRunEvictor() if dry_run else KubeEvictor(api_client, sleep=lambda _s: None)
+    evictor = DryRunEvictor() if dry_run else KubeEvictor(api_client, sleep=lambda _s: None, fence=fence)
     sinks = [] if dry_run else [KubeEventsSink(api_client)]
     return run_cycle(snapshot, loaded, evictor, sinks)
 
@@ -264,6 +269,139 @@ def test_restore_all_reclaimed_from_the_command_line(
         main(["restore", "nonsense", "--kubeconfig", str(config)])
     assert bad.value.code == 2
     assert "expected NAMESPACE/KIND/NAME" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- a scale that fails
+
+SCALE = "*/statefulsets/alice/scale"
+RECORD = "*/statefulsets/alice"
+
+
+def _due(cluster: FakeApiServer) -> str:
+    """alice, told 5 hours ago: past its grace period. Its idle-since."""
+    told = rfc3339.format_utc(NOW - timedelta(hours=5))
+    _notebook(cluster, annotations={IDLE_SINCE: told})
+    return told
+
+
+def _reclaim_row(report: CycleReport) -> tuple[str | None, str]:
+    [row] = [d for d in report.decisions if d.strategy == "idle-gpu"]
+    return row.outcome, row.reason
+
+
+def _scaled_without_record(cluster: FakeApiServer, report: CycleReport, told: str) -> str:
+    """alice at 0 replicas with only its idle-since, and an error that says so and how to undo it: the
+    error's words."""
+    outcome, reason = _reclaim_row(report)
+    assert outcome == "error"
+    assert (
+        f"StatefulSet {NS}/alice scaled from 1 to 0 replicas, but its reclaim record was not written"
+        in reason
+    )
+    assert f"kubectl scale statefulset alice -n {NS} --replicas=1" in reason
+    assert _replicas(cluster, "StatefulSet", "alice") == 0
+    assert _notes(cluster, "StatefulSet", "alice") == {IDLE_SINCE: told}
+    return reason
+
+
+def test_one_transient_failure_of_the_scale_is_retried_and_the_reclaim_completes(
+    cluster: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    _due(cluster)
+    cluster.inject(SCALE, status=503, times=1, method="PATCH")
+    report = _cycle(api_client, _idle(["alice-0"]), NOW)
+    assert [(n.verb, n.result) for n in report.notices] == [("reclaim", "scaled")]
+    assert _replicas(cluster, "StatefulSet", "alice") == 0
+    notes = _notes(cluster, "StatefulSet", "alice")
+    assert (notes[SCALED_DOWN_FROM], notes[RECLAIMED_BY]) == ("1", "scale")
+    assert {RECLAIMED_AT, RECLAIM_REASON} <= set(notes)
+    assert IDLE_SINCE not in notes
+    assert len(cluster.requests_to(SCALE, "PATCH")) == 2
+
+
+def test_a_scale_whose_answer_was_lost_is_recorded_not_judged_again(
+    cluster: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    """The scale went through but its answer never came: the retry finds the workload at 0 replicas, which
+    is this reclaim's own doing, and writes the record with the replicas it had."""
+    _due(cluster)
+    cluster.inject(SCALE, drop=True, lose_answer=True, times=1, method="PATCH")
+    report = _cycle(api_client, _idle(["alice-0"]), NOW)
+    assert [n.result for n in report.notices] == ["scaled"]
+    assert _replicas(cluster, "StatefulSet", "alice") == 0
+    notes = _notes(cluster, "StatefulSet", "alice")
+    assert (notes[SCALED_DOWN_FROM], notes[RECLAIMED_BY]) == ("1", "scale")
+    assert IDLE_SINCE not in notes
+    restored = WorkloadWriter(api_client).restore(NS, "StatefulSet", "alice")
+    assert restored.ok, restored.detail
+    assert _replicas(cluster, "StatefulSet", "alice") == 1
+
+
+def test_a_scale_that_keeps_failing_writes_nothing_and_the_next_cycle_reclaims(
+    cluster: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    """A running workload never carries a reclaim record: its idle-since stays, so the next cycle reclaims
+    it (its grace period is long over) instead of telling the owner again."""
+    told = _due(cluster)
+    cluster.inject(SCALE, status=503, times=None, method="PATCH")
+    failed = _cycle(api_client, _idle(["alice-0"]), NOW)
+    outcome, reason = _reclaim_row(failed)
+    assert outcome == "error"
+    assert "HTTP 503" in reason
+    assert failed.notices == ()
+    assert _replicas(cluster, "StatefulSet", "alice") == 1
+    assert _notes(cluster, "StatefulSet", "alice") == {IDLE_SINCE: told}
+    assert not cluster.requests_to(RECORD, "PATCH")
+    assert "was not reclaimed" in WorkloadWriter(api_client).restore(NS, "StatefulSet", "alice").detail
+
+    cluster.clear_faults()
+    again = _cycle(api_client, _idle(["alice-0"]), NOW + timedelta(minutes=5))
+    assert [(n.verb, n.result) for n in again.notices] == [("reclaim", "scaled")]
+    assert _replicas(cluster, "StatefulSet", "alice") == 0
+    notes = _notes(cluster, "StatefulSet", "alice")
+    assert (notes[SCALED_DOWN_FROM], notes[RECLAIMED_BY]) == ("1", "scale")
+
+
+def test_a_record_that_cannot_follow_the_scale_is_reported_with_the_undo(
+    cluster: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    told = _due(cluster)
+    cluster.inject(RECORD, status=503, times=None, method="PATCH")
+    report = _cycle(api_client, _idle(["alice-0"]), NOW)
+    assert "HTTP 503" in _scaled_without_record(cluster, report, told)
+
+
+class _Lease:
+    """A leader lease with time to spare for the first `checks` writes, then lost."""
+
+    def __init__(self, checks: int) -> None:
+        self.checks = checks
+
+    def __call__(self) -> float:
+        self.checks -= 1
+        return 60.0 if self.checks >= 0 else 0.0
+
+
+def test_a_lease_lost_between_the_scale_and_its_record_is_reported_as_it_is(
+    cluster: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    """The outcome says what was written: the scale, not the record, and how to undo it."""
+    told = _due(cluster)
+    report = _cycle(api_client, _idle(["alice-0"]), NOW, fence=WriteFence(_Lease(1)))
+    assert "no longer holds the leader lease" in _scaled_without_record(cluster, report, told)
+
+
+def test_a_lease_lost_before_the_scale_writes_nothing_and_says_not_attempted(
+    cluster: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    told = _due(cluster)
+    report = _cycle(api_client, _idle(["alice-0"]), NOW, fence=WriteFence(_Lease(0)))
+    outcome, reason = _reclaim_row(report)
+    assert outcome == "error"
+    assert "error: not attempted: this replica no longer holds the leader lease" in reason
+    assert _replicas(cluster, "StatefulSet", "alice") == 1
+    assert _notes(cluster, "StatefulSet", "alice") == {IDLE_SINCE: told}
+    assert not cluster.writes()
 
 
 # --------------------------------------------------------------------------- per workload

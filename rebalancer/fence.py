@@ -10,7 +10,9 @@ in flight when another replica may lead.
   the elector: what a write may take), and an optional deadline on the monotonic clock (the cycle's,
   the shutdown's) before which a write must *start*. A write started before the deadline keeps its
   own request timeout: cutting it short would leave an eviction that the API server carries out
-  unrecorded, since its answer never arrives. So the time past a deadline is at most one request.
+  unrecorded, since its answer never arrives. So the time past a deadline is at most one request,
+  but for the writes that ask only the lease (`lease_only`): lifting this replica's own marks, and the
+  record that must follow a reclaim's scale to 0.
 
 It owns no clock reading but the injected monotonic one and no I/O; it decides nothing about what is
 written.
@@ -91,8 +93,9 @@ class WriteFence:
                 self._deadline = (at, why)
 
     def lease_only(self) -> Fence:
-        """This fence without its deadlines: for writes that undo this replica's own marks, which must
-        not outlive its leadership but must not be left half-done by a deadline either."""
+        """This fence without its deadlines: for writes that undo this replica's own marks or complete
+        a change it already made (the record of a reclaim's scale), which must not outlive its
+        leadership but must not be left half-done by a deadline either."""
         return WriteFence(self._lease_left, monotonic=self._mono)
 
     def check(self) -> float:

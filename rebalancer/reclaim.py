@@ -21,9 +21,10 @@ Every write re-reads the object first and is a JSON patch that tests its resourc
 made meanwhile (a conflict, 409 / 422) is read again and judged again; a reclaim is not attempted when
 the owner snoozed it or the idle mark went away since the snapshot. Transient failures are retried a
 bounded number of times (`kubeapi.with_retries`; a reclaim by scale's two writes share the attempts,
-each reading again); every write asks the write fence first and clips its timeout to it. One outcome
-per pod of the decision, all alike. Server-side dry run (`dryRun=All`) runs the API server's checks and
-persists nothing.
+each reading again); every write asks the write fence first and clips its timeout to it, the record
+that follows a scale only the fence's lease (`WriteFence.lease_only`): a deadline must not leave a
+scale without the record `restore` undoes it from. One outcome per pod of the decision, all alike.
+Server-side dry run (`dryRun=All`) runs the API server's checks and persists nothing.
 
 It must not decide anything (the strategy proposed, the planner approved), read the clock (`now` is
 given), or write anything but the annotations named here, `spec.replicas` through `scale` and
@@ -45,7 +46,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rebalancer import rfc3339
 from rebalancer.digits import is_ascii_digits
-from rebalancer.fence import UNFENCED, Fence, FenceLost, RequestTimeout, clip_timeout
+from rebalancer.fence import UNFENCED, Fence, FenceLost, RequestTimeout, WriteFence, clip_timeout
 from rebalancer.kubeapi import (
     Backoff,
     describe_answer,
@@ -244,7 +245,8 @@ class WorkloadWriter:
             scaled.done = not self._server_dry_run
             notes.pop(IDLE_SINCE, None)
             notes.update({**record, SCALED_DOWN_FROM: str(scaled.replicas)})
-            self._patch(target, current, notes)
+            # Only the lease stops it: a deadline must not leave a scale without what restore needs.
+            self._patch(target, current, notes, fence=_lease_only(self.fence))
             return f"{where} scaled from {scaled.replicas} to 0 replicas"
         _still_due(where, notes, now)
         notes.pop(IDLE_SINCE)
@@ -400,6 +402,8 @@ class WorkloadWriter:
         current: Mapping[str, Any],
         notes: Mapping[str, str],
         ops: list[dict[str, Any]] | None = None,
+        *,
+        fence: Fence | None = None,
     ) -> None:
         """The workload's annotations (and `ops`), if it is still at the version read."""
         self._json_patch(
@@ -409,6 +413,7 @@ class WorkloadWriter:
                 {"op": "add", "path": "/metadata/annotations", "value": dict(notes)},
                 *(ops or ()),
             ],
+            fence=fence,
         )
 
     def _patch_scale(self, target: _Target, scale: Mapping[str, Any], replicas: int) -> None:
@@ -422,14 +427,16 @@ class WorkloadWriter:
             scale=True,
         )
 
-    def _json_patch(self, target: _Target, body: list[dict[str, Any]], *, scale: bool = False) -> None:
+    def _json_patch(
+        self, target: _Target, body: list[dict[str, Any]], *, scale: bool = False, fence: Fence | None = None
+    ) -> None:
         kind = target.kind
         patch = (
             self._api.patch_namespaced_custom_object_scale
             if scale
             else self._api.patch_namespaced_custom_object
         )
-        timeout = clip_timeout(self._timeout, self.fence.check())
+        timeout = clip_timeout(self._timeout, (fence or self.fence).check())
         response = patch(
             kind.group,
             kind.version,
@@ -443,6 +450,11 @@ class WorkloadWriter:
             _request_timeout=timeout,
         )
         read_json(cast("urllib3.BaseHTTPResponse", response))
+
+
+def _lease_only(fence: Fence) -> Fence:
+    """The fence without its deadlines (`WriteFence.lease_only`), for the record that completes a scale."""
+    return fence.lease_only() if isinstance(fence, WriteFence) else fence
 
 
 def _version(obj: Mapping[str, Any]) -> str:

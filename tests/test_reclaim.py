@@ -382,6 +382,34 @@ class _Lease:
         return 60.0 if self.checks >= 0 else 0.0
 
 
+class _Clock:
+    """A monotonic clock that moves an hour on with each reading: a deadline passes after one write."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 3600.0
+        return self.now
+
+
+def test_a_deadline_passing_after_the_scale_still_lets_its_record_be_written(
+    cluster: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    """A deadline stops writes from starting, but must not leave a scale to 0 without the record that
+    `restore` undoes it from: the record asks only the lease."""
+    _due(cluster)
+    fence = WriteFence(lambda: 60.0, monotonic=_Clock())
+    fence.set_deadline(5000.0, "the cycle deadline passed")
+    report = _cycle(api_client, _idle(["alice-0"]), NOW, fence=fence)
+    assert [n.result for n in report.notices] == ["scaled"]
+    assert _replicas(cluster, "StatefulSet", "alice") == 0
+    notes = _notes(cluster, "StatefulSet", "alice")
+    assert (notes[SCALED_DOWN_FROM], notes[RECLAIMED_BY]) == ("1", "scale")
+    assert {RECLAIMED_AT, RECLAIM_REASON} <= set(notes)
+    assert IDLE_SINCE not in notes
+
+
 def test_a_lease_lost_between_the_scale_and_its_record_is_reported_as_it_is(
     cluster: FakeApiServer, api_client: client.ApiClient
 ) -> None:

@@ -35,7 +35,8 @@ It must not plan or re-judge decisions (the planner did), read the clock (every 
 write any object but nodes (its mark), pods (its annotations, evictions) and its own state ConfigMap;
 an idle workload's own object is written only by the workload actions its KubeEvictor hands to
 rebalancer.reclaim, under the same fence.
-A dry run never reaches it: the dry-run evictor writes nothing.
+A dry run never evicts through it: a daemon's dry-run cycles go through `DrainMarkKeeper`, which only
+lifts the marks its live cycles left when they expire (a one-shot dry run writes nothing at all).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rebalancer import rfc3339
 from rebalancer.checkpoints import CheckpointRequester
+from rebalancer.evictor import DryRunEvictor
 from rebalancer.fence import UNFENCED, Fence, RequestTimeout, WriteFence
 from rebalancer.finding_kinds import FindingKind
 from rebalancer.guards import (
@@ -87,6 +89,7 @@ __all__ = [
     "DRAIN_TIMEOUT",
     "STATE_SUPERSEDED",
     "ClusterActuator",
+    "DrainMarkKeeper",
 ]
 
 DRAINING_SINCE_ANNOTATION = "rebalancer.gpu/draining-since"
@@ -308,22 +311,38 @@ class ClusterActuator:
             raise ValueError(f"cycle id {cycle_id!r} is not a valid taint value (letters, digits, -_., 63)")
         self._drain_notes.clear()
         # Marks lifted before the drain-mark review: the snapshot still shows them, read before.
-        lifted: set[str] = set()
-        if self._new_term:
-            self._new_term = False  # first: a term change signalled meanwhile must not be lost
-            self._halted = None
-            self.load_state()
-            for change in self.cleanup_orphans():
-                log.info("orphan drain mark removed from %s: %s", change.node, change.detail or "ok")
-                if change.ok:
-                    lifted.add(change.node)
-            lifted |= self._lift_interrupted(snapshot, lifted)
+        lifted = self._start_term(snapshot) if self._new_term else set()
         self._snapshot = snapshot
         self._cycle_id = cycle_id
         self._evictor.begin_cycle(snapshot, cycle_id)
         self._marked = {}
         self._expire_drains(snapshot, lifted)
         self._save()
+
+    def tend_marks(self, snapshot: Snapshot) -> tuple[Finding, ...]:
+        """A cycle in dry run: the marks live cycles left are kept right as `begin_cycle` keeps them (a
+        new term's memory, orphan and interrupted marks; expired and stuck drains; failed unmarks
+        retried), and the memory saved; no mark is set, no pod evicted, no checkpoint asked. The notes
+        of the marks it lifted."""
+        self._drain_notes.clear()
+        lifted = self._start_term(snapshot) if self._new_term else set()
+        self._marked = {}
+        self._expire_drains(snapshot, lifted)
+        self._save()
+        return self.findings()
+
+    def _start_term(self, snapshot: Snapshot) -> set[str]:
+        """This replica's first cycle of a term: the stored memory, and the marks no owned drain explains
+        or whose drain a restart interrupted lifted; the nodes unmarked."""
+        self._new_term = False  # first: a term change signalled meanwhile must not be lost
+        self._halted = None
+        self.load_state()
+        lifted: set[str] = set()
+        for change in self.cleanup_orphans():
+            log.info("orphan drain mark removed from %s: %s", change.node, change.detail or "ok")
+            if change.ok:
+                lifted.add(change.node)
+        return lifted | self._lift_interrupted(snapshot, lifted)
 
     def evict(self, decision: Decision) -> tuple[Outcome, ...]:
         if not decision.approved:
@@ -535,3 +554,21 @@ class ClusterActuator:
         if stored is not None and stored != state:  # another writer's memory merged in: ours now
             self._history = stored.history
             self._drains = dict(stored.drains)
+
+
+class DrainMarkKeeper(DryRunEvictor):
+    """The dry run of a daemon whose live cycles may have marked nodes (the policy turned `dry_run: true`,
+    or a restart with `--dry-run`): it evicts nothing and marks nothing (every approved pod
+    `would-evict`), but its cycles keep the marks the live ones left right, as they would (`tend_marks`:
+    expired drains, orphan and interrupted marks lifted), so a paused rebalancer never leaves a node
+    NoSchedule. Lifting a mark only gives a node back to the scheduler."""
+
+    def __init__(self, actuator: ClusterActuator) -> None:
+        self._actuator = actuator
+        self._notes: tuple[Finding, ...] = ()
+
+    def begin_cycle(self, snapshot: Snapshot, cycle_id: str) -> None:
+        self._notes = self._actuator.tend_marks(snapshot)
+
+    def end_cycle(self, decisions: Sequence[Decision], *, completed: bool) -> tuple[Finding, ...]:
+        return self._notes

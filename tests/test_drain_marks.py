@@ -3,7 +3,8 @@
 - a node re-marked right after a take-over carries `draining-since` (the orphan clean-up ran first);
 - a drain a restart interrupted does not keep its NoSchedule mark on a node still running pods;
 - a drain whose first eviction fails backs off across cycles (1, 2, 4... intervals), not every cycle;
-- a drained node whose evicted pods stay Pending (circuit open) loses its mark, so they can come back.
+- a drained node whose evicted pods stay Pending (circuit open) loses its mark, so they can come back;
+- a daemon gone dry-run still lifts the marks its live cycles left when they expire (and sets none).
 """
 
 from __future__ import annotations
@@ -153,3 +154,53 @@ def test_a_drained_node_whose_evicted_pods_stay_pending_loses_its_mark(
     assert [(f.kind, f.node) for f in findings] == [(DRAIN_INTERRUPTED, "a-1")]
     assert findings[0].detail.startswith("drain mark removed: circuit open: ml/trainer-abc still Pending")
     assert findings[0].detail.endswith(": lifted so its pods can come back")
+
+
+def test_a_daemon_gone_dry_run_still_lifts_the_marks_its_live_cycles_left(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    # The operator pauses the rebalancer (dry_run: true, or a restart with --dry-run) after a drain whose
+    # node the autoscaler keeps: its NoSchedule mark must still expire, as the README promises.
+    from rebalancer.daemon.loop import Clock, Daemon, DaemonSinks
+    from rebalancer.daemon.wiring import kube_snapshot_source, live_edge
+    from rebalancer.policy import parse_policy
+
+    api.add(node_json("a-1"))
+    api.add(node_json("a-2"))
+    api.add(pod_json("lonely", "a-1"))
+    for i in range(4):
+        api.add(pod_json(f"busy-{i}", "a-2"))
+    policy = {
+        "interval": "5m",
+        "strategies": [{"name": "gpu-consolidation", "args": {"max_utilization_percent": None}}],
+        "telemetry": None,
+        "eviction": {"drain_timeout": "30m"},
+    }
+    now = [NOW]
+    edge, _ = live_edge(
+        api_client, parse_policy({**policy, "dry_run": False}), "me", state_store=MemoryStateStore()
+    )
+    source = kube_snapshot_source(api_client)
+
+    def daemon(dry_run: bool) -> Daemon:
+        loaded = parse_policy({**policy, "dry_run": dry_run})
+        return Daemon(loaded, source, live=edge, sinks=DaemonSinks(), clock=Clock(wall=lambda: now[0]))
+
+    daemon(False).run_cycle(raise_errors=True)
+    assert _marked(api, "a-1")  # drained: lonely evicted, a-1 empty and marked for the autoscaler
+
+    paused = daemon(True)
+    now[0] = NOW + timedelta(minutes=20)  # within twice drain_timeout: the autoscaler's to take
+    report = paused.run_cycle(raise_errors=True)
+    assert report is not None and report.mode == "dry-run"
+    assert _marked(api, "a-1")
+    now[0] = NOW + timedelta(hours=1)  # the autoscaler kept the node: the mark goes, dry run or not
+    api.add(pod_json("back", "a-1"))
+    api.clear_requests()
+    report = paused.run_cycle(raise_errors=True)
+    assert report is not None
+    assert _marked(api, "a-1") == []
+    assert [f.kind for f in report.findings if f.node == "a-1"] == ["drain-timeout"]
+    # ... and a dry run marks nothing and evicts nothing of its own.
+    assert {r.path for r in api.writes()} == {"/api/v1/nodes/a-1"}
+    assert not api.requests_to("/api/v1/namespaces/*/pods/*/eviction")

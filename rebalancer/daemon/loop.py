@@ -114,6 +114,8 @@ class LiveEdge:
     memory: CycleMemory | None = None
     on_policy_change: Callable[[LoadedPolicy, LoadedPolicy], LoadedPolicy] | None = None
     on_lost_leadership: Callable[[], None] | None = None
+    # What a dry-run cycle evicts with (None: `DryRunEvictor`, which makes no request at all).
+    dry_run_evictor: Evictor | None = None
     # The fence the evictor's writes ask (rebalancer.fence): the loop gives it the cycle's deadline and,
     # once a stop is requested, the shutdown's.
     fence: WriteFence | None = None
@@ -413,7 +415,8 @@ class Daemon:
                 raise DaemonError(["live cycle without a cluster evictor (run with --dry-run)"])
             return GatedEvictor(self._live.evictor, self._gate), self._memory
         # A dry run plans with what the live memory knows, and changes nothing of it.
-        return GatedEvictor(DryRunEvictor(), self._gate), Memory(self._memory.history)
+        dry = self._live.dry_run_evictor if self._live is not None else None
+        return GatedEvictor(dry or DryRunEvictor(), self._gate), Memory(self._memory.history)
 
     def _cycle(self, raise_errors: bool) -> CycleReport | None:
         try:

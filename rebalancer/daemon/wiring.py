@@ -41,7 +41,7 @@ from types import FrameType
 import structlog
 from kubernetes import client
 
-from rebalancer.actuator import ClusterActuator
+from rebalancer.actuator import ClusterActuator, DrainMarkKeeper
 from rebalancer.cycle_report import CycleReport
 from rebalancer.daemon.http import ALL_PATHS, REPORT_PATHS, STATUS_PATHS, ServerLimits, Status, StatusServer
 from rebalancer.daemon.lease import LeaseElector
@@ -215,15 +215,17 @@ def live_edge(
     *,
     state_store: StateStore | None = None,
     fence: WriteFence | None = None,
+    tend_marks_when_dry: bool = True,
 ) -> tuple[LiveEdge, tuple[KubeEventsSink, ...]]:
     """What `rebalancer run` puts around live evictions, and the sinks that go with it.
 
     The actuator is built once from the policy's `eviction:` section (a change there needs a restart:
     the actuator's memory must not be lost), so a reload that changes it runs with the whole running
     section kept (the planner reads it too: its timeouts must be the actuator's), says so, and counts a
-    reload error; `dry_run: true` still applies at once. With `eviction.server_dry_run` the API server
-    checks every eviction and persists nothing, so there is no actuator: nothing of its own is written
-    either.
+    reload error; `dry_run: true` still applies at once. Dry-run cycles go through the actuator's
+    `DrainMarkKeeper` (marks left by live cycles still expire), unless `tend_marks_when_dry` is False (a
+    dry `once` writes nothing). With `eviction.server_dry_run` the API server checks every eviction and
+    persists nothing, so there is no actuator: nothing of its own is written either.
     """
     cfg = loaded.policy.eviction
     requested_by = f"{REQUESTER}/{identity}"
@@ -258,6 +260,7 @@ def live_edge(
         memory=actuator.memory,
         on_policy_change=policy_changed,
         on_lost_leadership=actuator.new_term,
+        dry_run_evictor=DrainMarkKeeper(actuator) if tend_marks_when_dry else None,
         fence=fence,
     )
     return edge, (KubeEventsSink(api_client),)
@@ -406,8 +409,13 @@ def run_live_once(args: argparse.Namespace, loaded: LoadedPolicy) -> CycleReport
     )
     # The edge of `run`: the policy's `eviction:` section, drain marks, and the daemon's memory, so that
     # one run after another (a CronJob) keeps cooldowns, the disruption budget and the circuit breaker.
+    # A dry run of `once` writes nothing, not even the lifting of expired marks (the daemon's dry runs do).
     live, extra_sinks = live_edge(
-        api_client, loaded, _default_identity(), state_store=build_state_store(args, api_client)
+        api_client,
+        loaded,
+        _default_identity(),
+        state_store=build_state_store(args, api_client),
+        tend_marks_when_dry=False,
     )
     daemon = Daemon(
         loaded,

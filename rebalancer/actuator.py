@@ -163,6 +163,7 @@ class ClusterActuator:
         self._tainter = tainter
         self._core = client.CoreV1Api(api_client)
         self._cfg = cfg
+        self._stored_key: str | None = None  # the drain taint key of the stored state
         self._store = state_store
         self._backoff = backoff
         self._sleep = sleep
@@ -248,7 +249,9 @@ class ClusterActuator:
 
     @property
     def state(self) -> ActuatorState:
-        return ActuatorState(history=self._history, drains=dict(self._drains))
+        return ActuatorState(
+            history=self._history, drains=dict(self._drains), drain_taint_key=self._cfg.drain_taint_key
+        )
 
     def remember(self, history: DisruptionHistory) -> None:
         """Take `history` as the memory, saved at once."""
@@ -286,6 +289,7 @@ class ClusterActuator:
             return False
         self._history = state.history
         self._drains = dict(state.drains)
+        self._stored_key = state.drain_taint_key
         return True
 
     def cleanup_orphans(self) -> tuple[TaintChange, ...]:
@@ -336,13 +340,38 @@ class ClusterActuator:
         or whose drain a restart interrupted lifted; the nodes unmarked."""
         self._new_term = False  # first: a term change signalled meanwhile must not be lost
         self._halted = None
+        self._stored_key = None
         self.load_state()
+        self._lift_former_keys()
         lifted: set[str] = set()
         for change in self.cleanup_orphans():
             log.info("orphan drain mark removed from %s: %s", change.node, change.detail or "ok")
             if change.ok:
                 lifted.add(change.node)
         return lifted | self._lift_interrupted(snapshot, lifted)
+
+    def _lift_former_keys(self) -> None:
+        """After `eviction.drain_taint_key` changed: lift the marks under the key the stored state says
+        this rebalancer marked with, which nothing would ever remove otherwise, and drop their drains
+        (this term marks under the new key). Only a recorded key: a mark under any other key may be
+        another installation's."""
+        key, former = self._cfg.drain_taint_key, self._stored_key
+        if former is None or former == key:
+            return
+        tainter = self._tainter.with_key(former)
+        try:
+            marked = tainter.tainted()
+        except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            log.warning("cannot list nodes marked under the former key %s: %s", former, exc)
+            return
+        self._drains.clear()
+        for node in sorted(marked):
+            change = tainter.untaint(node, remove_annotations=(DRAINING_SINCE_ANNOTATION,))
+            failed = "" if change.ok else f"; removing it failed ({change.detail})"
+            why = f"marked under {former}, no longer eviction.drain_taint_key ({key})"
+            self._drain_notes.append(
+                Finding(kind=DRAIN_INTERRUPTED, node=node, detail=f"drain mark removed: {why}{failed}")
+            )
 
     def evict(self, decision: Decision) -> tuple[Outcome, ...]:
         if not decision.approved:

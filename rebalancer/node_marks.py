@@ -12,6 +12,7 @@ It must not touch any other taint or annotation, or decide anything.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -62,6 +63,10 @@ class NodeTainter(Protocol):
 
     def tainted(self) -> Mapping[str, str]: ...
 
+    def with_key(self, key: str) -> NodeTainter:
+        """The same tainter for marks under `key` (a former `drain_taint_key`)."""
+        ...
+
 
 class DryRunTainter:
     """Marks nothing and makes no request; reports every change as done."""
@@ -74,6 +79,9 @@ class DryRunTainter:
 
     def tainted(self) -> Mapping[str, str]:
         return {}
+
+    def with_key(self, key: str) -> DryRunTainter:
+        return self
 
 
 class KubeTainter:
@@ -110,6 +118,12 @@ class KubeTainter:
         self.fence = fence
         # Removing a mark asks only this (by default `fence`): a deadline must not leave a mark behind.
         self.unmark_fence = unmark_fence or fence
+
+    def with_key(self, key: str) -> KubeTainter:
+        """This tainter for marks under `key`: the same settings and fences."""
+        other = copy.copy(self)
+        other.key = key
+        return other
 
     def taint(self, node: str, value: str, *, annotations: Mapping[str, str] | None = None) -> TaintChange:
         """Add (or take over) the mark; `annotations` are set on the node in the same write."""

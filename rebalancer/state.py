@@ -1,7 +1,7 @@
 """Where a live daemon keeps its memory across restarts and leader changes.
 
-Owns `ActuatorState` (the `history.DisruptionHistory` the planner's guards need, and the node drains
-this rebalancer owns) as JSON, and the stores that keep it:
+Owns `ActuatorState` (the `history.DisruptionHistory` the planner's guards need, the node drains
+this rebalancer owns, and the taint key they were marked with) as JSON, and the stores that keep it:
 
 - `MemoryStateStore`: in this object (tests; one process handing its memory to another actuator);
 - `FileStateStore`: a JSON file, replaced atomically;
@@ -81,6 +81,8 @@ class ActuatorState:
 
     history: DisruptionHistory = NO_HISTORY
     drains: Mapping[str, DrainRecord] = field(default_factory=dict)
+    # The taint key the drains were marked with (`eviction.drain_taint_key` then); None: not recorded.
+    drain_taint_key: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -90,6 +92,7 @@ class ActuatorState:
                 node: {"cycle": d.cycle_id, "since": rfc3339.format_utc(d.since)}
                 for node, d in sorted(self.drains.items())
             },
+            **({"drain_taint_key": self.drain_taint_key} if self.drain_taint_key else {}),
         }
 
     @classmethod
@@ -104,12 +107,19 @@ class ActuatorState:
             }
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"unreadable actuator state: {exc!r}") from None
-        return cls(history=DisruptionHistory.from_json(data), drains=drains)
+        key = data.get("drain_taint_key")
+        return cls(
+            history=DisruptionHistory.from_json(data),
+            drains=drains,
+            drain_taint_key=str(key) if key else None,
+        )
 
     def merged_with(self, other: ActuatorState) -> ActuatorState:
         """This state with what `other` (another writer's) adds: its history, its drains of other nodes."""
         return ActuatorState(
-            history=self.history.merged_with(other.history), drains={**other.drains, **self.drains}
+            history=self.history.merged_with(other.history),
+            drains={**other.drains, **self.drains},
+            drain_taint_key=self.drain_taint_key or other.drain_taint_key,
         )
 
 

@@ -911,7 +911,7 @@ def test_unreadable_configmap_state_is_read_as_no_state(
     # The daemon starts with no memory and its next save writes a readable state over it.
     actuator = _actuator(api_client, state_store=_store(api_client))
     actuator.begin_cycle(Snapshot(now=NOW, nodes={}, pods=()), "c1")
-    assert _store(api_client).load() == ActuatorState()
+    assert _store(api_client).load() == ActuatorState(drain_taint_key=DRAINING_TAINT_KEY)
 
 
 def test_configmap_store_failures_are_retried_then_logged_never_raised(
@@ -988,7 +988,7 @@ def test_the_circuit_survives_a_restart_and_a_leader_change_through_the_configma
             assert _evicted(api) == []
 
         # A leader change: the standby takes the stored memory at the start of its term.
-        assert standby.state == ActuatorState()
+        assert standby.state == ActuatorState(drain_taint_key=DRAINING_TAINT_KEY)
         standby.new_term()
         [refused], _ = _run(standby, snap, _plan(snap, "serve-1"), cycle="c4")
         assert refused.blocked_by == "circuit-open"
@@ -1001,7 +1001,7 @@ def test_the_circuit_survives_a_restart_and_a_leader_change_through_the_configma
         assert _circuit(standby, _snapshot(api_client, NOW + 25 * MINUTE), "c5") == ()
     # Nothing of the circuit is left; the workload's one disruption stays, for the disruption budget.
     kept = DisruptionHistory(disruptions={Workload("ml", "ReplicaSet", "trainer-abc"): (NOW,)})
-    assert _store(api_client).load() == ActuatorState(history=kept)
+    assert _store(api_client).load() == ActuatorState(history=kept, drain_taint_key=DRAINING_TAINT_KEY)
     again = _actuator(api_client, state_store=_store(api_client))
     assert _circuit(again, _snapshot(api_client, NOW + 26 * MINUTE), "c6") == ()
 
@@ -1206,6 +1206,7 @@ def test_times_and_the_state_round_trip() -> None:
             evictions=(EvictionRecord(workload, "p", NOW),),
         ),
         drains={"a-1": DrainRecord("c1", NOW)},
+        drain_taint_key="example.com/draining",
     )
     assert ActuatorState.from_json(json.loads(json.dumps(state.to_json()))) == state
     with pytest.raises(ValueError):

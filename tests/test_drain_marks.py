@@ -4,7 +4,8 @@
 - a drain a restart interrupted does not keep its NoSchedule mark on a node still running pods;
 - a drain whose first eviction fails backs off across cycles (1, 2, 4... intervals), not every cycle;
 - a drained node whose evicted pods stay Pending (circuit open) loses its mark, so they can come back;
-- a daemon gone dry-run still lifts the marks its live cycles left when they expire (and sets none).
+- a daemon gone dry-run still lifts the marks its live cycles left when they expire (and sets none);
+- after `eviction.drain_taint_key` changes, the marks under the former key are lifted at the next term.
 """
 
 from __future__ import annotations
@@ -204,3 +205,37 @@ def test_a_daemon_gone_dry_run_still_lifts_the_marks_its_live_cycles_left(
     # ... and a dry run marks nothing and evicts nothing of its own.
     assert {r.path for r in api.writes()} == {"/api/v1/nodes/a-1"}
     assert not api.requests_to("/api/v1/namespaces/*/pods/*/eviction")
+
+
+def test_marks_under_a_former_drain_taint_key_are_lifted_at_the_next_term(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    # Drains marked under a custom key, remembered in the state; the operator changes the key and
+    # restarts: nothing would ever remove the former key's NoSchedule taints.
+    custom = EvictionConfig(drain_taint_key="example.com/draining")
+    store = MemoryStateStore()
+    api.add(node_json("a-1"))
+    api.add(node_json("a-2"))
+    api.add(pod_json("x0", "a-1"))
+    before = ClusterActuator.from_config(api_client, custom, state_store=store, sleep=lambda _s: None)
+    snap = _snapshot(api_client)
+    before.begin_cycle(snap, "c0")
+    before.evict(_node_plan(snap, "a-1"))
+    before.end_cycle([], completed=True)
+    assert [t["key"] for t in _taints(api, "a-1")] == ["example.com/draining"]
+    assert store.load() is not None and store.load().drain_taint_key == "example.com/draining"  # type: ignore[union-attr]
+    # Another installation's mark, under its own key: not this rebalancer's to lift.
+    theirs = {"key": "other.example/draining", "value": "c9", "effect": "NoSchedule"}
+    api.add(node_json("a-3", taints=[theirs]))
+
+    after = ClusterActuator.from_config(
+        api_client, EvictionConfig(), state_store=store, sleep=lambda _s: None
+    )
+    after.new_term()
+    after.begin_cycle(_snapshot(api_client, NOW + MINUTE), "c1")
+    notes = after.end_cycle([], completed=True)
+    assert _taints(api, "a-1") == [] and _since(api, "a-1") is None
+    assert _taints(api, "a-3") == [theirs]
+    assert [(f.kind, f.node) for f in notes] == [(DRAIN_INTERRUPTED, "a-1")]
+    assert "example.com/draining" in notes[0].detail
+    assert store.load().drain_taint_key == DRAINING_TAINT_KEY  # type: ignore[union-attr]

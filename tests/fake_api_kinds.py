@@ -6,7 +6,9 @@ a CustomResourceDefinition serves it (no strategic merge patch, an update must n
 list items keep their apiVersion and kind) and where the pod selector of its `scale` subresource lives.
 `KINDS` is the table of every kind served, `BY_PATH` / `BY_KIND` look one up by URL or by
 apiVersion and kind, `CORE_PATH` / `GROUP_PATH` parse a request path, `TIME` is metav1.Time as the API
-server writes it and `default` is the API server's defaulting that the project relies on.
+server writes it, `default` is the API server's defaulting that the project relies on and
+`set_generation` is the registry's `metadata.generation` of an updated object (each kind's
+`generation` rule).
 
 This module must stay a table: it holds no state, answers no request and builds no error (those are
 tests/fake_api_errors.py's); a kind belongs here only when the project calls its API.
@@ -17,9 +19,20 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 JsonObj = dict[str, Any]
+
+# What a write must change for the kind's registry strategy (its PrepareForUpdate) to move
+# `metadata.generation` on by one (PrepareForCreate gives 1):
+# - `spec`: the spec (StatefulSet, ReplicaSet, Job, CronJob, PodDisruptionBudget, Pod: the strategy.go of
+#   each under pkg/registry);
+# - `spec+annotations`: the spec or the annotations (Deployment: "annotation updates bump the generation
+#   because annotations are copied from deployments to their replica sets");
+# - `content`: anything but `metadata` (custom resources: apiextensions' customresource/strategy.go). Not
+#   the status: every CRD the fake serves has the status subresource, and then the strategy puts the stored
+#   status back before it compares (without the subresource, a status change would count too).
+Generation = Literal["spec", "spec+annotations", "content"]
 
 TIME = "%Y-%m-%dT%H:%M:%SZ"  # metav1.Time as the API server writes it
 
@@ -40,6 +53,9 @@ class Kind:
     # for the built-in kinds, a string at the CRD's `labelSelectorPath` for custom ones). Replicas are
     # always `spec.replicas` and `status.replicas`.
     scale_selector: tuple[str, ...] | None = None
+    # How the registry moves `metadata.generation` on (see `Generation`); None: the kind keeps none
+    # (nodes, events, configmaps, leases).
+    generation: Generation | None = None
 
     @property
     def api_version(self) -> str:
@@ -68,7 +84,8 @@ KINDS: tuple[Kind, ...] = (
         "pods",
         "Pod",
         True,
-        {
+        generation="spec",
+        fields={
             "spec.nodeName": ("spec", "nodeName"),
             "spec.schedulerName": ("spec", "schedulerName"),
             "spec.serviceAccountName": ("spec", "serviceAccountName"),
@@ -80,7 +97,7 @@ KINDS: tuple[Kind, ...] = (
     ),
     Kind("", "v1", "events", "Event", True, _EVENT_FIELDS),
     Kind("", "v1", "configmaps", "ConfigMap", True),
-    Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
+    Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, generation="spec"),
     Kind(
         "events.k8s.io",
         "v1",
@@ -95,12 +112,36 @@ KINDS: tuple[Kind, ...] = (
     ),
     Kind("coordination.k8s.io", "v1", "leases", "Lease", True),
     # Controllers: what re-creates pods, and what a reclaim scales, suspends or stops.
-    Kind("apps", "v1", "replicasets", "ReplicaSet", True, scale_selector=("spec", "selector")),
-    Kind("apps", "v1", "deployments", "Deployment", True, scale_selector=("spec", "selector")),
-    Kind("apps", "v1", "statefulsets", "StatefulSet", True, scale_selector=("spec", "selector")),
-    Kind("batch", "v1", "jobs", "Job", True),
-    Kind("batch", "v1", "cronjobs", "CronJob", True),
-    Kind("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet", True, custom=True),
+    Kind(
+        "apps",
+        "v1",
+        "replicasets",
+        "ReplicaSet",
+        True,
+        scale_selector=("spec", "selector"),
+        generation="spec",
+    ),
+    Kind(
+        "apps",
+        "v1",
+        "deployments",
+        "Deployment",
+        True,
+        scale_selector=("spec", "selector"),
+        generation="spec+annotations",
+    ),
+    Kind(
+        "apps",
+        "v1",
+        "statefulsets",
+        "StatefulSet",
+        True,
+        scale_selector=("spec", "selector"),
+        generation="spec",
+    ),
+    Kind("batch", "v1", "jobs", "Job", True, generation="spec"),
+    Kind("batch", "v1", "cronjobs", "CronJob", True, generation="spec"),
+    Kind("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet", True, custom=True, generation="content"),
     Kind(
         "leaderworkerset.x-k8s.io",
         "v1",
@@ -109,9 +150,18 @@ KINDS: tuple[Kind, ...] = (
         True,
         custom=True,
         scale_selector=("status", "hpaPodSelector"),
+        generation="content",
     ),
-    Kind("kubeflow.org", "v1", "notebooks", "Notebook", True, custom=True),
-    Kind("serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService", True, custom=True),
+    Kind("kubeflow.org", "v1", "notebooks", "Notebook", True, custom=True, generation="content"),
+    Kind(
+        "serving.kserve.io",
+        "v1beta1",
+        "inferenceservices",
+        "InferenceService",
+        True,
+        custom=True,
+        generation="content",
+    ),
 )
 BY_PATH = {(k.group, k.version, k.resource): k for k in KINDS}
 BY_KIND = {(k.api_version, k.kind): k for k in KINDS}
@@ -133,3 +183,40 @@ def default(kind: Kind, obj: JsonObj) -> None:
         spec = obj.setdefault("spec", {})
         if isinstance(spec, dict) and spec.get("replicas") is None:
             spec["replicas"] = 1
+
+
+def set_generation(old: JsonObj, new: JsonObj, *, status: bool = False) -> None:
+    """`new`'s `metadata.generation`, as the API server sets it on an update of `old` (a stored object,
+    its kind found by its apiVersion and kind) before validating admission sees the pair (the registry's
+    Store.Update calls rest.BeforeUpdate, then admission): rest.BeforeUpdate puts the stored generation
+    back ("Ensure requests cannot update generation"), then the kind's PrepareForUpdate moves it on by
+    one when the write changed what the kind's `generation` names. A write to `scale` goes through the
+    same strategy; one to `status` (`status=True`) never moves it. Compared as JSON, an absent `spec` or
+    annotations as empty ones."""
+    kind = BY_KIND[(str(old.get("apiVersion", "")), str(old.get("kind", "")))]
+    meta = new.setdefault("metadata", {})
+    stored = (old.get("metadata") or {}).get("generation")
+    if stored is None:
+        meta.pop("generation", None)
+    else:
+        meta["generation"] = stored
+    if status or kind.generation is None:
+        return
+    if kind.generation == "content":
+        moved = _content(old) != _content(new)
+    else:
+        moved = (old.get("spec") or {}) != (new.get("spec") or {})
+        if kind.generation == "spec+annotations":
+            moved = moved or _annotations(old) != _annotations(new)
+    if moved:
+        meta["generation"] = int(stored or 0) + 1
+
+
+def _content(obj: JsonObj) -> JsonObj:
+    """A custom resource as customResourceStrategy compares it: not its metadata, not the status the
+    status subresource keeps, not the type (the same on both sides in the API server)."""
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
+
+
+def _annotations(obj: JsonObj) -> Any:
+    return (obj.get("metadata") or {}).get("annotations") or {}

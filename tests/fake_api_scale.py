@@ -4,11 +4,13 @@
 one (deployments, statefulsets, replicasets; leaderworkersets as apiextensions serves a CRD's): GET is an
 autoscaling/v1 `Scale` built from the parent (its identity and resourceVersion, `spec.replicas`,
 `status.replicas`, the pod selector as a string), PUT and PATCH change only the parent's `spec.replicas`
-and move its resourceVersion on, with the API server's 404, 409 and 422 for a missing parent, a stale
+and move its resourceVersion on (and its `metadata.generation`, when the replicas change: the write goes
+through the parent's strategy), with the API server's 404, 409 and 422 for a missing parent, a stale
 resourceVersion or uid, and negative replicas.
 
 This module must only rescale: it writes `spec.replicas` and nothing else of the parent (no status, no
-pods; no controller acts on the change).
+pods; no controller acts on the change), but for what the registry sets itself (resourceVersion,
+generation).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from tests.fake_api_core import FakeApiCore
 from tests.fake_api_errors import MODIFIED, ApiError, conflict_error, invalid_error
-from tests.fake_api_kinds import JsonObj, Kind
+from tests.fake_api_kinds import JsonObj, Kind, set_generation
 from tests.fake_api_patches import apply_patch
 from tests.fake_api_selectors import selector_string
 
@@ -56,7 +58,8 @@ class ScaleSubresource(FakeApiCore):
         self, kind: Kind, ns: str, name: str, *, method: str, body: Any, ctype: str, dry_run: bool
     ) -> tuple[int, JsonObj]:
         """PUT or PATCH of `.../{name}/scale`: only the parent's spec.replicas changes (and its
-        resourceVersion moves on), as the apps registry's ScaleREST.Update and apiextensions' do.
+        resourceVersion moves on, its generation too when the replicas change), as the apps registry's
+        ScaleREST.Update and apiextensions' do.
 
         The parent must exist (404 naming it). A PATCH applies to the current Scale. The Scale's
         resourceVersion is the parent's: a stale one is a 409 naming the parent; an empty one replaces
@@ -116,6 +119,8 @@ class ScaleSubresource(FakeApiCore):
             raise conflict_error(kind, name, MODIFIED)
         updated = copy.deepcopy(current)
         updated.setdefault("spec", {})["replicas"] = replicas
+        # ScaleREST updates the parent through its store, so its strategy's PrepareForUpdate runs too.
+        set_generation(current, updated)
         if not dry_run:
             updated["metadata"]["resourceVersion"] = self._next_rv()
             self._store(kind)[self._key(kind, ns, name)] = updated

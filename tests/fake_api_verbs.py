@@ -4,9 +4,11 @@
 and field selectors and pages (`limit` / `continue` over a consistent snapshot, an expired token the API
 server's 410). `_create` takes a name or a generateName (an existing name is a 409 AlreadyExists).
 `_update` checks the resourceVersion it is given (a CRD's update must give one) and `_patch` applies
-one of the patches of tests/fake_api_patches.py; both keep or refuse the uid as the API server does,
-before the admission policies `deny_updates` set (`_admit`), and store the object under a new
-resourceVersion (`_commit`). A dry run answers what would be stored.
+one of the patches of tests/fake_api_patches.py; both keep or refuse the uid and set
+`metadata.generation` (`set_generation`: the stored one, moved on by the kind's rule) as the API server
+does, before the admission policies `deny_updates` set (`_admit`), and store the object under a new
+resourceVersion (`_commit`). A created object of a kind that keeps a generation has generation 1. A dry
+run answers what would be stored.
 
 This module must only carry out the verb asked: no controller reacts to a write (no ReplicaSet scaled,
 no status recomputed), and a dry run stores nothing.
@@ -24,7 +26,7 @@ from typing import Any
 from tests.fake_api_core import FakeApiCore, ListSnapshot
 from tests.fake_api_errors import MODIFIED, REASONS, ApiError, conflict_error, invalid_error
 from tests.fake_api_http import last
-from tests.fake_api_kinds import JsonObj, Kind, default
+from tests.fake_api_kinds import JsonObj, Kind, default, set_generation
 from tests.fake_api_patches import apply_patch
 from tests.fake_api_selectors import field_value, parse_field_selector, parse_label_selector
 
@@ -122,6 +124,8 @@ class Verbs(FakeApiCore):
                 name=meta["name"],
             )
         meta.pop("resourceVersion", None)
+        if kind.generation is not None:  # the strategy's PrepareForCreate
+            meta["generation"] = 1
         self._fill_new(kind, obj)
         if not dry_run:
             self._store(kind)[key] = obj
@@ -129,7 +133,7 @@ class Verbs(FakeApiCore):
         return 201, self._with_type(kind, obj)
 
     def _update(
-        self, kind: Kind, ns: str | None, name: str, *, body: Any, dry_run: bool
+        self, kind: Kind, ns: str | None, name: str, *, body: Any, dry_run: bool, status: bool = False
     ) -> tuple[int, JsonObj]:
         current = self._existing(kind, ns, name)
         if not isinstance(body, dict):
@@ -151,11 +155,20 @@ class Verbs(FakeApiCore):
         if wanted and wanted != current["metadata"]["resourceVersion"]:
             raise conflict_error(kind, name, MODIFIED)
         _keep_uid(kind, name, current=current, obj=obj)
+        set_generation(current, obj, status=status)
         self._admit(kind, ns, name)
         return self._commit(kind, ns, name, current=current, obj=obj, dry_run=dry_run)
 
     def _patch(
-        self, kind: Kind, ns: str | None, name: str, *, body: Any, ctype: str, dry_run: bool
+        self,
+        kind: Kind,
+        ns: str | None,
+        name: str,
+        *,
+        body: Any,
+        ctype: str,
+        dry_run: bool,
+        status: bool = False,
     ) -> tuple[int, JsonObj]:
         current = self._existing(kind, ns, name)
         patched = apply_patch(kind, current, body, ctype)
@@ -170,6 +183,7 @@ class Verbs(FakeApiCore):
                 422, f'{kind.kind} "{name}" is invalid: metadata.name: Invalid value: field is immutable'
             )
         _keep_uid(kind, name, current=current, obj=patched)
+        set_generation(current, patched, status=status)
         self._admit(kind, ns, name)
         return self._commit(kind, ns, name, current=current, obj=patched, dry_run=dry_run)
 

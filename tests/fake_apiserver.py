@@ -25,6 +25,17 @@ the code under test runs its real request building, serialisation and error hand
   check); patch (strategic merge, JSON merge, JSON patch); an update or patch that leaves the uid out
   keeps it, one that changes it is a 422 (`metadata.uid` is immutable), both before admission; delete
   (with uid / resourceVersion preconditions); `dryRun=All` on every write;
+- `metadata.generation` as the registry sets it before admission sees an update (its Store.Update runs
+  rest.BeforeUpdate, then validating admission): no request sets it (the stored one is kept), and the
+  kind's strategy moves it on by one for a write that changes the spec of a Pod, ReplicaSet,
+  StatefulSet, Job, CronJob or PodDisruptionBudget, the spec or the annotations of a Deployment, anything
+  but the metadata and status of a custom resource (each CRD served has the status subresource); a write
+  to `scale` that changes the replicas moves it on too, one to `status` never; an object created of those
+  kinds has generation 1; nodes, events, configmaps and leases keep none (tests/fake_api_kinds.py,
+  `set_generation`). Differs on purpose: `add()` stores the generation it is given (`pod_json`'s pods
+  have none), a delete never moves it on (the API server's first graceful delete does), and a write to
+  `status` is otherwise carried out as one to the main resource (the API server keeps the stored spec,
+  and a write to the main resource the stored status);
 - a pod's delete is graceful as the API server makes it: a pod on a node that has not ended is marked
   terminating (`deletionTimestamp` = now + the grace period asked, else its
   `terminationGracePeriodSeconds`, 30 by default; `deletionGracePeriodSeconds`), a later delete may only
@@ -97,7 +108,7 @@ from kubernetes import client
 from tests.fake_api_deletes import EVICTION_REFUSED, MULTIPLE_PDBS, Deletes
 from tests.fake_api_errors import NOT_FOUND_RESOURCE, ApiError
 from tests.fake_api_http import Fault, Handler, RecordedRequest, last
-from tests.fake_api_kinds import BY_KIND, BY_PATH, CORE_PATH, GROUP_PATH, JsonObj
+from tests.fake_api_kinds import BY_KIND, BY_PATH, CORE_PATH, GROUP_PATH, JsonObj, set_generation
 from tests.fake_api_objects import add_consolidation_cluster, controller_json, node_json, pdb_json, pod_json
 from tests.fake_api_patches import json_patch, merge_patch, strategic_merge_patch
 from tests.fake_api_scale import ScaleSubresource
@@ -123,6 +134,7 @@ __all__ = [
     "pdb_json",
     "pod_json",
     "selector_string",
+    "set_generation",
     "strategic_merge_patch",
 ]
 
@@ -411,10 +423,11 @@ class FakeApiServer(Verbs, Deletes, ScaleSubresource, Watches):
                 raise ApiError(404, NOT_FOUND_RESOURCE)
             if method == "GET":
                 return 200, self._with_type(kind, self._existing(kind, ns, name))
+            status = sub == "status"
             if method == "PUT":
-                return self._update(kind, ns, name, body=body, dry_run=dry_run)
+                return self._update(kind, ns, name, body=body, dry_run=dry_run, status=status)
             if method == "PATCH":
-                return self._patch(kind, ns, name, body=body, ctype=ctype, dry_run=dry_run)
+                return self._patch(kind, ns, name, body=body, ctype=ctype, dry_run=dry_run, status=status)
             if method == "DELETE" and sub is None:
                 options = dict(body) if isinstance(body, dict) else {}
                 grace = last(query, "gracePeriodSeconds")  # DeleteOptions may come as query parameters

@@ -5,9 +5,13 @@ against a table of node and pod updates by gpu-rebalancer's ServiceAccount.
   server to nodes of `node_json`), the actuator's checkpoint merge patches, and every write of the
   idle-GPU reclaim (`reclaim.WorkloadWriter`: notify, clear, reclaim by scale, suspend and stop, and
   restore, each applied by the fake API server to the workload);
+- each update is judged as the API server hands it to admission, with `metadata.generation` already
+  moved on by the kind's strategy (a Deployment's with its annotations, a Job's or JobSet's with
+  `spec.suspend`, a pod's with its spec): the fake's registry rules, `set_generation`, for the table too;
 - everything else is refused with the message of the rule it breaks: NoExecute taints, someone else's
   taints, labels, spec fields, other annotations, pod specs and labels, pods that did not opt in, a
-  workload's image, replicas (outside `scale`), labels, the owner's snooze;
+  workload's image, replicas (outside `scale`), labels, owner references and finalizers (alongside a
+  write that moves the generation on, too), the owner's snooze;
 - every rule refuses something in the table (none is dead), and the policies apply only to the
   ServiceAccount of deploy/rbac.yaml.
 
@@ -40,7 +44,14 @@ from rebalancer.node_marks import DRAINING_TAINT_KEY, KubeTainter
 from rebalancer.reclaim import WorkloadWriter
 from rebalancer.workloads import IDLE_SINCE, KINDS, SCALED_DOWN_FROM, SNOOZE_UNTIL
 from tests import builders
-from tests.fake_apiserver import FakeApiServer, controller_json, merge_patch, node_json, pod_json
+from tests.fake_apiserver import (
+    FakeApiServer,
+    controller_json,
+    merge_patch,
+    node_json,
+    pod_json,
+    set_generation,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY_FILE = ROOT / "deploy" / "admission-policy.yaml"
@@ -264,10 +275,14 @@ def _node(**changes: Any) -> Obj:
 
 
 def _edit(obj: Obj, edit: Callable[[Obj], object]) -> Obj:
+    """`obj` changed by `edit`, as the API server hands the update to admission: its bookkeeping moved
+    on, and `metadata.generation` as the kind's strategy sets it (the fake's registry rules: a
+    Deployment's moves on with its spec or annotations, a Job's or JobSet's with its spec)."""
     new = copy.deepcopy(obj)
     new["metadata"]["resourceVersion"] = "42"
     new["metadata"]["managedFields"] = [{"manager": "gpu-rebalancer", "operation": "Update"}]
     edit(new)
+    set_generation(obj, new)
     return new
 
 
@@ -360,6 +375,7 @@ def test_node_updates(old: Obj, edit: Callable[[Obj], object], refused: list[str
 def _pod(annotations: Mapping[str, str] | None = None) -> Obj:
     pod = pod_json("trainer-0", "gpu-1", annotations=annotations or None)
     pod["metadata"]["resourceVersion"] = "41"
+    pod["metadata"]["generation"] = 1  # the API server's (1.33+): a change of the spec moves it on
     return pod
 
 
@@ -437,7 +453,9 @@ def _workload_change(
 ) -> tuple[Obj, Obj]:
     """The workload before and after `write`, as the policy sees the writes to its main resource: a
     replicas change made through the `scale` subresource is not one of them (the policy does not match
-    `scale`), so it is taken out of the comparison, and only when the write did go through `scale`."""
+    `scale`), so it is taken out of the comparison, and only when the write did go through `scale`; so is
+    the move of `metadata.generation` it made (the fake's registry moves it on once for a change of the
+    replicas, as the kind's strategy does), leaving the one the main resource's write made."""
     api.clear_requests()
     before = copy.deepcopy(api.get(kind, "top", "ml", api_version))
     write()
@@ -446,6 +464,9 @@ def _workload_change(
     seen = copy.deepcopy(after)
     if api.requests_to("*/top/scale", "PATCH"):
         assert not api.requests_to("*/top", "PUT")
+        assert len(api.requests_to("*/top/scale", "PATCH")) == 1
+        if seen["spec"]["replicas"] != before["spec"]["replicas"]:
+            seen["metadata"]["generation"] -= 1
         seen["spec"]["replicas"] = before["spec"]["replicas"]
     return before, seen
 
@@ -496,9 +517,13 @@ def test_every_workload_write_of_the_reclaim_is_admitted(
 
 
 def _deployment(annotations: Mapping[str, str] | None = None) -> Obj:
-    deployment = controller_json("Deployment", "top", replicas=2, annotations=annotations)
-    deployment["metadata"]["resourceVersion"] = "41"
-    return deployment
+    return _workload("Deployment", replicas=2, annotations=annotations)
+
+
+def _workload(kind: str, **fields: Any) -> Obj:
+    workload = controller_json(kind, "top", **fields)
+    workload["metadata"]["resourceVersion"] = "41"
+    return workload
 
 
 def _merge_annotations(changes: Mapping[str, str | None]) -> Callable[[Obj], object]:
@@ -512,20 +537,77 @@ def _set_template_image(obj: Obj) -> None:
     obj["spec"]["template"]["spec"]["containers"][0]["image"] = "evil:latest"
 
 
+def _suspend(obj: Obj) -> None:
+    obj["spec"]["suspend"] = True
+
+
+def _set_label(obj: Obj) -> None:
+    obj["metadata"]["labels"]["app"] = "x"
+
+
+def _set_owner(obj: Obj) -> None:
+    obj["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "u"}]
+
+
+def _add_finalizer(obj: Obj) -> None:
+    obj["metadata"]["finalizers"] = ["x/y"]
+
+
+def _all(*edits: Callable[[Obj], object]) -> Callable[[Obj], object]:
+    """One update making every edit."""
+
+    def edit(obj: Obj) -> None:
+        for each in edits:
+            each(obj)
+
+    return edit
+
+
+# Every update as the API server hands it to admission (`_edit`): a Deployment's generation has moved on
+# when its annotations changed, a Job's or JobSet's when its spec did.
 WORKLOAD_CASES: dict[str, tuple[Obj, Callable[[Obj], object], list[str]]] = {
+    "tell a Deployment's owner": (_deployment(), _merge_annotations({IDLE_SINCE: "t"}), []),
     "record a reclaim": (
         _deployment({IDLE_SINCE: "t"}),
         _merge_annotations({IDLE_SINCE: None, SCALED_DOWN_FROM: "2"}),
         [],
     ),
-    "suspend": (_deployment(), lambda d: d["spec"].update(suspend=True), []),
+    "suspend": (_deployment(), _suspend, []),
+    "suspend a Job": (_workload("Job", suspend=False), _suspend, []),
+    "suspend a JobSet": (_workload("JobSet", suspend=False), _suspend, []),
+    "resume a Job": (_workload("Job", suspend=True), lambda j: j["spec"].update(suspend=False), []),
     "change the image": (_deployment(), _set_template_image, [WORKLOAD_SPEC]),
+    "change a Job's image as it suspends it": (
+        _workload("Job", suspend=False),
+        _all(_suspend, _set_template_image),
+        [WORKLOAD_SPEC],
+    ),
     "scale through the main resource": (
         _deployment(),
         lambda d: d["spec"].update(replicas=0),
         [WORKLOAD_SPEC],
     ),
-    "change a label": (_deployment(), lambda d: d["metadata"]["labels"].update(app="x"), [WORKLOAD_METADATA]),
+    "change a label": (_deployment(), _set_label, [WORKLOAD_METADATA]),
+    "change a label with the idle mark": (
+        _deployment(),
+        _all(_merge_annotations({IDLE_SINCE: "t"}), _set_label),
+        [WORKLOAD_METADATA],
+    ),
+    "change a Job's label as it suspends it": (
+        _workload("Job", suspend=False),
+        _all(_suspend, _set_label),
+        [WORKLOAD_METADATA],
+    ),
+    "change the owner as it suspends": (
+        _workload("JobSet", suspend=False),
+        _all(_suspend, _set_owner),
+        [WORKLOAD_METADATA],
+    ),
+    "add a finalizer with the idle mark": (
+        _deployment(),
+        _all(_merge_annotations({IDLE_SINCE: "t"}), _add_finalizer),
+        [WORKLOAD_METADATA],
+    ),
     "snooze for the owner": (
         _deployment({IDLE_SINCE: "t"}),
         _merge_annotations({SNOOZE_UNTIL: "2099-01-01T00:00:00Z"}),
@@ -537,6 +619,14 @@ WORKLOAD_CASES: dict[str, tuple[Obj, Callable[[Obj], object], list[str]]] = {
         [WORKLOAD_ANNOTATIONS],
     ),
 }
+
+
+def test_the_table_sees_the_generation_the_api_server_moves_on() -> None:
+    for case in ("tell a Deployment's owner", "record a reclaim", "suspend a Job", "suspend a JobSet"):
+        old, edit, _ = WORKLOAD_CASES[case]
+        assert _edit(old, edit)["metadata"]["generation"] == old["metadata"]["generation"] + 1, case
+    old, edit, _ = POD_CASES["change the image"]
+    assert _edit(old, edit)["metadata"]["generation"] == old["metadata"]["generation"] + 1
 
 
 @pytest.mark.parametrize(("old", "edit", "refused"), WORKLOAD_CASES.values(), ids=WORKLOAD_CASES.keys())

@@ -20,6 +20,7 @@ from tests.fake_apiserver import (
     FakeApiServer,
     controller_json,
     json_patch,
+    merge_patch,
     node_json,
     parse_label_selector,
     pdb_json,
@@ -886,8 +887,11 @@ def test_a_deployments_scale_is_read_and_patched(api: FakeApiServer) -> None:
     assert final is not None and final["spec"]["replicas"] == 2
     # Only spec.replicas changed: the rest of the object, status included, is what it was.
     assert {**final, "metadata": {}, "spec": {**final["spec"], "replicas": 3}} == {**stored, "metadata": {}}
-    assert {k: v for k, v in final["metadata"].items() if k != "resourceVersion"} == {
-        k: v for k, v in stored["metadata"].items() if k != "resourceVersion"
+    # So is its metadata, but what the registry moves on: the resourceVersion, and the generation once
+    # for each of the three changes of the replicas (through the Deployment's strategy).
+    assert final["metadata"]["generation"] == stored["metadata"]["generation"] + 3
+    assert {k: v for k, v in final["metadata"].items() if k not in ("resourceVersion", "generation")} == {
+        k: v for k, v in stored["metadata"].items() if k not in ("resourceVersion", "generation")
     }
 
 
@@ -1052,6 +1056,181 @@ def test_selector_strings_are_apimachinerys() -> None:
         ],
     }
     assert selector_string(selector) == "app=serve,!canary,env notin (dev),team,tier=gpu,zone in (a,b)"
+
+
+# --------------------------------------------------------------------------- metadata.generation
+
+
+def _send(api: FakeApiServer, method: str, path: str, body: object) -> dict[str, Any]:
+    """A request as any client sends it (a PATCH is a JSON merge patch); the object answered."""
+    ctype = "application/merge-patch+json" if method == "PATCH" else "application/json"
+    response = urllib3.PoolManager().request(
+        method, api.url + path, body=json.dumps(body).encode(), headers={"Content-Type": ctype}
+    )
+    assert response.status in (200, 201), response.data
+    answer: dict[str, Any] = json.loads(response.data)
+    return answer
+
+
+def _generation(obj: dict[str, Any] | None) -> int | None:
+    assert obj is not None
+    generation: int | None = obj["metadata"].get("generation")
+    return generation
+
+
+def _pod_at_generation_1() -> dict[str, Any]:
+    pod = pod_json("p", "n1")
+    pod["metadata"]["generation"] = 1  # as PrepareForCreate leaves a pod (pod_json's have none)
+    return pod
+
+
+_APPS = "/apis/apps/v1/namespaces/ml"
+_BATCH = "/apis/batch/v1/namespaces/ml"
+_IDLE = {"metadata": {"annotations": {"rebalancer.gpu/idle-since": "2026-11-29T12:00:00Z"}}}
+_LABEL = {"metadata": {"labels": {"team": "vision"}}}
+_SUSPEND = {"spec": {"suspend": True}}
+_IMAGE = {"spec": {"template": {"spec": {"containers": [{"name": "main", "image": "new:2"}]}}}}
+
+# (what is stored, where it is patched, the merge patch, the generation after): each kind's
+# PrepareForUpdate, the stored generation being 1.
+GENERATION_CASES: dict[str, tuple[dict[str, Any], str, dict[str, Any], int | None]] = {
+    # apps/deployment: "annotation updates bump the generation", and spec updates
+    "Deployment annotations": (controller_json("Deployment", "w"), f"{_APPS}/deployments/w", _IDLE, 2),
+    "Deployment spec": (controller_json("Deployment", "w"), f"{_APPS}/deployments/w", _IMAGE, 2),
+    "Deployment labels": (controller_json("Deployment", "w"), f"{_APPS}/deployments/w", _LABEL, 1),
+    # the spec only
+    "StatefulSet annotations": (controller_json("StatefulSet", "w"), f"{_APPS}/statefulsets/w", _IDLE, 1),
+    "StatefulSet spec": (controller_json("StatefulSet", "w"), f"{_APPS}/statefulsets/w", _IMAGE, 2),
+    "ReplicaSet annotations": (controller_json("ReplicaSet", "w"), f"{_APPS}/replicasets/w", _IDLE, 1),
+    "ReplicaSet spec": (
+        controller_json("ReplicaSet", "w"),
+        f"{_APPS}/replicasets/w",
+        {"spec": {"minReadySeconds": 10}},
+        2,
+    ),
+    "Job annotations": (controller_json("Job", "w", suspend=False), f"{_BATCH}/jobs/w", _IDLE, 1),
+    "Job suspend": (controller_json("Job", "w", suspend=False), f"{_BATCH}/jobs/w", _SUSPEND, 2),
+    "CronJob labels": (controller_json("CronJob", "w"), f"{_BATCH}/cronjobs/w", _LABEL, 1),
+    "CronJob suspend": (controller_json("CronJob", "w"), f"{_BATCH}/cronjobs/w", _SUSPEND, 2),
+    "PodDisruptionBudget annotations": (
+        pdb_json("b", {"app": "w"}, 1),
+        "/apis/policy/v1/namespaces/ml/poddisruptionbudgets/b",
+        _IDLE,
+        1,
+    ),
+    "PodDisruptionBudget spec": (
+        pdb_json("b", {"app": "w"}, 1),
+        "/apis/policy/v1/namespaces/ml/poddisruptionbudgets/b",
+        {"spec": {"minAvailable": 2}},
+        2,
+    ),
+    "Pod annotations": (_pod_at_generation_1(), "/api/v1/namespaces/ml/pods/p", _IDLE, 1),
+    "Pod spec": (
+        _pod_at_generation_1(),
+        "/api/v1/namespaces/ml/pods/p",
+        {"spec": {"activeDeadlineSeconds": 60}},
+        2,
+    ),
+    # custom resources: anything but metadata
+    "JobSet annotations": (
+        controller_json("JobSet", "w", suspend=False),
+        "/apis/jobset.x-k8s.io/v1alpha2/namespaces/ml/jobsets/w",
+        _IDLE,
+        1,
+    ),
+    "JobSet suspend": (
+        controller_json("JobSet", "w", suspend=False),
+        "/apis/jobset.x-k8s.io/v1alpha2/namespaces/ml/jobsets/w",
+        _SUSPEND,
+        2,
+    ),
+    "LeaderWorkerSet annotations": (
+        controller_json("LeaderWorkerSet", "w"),
+        "/apis/leaderworkerset.x-k8s.io/v1/namespaces/ml/leaderworkersets/w",
+        _IDLE,
+        1,
+    ),
+    "LeaderWorkerSet spec": (
+        controller_json("LeaderWorkerSet", "w"),
+        "/apis/leaderworkerset.x-k8s.io/v1/namespaces/ml/leaderworkersets/w",
+        {"spec": {"leaderWorkerTemplate": {"size": 4}}},
+        2,
+    ),
+    "Notebook stopped": (
+        controller_json("Notebook", "w"),
+        "/apis/kubeflow.org/v1/namespaces/ml/notebooks/w",
+        {"metadata": {"annotations": {"kubeflow-resource-stopped": "2026-11-29T12:00:00Z"}}},
+        1,
+    ),
+    "Notebook spec": (
+        controller_json("Notebook", "w"),
+        "/apis/kubeflow.org/v1/namespaces/ml/notebooks/w",
+        {"spec": {"template": {"spec": {"nodeName": "gpu-2"}}}},
+        2,
+    ),
+    "InferenceService spec": (
+        controller_json("InferenceService", "w"),
+        "/apis/serving.kserve.io/v1beta1/namespaces/ml/inferenceservices/w",
+        {"spec": {"predictor": {"minReplicas": 0}}},
+        2,
+    ),
+    # no generation at all
+    "Node spec": (node_json("n1"), "/api/v1/nodes/n1", {"spec": {"unschedulable": True}}, None),
+}
+
+
+@pytest.mark.parametrize(
+    ("stored", "path", "patch", "generation"), GENERATION_CASES.values(), ids=GENERATION_CASES.keys()
+)
+def test_a_write_moves_the_generation_on_as_the_kinds_strategy_does(
+    api: FakeApiServer, stored: dict[str, Any], path: str, patch: dict[str, Any], generation: int | None
+) -> None:
+    before = api.add(stored)
+    answer = _send(api, "PATCH", path, patch)
+    after = api.get(
+        before["kind"], before["metadata"]["name"], before["metadata"].get("namespace"), before["apiVersion"]
+    )
+    assert after is not None and after != before, "the patch changed nothing: the case tests nothing"
+    assert _generation(answer) == _generation(after) == generation
+
+
+def test_no_request_sets_the_generation(api: FakeApiServer) -> None:
+    api.add(controller_json("Deployment", "w"))
+    api.add(node_json("n1"))
+    deployment = f"{_APPS}/deployments/w"
+    assert _generation(_send(api, "PATCH", deployment, {"metadata": {"generation": 7}})) == 1
+    assert (
+        _generation(_send(api, "PATCH", deployment, merge_patch(_IDLE, {"metadata": {"generation": 7}}))) == 2
+    )
+    current = api.get("Deployment", "w", "ml")
+    assert current is not None
+    current["metadata"]["generation"] = 9
+    assert _generation(_send(api, "PUT", deployment, current)) == 2
+    assert _generation(_send(api, "PATCH", "/api/v1/nodes/n1", {"metadata": {"generation": 3}})) is None
+    # A write to `status` never moves it (the status strategies keep the stored spec).
+    assert _generation(_send(api, "PATCH", f"{deployment}/status", {"status": {"replicas": 5}})) == 2
+    # A dry run answers the generation the write would get, and stores nothing.
+    assert _generation(_send(api, "PATCH", f"{deployment}?dryRun=All", _IMAGE)) == 3
+    assert _generation(api.get("Deployment", "w", "ml")) == 2
+
+
+def test_a_created_object_has_generation_1(api: FakeApiServer) -> None:
+    job = controller_json("Job", "train")
+    job["metadata"]["generation"] = 5
+    assert _generation(_send(api, "POST", f"{_BATCH}/jobs", job)) == 1
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"a": "b"}}
+    assert _generation(_send(api, "POST", "/api/v1/namespaces/ml/configmaps", config)) is None
+
+
+def test_a_scale_write_moves_the_generation_on_when_the_replicas_change(api: FakeApiServer) -> None:
+    api.add(controller_json("Deployment", "w", replicas=2))
+    api.add(controller_json("LeaderWorkerSet", "w", replicas=2))
+    lws = "/apis/leaderworkerset.x-k8s.io/v1/namespaces/ml/leaderworkersets/w"
+    for kind, path in (("Deployment", f"{_APPS}/deployments/w"), ("LeaderWorkerSet", lws)):
+        _send(api, "PATCH", f"{path}/scale", {"spec": {"replicas": 0}})
+        scaled = api.get(kind, "w", "ml")
+        _send(api, "PATCH", f"{path}/scale", {"spec": {"replicas": 0}})  # the same replicas: no change
+        assert _generation(scaled) == _generation(api.get(kind, "w", "ml")) == 2
 
 
 # --------------------------------------------------------------------------- custom kinds not installed

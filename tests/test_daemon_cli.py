@@ -183,12 +183,15 @@ def test_run_serves_then_exits_0_on_sigterm_releasing_the_lease(api: FakeApiServ
         # ... with the bound of that very cache (the default's) in the help.
         assert "Stale past the cache's bound (180 s)." in metrics
     reads = _reads(api)
-    # Plus, once at the start of its term, the nodes its drain marks are looked for on (even in dry run:
-    # marks a live run left still expire).
-    orphans = [("/api/v1/nodes", False)]
-    assert sorted(reads) == sorted([*((path, watch) for path in CACHED for watch in (False, True)), *orphans])
     events = [json.loads(line) for line in served.stderr.splitlines() if line.startswith("{")]
     names = [e["event"] for e in events]
+    # Plus, at the start of each term it leads a cycle in, the nodes its drain marks are looked for on
+    # (even in dry run: marks a live run left still expire). One term, unless a loaded machine made it
+    # lose the Lease for a moment and take it again.
+    orphans = reads.count(("/api/v1/nodes", False)) - 1
+    assert 1 <= orphans <= names.count("became leader")
+    cached = sorted((path, watch) for path in CACHED for watch in (False, True))
+    assert sorted(reads) == sorted([*cached, *[("/api/v1/nodes", False)] * orphans])
     assert "daemon started" in names and "stop requested" in names and names[-1] == "daemon stopped"
     decisions = [e for e in events if e["event"] == "decision"]
     assert decisions and all(e["cycle_id"] for e in decisions)

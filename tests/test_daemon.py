@@ -462,6 +462,25 @@ def test_a_hung_notification_receiver_does_not_delay_the_next_cycle(
     http_receiver.wait_for(3)
 
 
+def test_each_one_cycle_daemon_sends_its_dry_run_digest_when_it_shuts_down(
+    http_receiver: HttpReceiver,
+) -> None:
+    """`rebalancer once` runs one cycle a process (the CronJob): a `digest:` sink sends that report, with
+    its one cycle, at the end, instead of keeping it for a period no process lives to see."""
+    loaded = parse_policy({**POLICY, "notify": {"webhooks": [{"url": http_receiver.url, "digest": "daily"}]}})
+    results: list[str] = []
+
+    def notifiers(notify: NotifyConfig, _on_result: Callable[[str, str], None]) -> list[Notifier]:
+        return build_notifiers(notify, on_result=lambda _sink, result: results.append(result))
+
+    for _ in range(3):
+        daemon = Daemon(loaded, source, sinks=DaemonSinks(notifiers=notifiers), clock=Clock(wall=lambda: NOW))
+        assert daemon.run_cycle() is not None
+        daemon.shutdown(notify_timeout=5.0)
+    assert results == ["digested", "sent"] * 3
+    assert [r.json()["digest"] for r in http_receiver.requests] == [{"period": "daily", "cycles": 1}] * 3
+
+
 def test_a_raising_sink_never_fails_the_cycle(daemons: list[Daemon]) -> None:
     class Broken:
         def publish(self, report: object) -> None:

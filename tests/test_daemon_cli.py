@@ -28,6 +28,9 @@ from rebalancer.policy import parse_policy
 from rebalancer.state import STATE_CONFIGMAP, STATE_KEY, ActuatorState, ConfigMapStateStore, FileStateStore
 from tests.builders import NOW
 from tests.fake_apiserver import FakeApiServer, node_json, pod_json
+from tests.http_receiver import HttpReceiver, http_receiver
+
+__all__ = ["http_receiver"]
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = {
@@ -235,6 +238,24 @@ def test_once_without_snapshot_runs_one_dry_run_cycle_on_the_cluster(
     assert [(d["pod"], d["outcome"]) for d in report["decisions"]] == [("lonely", "would-evict")]
     assert api.writes() == []
     assert sorted(_reads(api)) == sorted((path, False) for path in CACHED)  # listed once, never watched
+
+
+@pytest.mark.usefixtures("quiet_logging")
+def test_once_sends_its_dry_run_report_to_a_digest_sink_when_it_ends(
+    api: FakeApiServer, tmp_path: Path, http_receiver: HttpReceiver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CronJob runs one `once` a process: a `digest: daily` sink gets each run's report, as a digest
+    of one cycle (a digest period needs the daemon)."""
+    config = kubeconfig(tmp_path / "kubeconfig", api.url)
+    notify = {"webhooks": [{"url": http_receiver.url + "/hook", "digest": "daily"}]}
+    args = ["once", "--kubeconfig", str(config), "--policy", str(policy(tmp_path / "p.yaml", notify=notify))]
+    assert main([*args, "--dry-run", "--output", "json"]) == 0
+    capsys.readouterr()
+    [request] = http_receiver.requests
+    body = request.json()
+    assert body["digest"] == {"period": "daily", "cycles": 1}
+    assert body["mode"] == "dry-run"
+    assert [(d["pod"], d["outcome"]) for d in body["decisions"]] == [("lonely", "would-evict")]
 
 
 @pytest.mark.usefixtures("quiet_logging")

@@ -418,6 +418,39 @@ def test_dry_run_digest_sends_the_latest_report_once_per_period(
     results.wait("sent", 2)
 
 
+def test_close_sends_the_pending_digest_the_latest_report_with_its_cycles(
+    http_receiver: HttpReceiver, results: Results
+) -> None:
+    """A daemon's shutdown, a notify reload and the end of `rebalancer once` close the notifier: the
+    cycles summed since the last digest are sent then, not lost with the process."""
+    clock = FakeClock()
+    notifier = Notifier(webhook(http_receiver, digest="daily"), clock=clock, on_result=results)
+    for _ in range(3):
+        notifier.publish(LEAK_ONLY)
+        clock.now += 5 * 60
+    notifier.publish(QUIET)
+    assert results.count("digested") == 4 and http_receiver.requests == []
+    notifier.close(5.0)
+    [request] = http_receiver.requests
+    body = request.json()
+    assert body["digest"] == {"period": "daily", "cycles": 4}
+    assert body["findings"] == []  # the latest report
+    assert results.count("sent") == 1
+    notifier.close(0.5)  # nothing pending any more
+    assert len(http_receiver.requests) == 1
+
+
+def test_close_sends_no_digest_when_none_is_pending(http_receiver: HttpReceiver, results: Results) -> None:
+    clock = FakeClock()
+    notifier = Notifier(webhook(http_receiver, digest="hourly"), clock=clock, on_result=results)
+    notifier.publish(LEAK_ONLY)
+    clock.now += 3600
+    notifier.publish(LEAK_ONLY)  # the period is over: sent now, nothing left pending
+    results.wait("sent")
+    notifier.close(1.0)
+    assert len(http_receiver.requests) == 1
+
+
 def test_digest_headline_in_slack() -> None:
     message = build_message(LEAK_ONLY, delivery=Delivery(LEAK_ONLY, digest_cycles=288, digest_period="daily"))
     assert message["blocks"][0]["text"]["text"].startswith("daily dry-run digest (288 cycles)")

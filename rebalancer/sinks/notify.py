@@ -14,7 +14,11 @@ Owns:
   per-sink rate limit (`min_interval`) and puts the report on a bounded queue; one worker thread per
   sink delivers it. A full queue drops the report (counted), so a failing or hung receiver never fails
   or delays a cycle. Dry-run digests (`digest: hourly | daily`): dry-run reports are not sent one by
-  one but the latest one is sent, with the number of cycles it sums up, once per period.
+  one but the latest one is sent, with the number of cycles it sums up, once per period. The digest
+  is kept in process: `close()` (the daemon's shutdown, a reload that replaces the sink, the
+  end of `rebalancer once`) sends the pending one, so a restart loses no cycles and a one-shot `once`
+  (the CronJob) sends its dry-run report, as a digest of one cycle, when it ends. A digest that sums up
+  a whole period needs the daemon.
 
 It must not decide anything about the cluster, and error texts never carry a URL (a Slack webhook URL
 is a secret): deliveries are described by the sink's name only.
@@ -262,6 +266,7 @@ class Notifier:
         self._last_accepted: float | None = None
         self._digest_started: float | None = None
         self._digest_cycles = 0
+        self._digest_report: CycleReport | None = None  # the latest report of the pending digest
         self._lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._work, name=f"notify-{self.name}", daemon=True)
@@ -295,12 +300,21 @@ class Notifier:
         if self._digest_started is None:
             self._digest_started = now
         self._digest_cycles += 1
+        self._digest_report = report
         period = DIGEST_PERIODS[self.sink.filters.digest or "daily"]
         if now - self._digest_started < period:
             self._result("digested")
             return
-        delivery = Delivery(report, digest_cycles=self._digest_cycles, digest_period=self.sink.filters.digest)
-        self._digest_started, self._digest_cycles = now, 0
+        self._digest_started = now
+        self._send_digest()
+
+    def _send_digest(self) -> None:
+        """Offer the pending digest (the latest report, the cycles it sums up), if any; start a new one."""
+        report, cycles = self._digest_report, self._digest_cycles
+        self._digest_report, self._digest_cycles = None, 0
+        if report is None or not cycles:
+            return
+        delivery = Delivery(report, digest_cycles=cycles, digest_period=self.sink.filters.digest)
         self._offer(delivery, rate_limited=False)
 
     def _offer(self, delivery: Delivery, *, rate_limited: bool = True) -> None:
@@ -360,11 +374,15 @@ class Notifier:
         return self._queue.unfinished_tasks == 0
 
     def close(self, timeout: float = 0.0) -> None:
-        """Stop accepting reports; deliver what is queued within `timeout`, then let the worker go.
+        """Stop accepting reports; queue the pending digest, deliver what is queued within `timeout`,
+        then let the worker go.
 
-        A delivery still hung after `timeout` is abandoned with its (daemon) worker thread.
+        A delivery still hung after `timeout` is abandoned with its (daemon) worker thread; with no
+        `timeout` (a reload) the worker goes on delivering what is queued, then stops.
         """
         with self._lock:
+            if not self._closed:
+                self._send_digest()
             self._closed = True
         drained = self.flush(timeout)
         with suppress(queue.Full):

@@ -481,6 +481,84 @@ def test_each_one_cycle_daemon_sends_its_dry_run_digest_when_it_shuts_down(
     assert [r.json()["digest"] for r in http_receiver.requests] == [{"period": "daily", "cycles": 1}] * 3
 
 
+class Outcomes:
+    """What the notifiers tell the metrics: (sink name, result), in order."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def notifiers(self, notify: NotifyConfig, _on_result: Callable[[str, str], None]) -> list[Notifier]:
+        return build_notifiers(notify, on_result=lambda sink, result: self.seen.append((sink, result)))
+
+    def since(self, start: int, count: int, timeout: float = 5.0) -> list[tuple[str, str]]:
+        """The `count` outcomes from the `start`th once there, sorted (workers tell theirs in any order)."""
+        deadline = time.monotonic() + timeout
+        while len(self.seen) < start + count:
+            assert time.monotonic() < deadline, f"expected {start + count} outcomes, saw {self.seen}"
+            time.sleep(0.01)
+        return sorted(self.seen[start : start + count])
+
+
+def paths(receiver: HttpReceiver) -> list[str]:
+    return [r.path for r in receiver.requests]
+
+
+def test_a_notify_reload_keeps_the_notifier_of_every_unchanged_sink_where_it_moved(
+    tmp_path: Path, http_receiver: HttpReceiver, daemons: list[Daemon]
+) -> None:
+    """A sink whose configuration is unchanged keeps its notifier, so its `min_interval` goes on: adding
+    a sink in front of it (or any change to another) does not make it post again. It takes the name of
+    its new place."""
+    hourly = {"url": http_receiver.url + "/hourly", "min_interval": "1h"}
+    path = write_policy(tmp_path / "policy.yaml", notify={"webhooks": [hourly]})
+    outcomes = Outcomes()
+    daemon = Daemon(
+        PolicyWatcher(path),
+        source,
+        sinks=DaemonSinks(notifiers=outcomes.notifiers),
+        clock=Clock(wall=lambda: NOW),
+    )
+    daemons.append(daemon)
+    daemon.run_cycle()
+    daemon.run_cycle()
+    assert outcomes.since(0, 2) == [("webhook[0]", "rate-limited"), ("webhook[0]", "sent")]
+
+    write_policy(path, notify={"webhooks": [{"url": http_receiver.url + "/new"}, hourly]})
+    daemon.run_cycle()
+    assert outcomes.since(2, 2) == [("webhook[0]", "sent"), ("webhook[1]", "rate-limited")]
+    assert sorted(paths(http_receiver)) == ["/hourly", "/new"]
+
+
+def test_a_notify_reload_closes_only_the_sinks_it_changes_or_removes_and_they_send_their_digest(
+    tmp_path: Path, http_receiver: HttpReceiver, daemons: list[Daemon]
+) -> None:
+    kept = {"url": http_receiver.url + "/kept", "digest": "daily"}
+    changed = {"url": http_receiver.url + "/changed", "digest": "daily"}
+    removed = {"url": http_receiver.url + "/removed", "digest": "daily"}
+    path = write_policy(tmp_path / "policy.yaml", notify={"webhooks": [kept, changed, removed]})
+    outcomes = Outcomes()
+    daemon = Daemon(
+        PolicyWatcher(path),
+        source,
+        sinks=DaemonSinks(notifiers=outcomes.notifiers),
+        clock=Clock(wall=lambda: NOW),
+    )
+    daemons.append(daemon)
+    daemon.run_cycle()
+    daemon.run_cycle()
+    assert http_receiver.requests == []
+
+    write_policy(path, notify={"webhooks": [kept, {**changed, "min_interval": "1m"}]})
+    daemon.run_cycle()  # the changed and the removed sink send what they had summed up
+    http_receiver.wait_for(2)
+    digests = {r.path: r.json()["digest"]["cycles"] for r in http_receiver.requests}
+    assert digests == {"/changed": 2, "/removed": 2}
+
+    daemon.shutdown(notify_timeout=5.0)
+    digests = {r.path: r.json()["digest"]["cycles"] for r in http_receiver.requests[2:]}
+    assert digests == {"/kept": 3, "/changed": 1}  # the kept sink's digest went on through the reload
+
+
 def test_a_raising_sink_never_fails_the_cycle(daemons: list[Daemon]) -> None:
     class Broken:
         def publish(self, report: object) -> None:

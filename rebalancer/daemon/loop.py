@@ -60,10 +60,10 @@ from rebalancer.fence import FenceLost, WriteFence
 from rebalancer.gcpause import collector_paused
 from rebalancer.history import Memory
 from rebalancer.model import NOT_ATTEMPTED, Decision, Finding, Mode, Outcome, Snapshot
-from rebalancer.policy import LoadedPolicy, NotifyConfig, format_duration
+from rebalancer.policy import LoadedPolicy, NotifyConfig, SinkFilters, format_duration
 from rebalancer.sinks.log import LogSink
 from rebalancer.sinks.metrics import DaemonMetrics
-from rebalancer.sinks.notify import Notifier
+from rebalancer.sinks.notify import Notifier, configured_sinks
 from rebalancer.wording import plural
 
 __all__ = [
@@ -136,7 +136,10 @@ def _no_notifiers(_notify: NotifyConfig, _on_result: Callable[[str, str], None])
 
 @dataclass
 class DaemonSinks:
-    """Where reports go: the metrics, the notifiers (rebuilt when `notify:` changes) and extra sinks."""
+    """Where reports go: the metrics, the notifiers and extra sinks.
+
+    `notifiers` builds one Notifier per sink of the `notify:` it is given (`build_notifiers`); a reload
+    that changes `notify:` asks it only for the new or changed sinks."""
 
     metrics: DaemonMetrics = field(default_factory=DaemonMetrics)
     notifiers: NotifierFactory = _no_notifiers
@@ -215,6 +218,15 @@ class GatedEvictor:
             "not attempted"
         )
         return (*findings, Finding(kind=CUT_SHORT, detail=detail))
+
+
+def _take(notifiers: list[Notifier], config: SinkFilters) -> Notifier | None:
+    """Remove from `notifiers` and return the first one whose sink has the configuration `config`."""
+    for notifier in notifiers:
+        if notifier.sink.filters == config:
+            notifiers.remove(notifier)
+            return notifier
+    return None
 
 
 # --------------------------------------------------------------------------- the daemon
@@ -368,12 +380,38 @@ class Daemon:
             strategies=[s.name for s in self._loaded.strategies],
         )
         if policy.notify != old_loaded.policy.notify:
-            for notifier in self._notifiers:
-                notifier.close()
-            self._notifiers = self._sinks.notifiers(policy.notify, self.metrics.notification)
+            self._renew_notifiers(policy.notify)
         if result.interval_changed and self._scheduler is not None:
             self._scheduler.reschedule_job(JOB_ID, trigger=self._trigger(policy.interval))
             log.info("cycle rescheduled", interval=format_duration(policy.interval))
+
+    def _renew_notifiers(self, notify: NotifyConfig) -> None:
+        """`notify:` changed: the running notifier of every sink whose configuration is unchanged goes on
+        (its rate limit and pending digest with it), wherever the sink moved in its list, under the name
+        of its new place; those of sinks removed or changed are closed (sending their pending digest); the
+        factory builds only the new ones."""
+        configured = configured_sinks(notify)
+        running = list(self._notifiers)
+        kept = [_take(running, config) for _name, config in configured]
+        for notifier in running:
+            notifier.close()
+        slack = len(notify.slack)
+        new = notify.model_copy(
+            update={
+                "slack": tuple(c for c, k in zip(notify.slack, kept[:slack], strict=True) if k is None),
+                "webhooks": tuple(c for c, k in zip(notify.webhooks, kept[slack:], strict=True) if k is None),
+            }
+        )
+        built = list(self._sinks.notifiers(new, self.metrics.notification))
+        renewed: list[Notifier] = []
+        for (name, config), same in zip(configured, kept, strict=True):
+            chosen = same if same is not None else _take(built, config)
+            if chosen is not None:
+                chosen.rename(name)
+                renewed.append(chosen)
+        for notifier in built:  # not asked for
+            notifier.close()
+        self._notifiers = renewed
 
     def _gate(self) -> str | None:
         fence = self._live.fence if self._live is not None else None

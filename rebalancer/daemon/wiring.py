@@ -64,6 +64,8 @@ from rebalancer.policy import (
     LoadedPolicy,
     NotifyConfig,
     PrometheusConfig,
+    SlackSinkConfig,
+    WebhookSinkConfig,
     default_policy,
     format_duration,
     prometheus_with_url,
@@ -71,7 +73,7 @@ from rebalancer.policy import (
 from rebalancer.sinks.events import KubeEventsSink
 from rebalancer.sinks.log import configure_logging
 from rebalancer.sinks.metrics import DaemonMetrics
-from rebalancer.sinks.notify import HttpPoster, Notifier
+from rebalancer.sinks.notify import HttpPoster, Notifier, configured_sinks
 from rebalancer.sinks.slack import SlackSink
 from rebalancer.sinks.webhook import WebhookSink
 from rebalancer.sources.kube import ClusterReader, KubeSource
@@ -277,16 +279,18 @@ def build_notifiers(
     poster_factory: Callable[[], HttpPoster] = HttpPoster,
     clock: Callable[[], float] = time.monotonic,
 ) -> list[Notifier]:
-    """One Notifier (worker thread, bounded queue) per configured Slack / webhook sink."""
+    """One Notifier (worker thread, bounded queue) per configured Slack / webhook sink, in the order and
+    with the names of `configured_sinks`."""
     notifiers: list[Notifier] = []
-    for index, slack in enumerate(notify.slack):
-        sink = SlackSink(slack, name=f"slack[{index}]", poster=poster_factory(), environ=environ)
-        notifiers.append(Notifier(sink, clock=clock, on_result=on_result))
-    for index, hook in enumerate(notify.webhooks):
-        webhook = WebhookSink(hook, name=f"webhook[{index}]", poster=poster_factory(), environ=environ)
-        if not webhook.signed:
-            log.warning("webhook has no signing secret: deliveries are unsigned", sink=webhook.name)
-        notifiers.append(Notifier(webhook, clock=clock, on_result=on_result))
+    for name, config in configured_sinks(notify):
+        if isinstance(config, SlackSinkConfig):
+            sink = SlackSink(config, name=name, poster=poster_factory(), environ=environ)
+            notifiers.append(Notifier(sink, clock=clock, on_result=on_result))
+        elif isinstance(config, WebhookSinkConfig):
+            webhook = WebhookSink(config, name=name, poster=poster_factory(), environ=environ)
+            if not webhook.signed:
+                log.warning("webhook has no signing secret: deliveries are unsigned", sink=webhook.name)
+            notifiers.append(Notifier(webhook, clock=clock, on_result=on_result))
     return notifiers
 
 

@@ -10,6 +10,8 @@ Owns:
 - `HttpPoster`: one POST with `requests` and a urllib3 `Retry`: bounded retries with exponential
   backoff on connection errors and 429 / 5xx answers, never after a read timeout (the receiver may
   have the message already), a connect and a read timeout on every attempt, no redirects;
+- `configured_sinks()`: each sink of the policy's `notify:` with its name (`slack[0]`, `webhook[1]`:
+  its kind and place) and its configuration, its policy section, which is what identifies a sink;
 - `Notifier`: the `Sink` the daemon hands to the cycle. `publish()` applies the filters and the
   per-sink rate limit (`min_interval`) and puts the report on a bounded queue; one worker thread per
   sink delivers it. A full queue drops the report (counted), so a failing or hung receiver never fails
@@ -43,7 +45,7 @@ from urllib3.util.retry import Retry
 
 from rebalancer.cycle_report import CycleReport
 from rebalancer.model import Finding
-from rebalancer.policy import SinkFilters
+from rebalancer.policy import NotifyConfig, SinkFilters
 
 __all__ = [
     "DIGEST_PERIODS",
@@ -53,6 +55,7 @@ __all__ = [
     "NotificationSink",
     "Notifier",
     "SinkError",
+    "configured_sinks",
     "read_secret",
     "selected_findings",
     "skip_reason",
@@ -78,15 +81,27 @@ class Delivery:
 
 
 class NotificationSink(Protocol):
-    """A destination: its filters and how to deliver one report. `send` may block (it runs on a worker)."""
+    """A destination: its filters and how to deliver one report. `send` may block (it runs on a worker).
 
-    @property
-    def name(self) -> str: ...
+    `name` is settable: a sink kept through a reload takes the name of its new place.
+    """
+
+    name: str
 
     @property
     def filters(self) -> SinkFilters: ...
 
     def send(self, delivery: Delivery) -> None: ...
+
+
+def configured_sinks(notify: NotifyConfig) -> list[tuple[str, SinkFilters]]:
+    """The sinks of `notify:` in the order their notifiers are built: Slack's, then the webhooks', each
+    with its name (its kind and place in its list) and its configuration (its policy section: two sinks
+    with equal sections, kind included, are the same sink)."""
+    return [
+        *((f"slack[{index}]", slack) for index, slack in enumerate(notify.slack)),
+        *((f"webhook[{index}]", hook) for index, hook in enumerate(notify.webhooks)),
+    ]
 
 
 # --------------------------------------------------------------------------- filters
@@ -363,6 +378,11 @@ class Notifier:
             self._on_result(self.name, result)
 
     # ---- lifecycle
+
+    def rename(self, name: str) -> None:
+        """Go on under `name` (a reload moved the sink in its list): outcomes and errors say the new one."""
+        self.name = self.sink.name = name
+        self._thread.name = f"notify-{name}"
 
     def flush(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for queued deliveries; True when the queue drained."""

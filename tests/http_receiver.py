@@ -1,7 +1,8 @@
 """A real local HTTP receiver for notification tests (Slack incoming webhooks, generic webhooks).
 
 `HttpReceiver` listens on 127.0.0.1:<free port>, records every request (method, path, headers, raw
-body) and answers with the next scripted status (`script([500, 500, 200])`, then 200 for ever). It can
+body, when it arrived) and answers with the next scripted status (`script([500, 500, 200])`, then 200 for
+ever), a status with headers when scripted so (`script([(429, {"Retry-After": "1"}), 200])`). It can
 hang: with `hang()` every request waits until `release()` (or the receiver stops), which is how a test
 shows that a hung receiver does not delay a cycle. `wait_for(n)` waits (real time, bounded) until n
 requests arrived.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -28,6 +29,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
+    at: float = 0.0  # time.monotonic() when it arrived
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -40,7 +42,7 @@ class Received:
 class HttpReceiver:
     def __init__(self) -> None:
         self.requests: list[Received] = []
-        self._statuses: list[int] = []
+        self._statuses: list[int | tuple[int, Mapping[str, str]]] = []
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
         self._released = threading.Event()
@@ -54,8 +56,8 @@ class HttpReceiver:
         assert self._server is not None
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def script(self, statuses: Sequence[int]) -> None:
-        """Answer the next requests with these statuses, then 200."""
+    def script(self, statuses: Sequence[int | tuple[int, Mapping[str, str]]]) -> None:
+        """Answer the next requests with these statuses (with these headers), then 200."""
         with self._lock:
             self._statuses = list(statuses)
 
@@ -80,17 +82,22 @@ class HttpReceiver:
     def _handle(self, handler: BaseHTTPRequestHandler) -> None:
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else b""
-        received = Received(handler.command, handler.path, dict(handler.headers.items()), body)
+        received = Received(
+            handler.command, handler.path, dict(handler.headers.items()), body, time.monotonic()
+        )
         with self._arrived:
             self.requests.append(received)
-            status = self._statuses.pop(0) if self._statuses else 200
+            scripted = self._statuses.pop(0) if self._statuses else 200
             self._arrived.notify_all()
+        status, headers = scripted if isinstance(scripted, tuple) else (scripted, {})
         self._released.wait(timeout=30)
         answer = b"ok" if status < 300 else b"error"
         try:
             handler.send_response(status)
             handler.send_header("Content-Type", "text/plain")
             handler.send_header("Content-Length", str(len(answer)))
+            for name, value in headers.items():
+                handler.send_header(name, value)
             handler.end_headers()
             handler.wfile.write(answer)
         except OSError:

@@ -322,6 +322,35 @@ def test_retries_are_bounded_and_4xx_is_not_retried(http_receiver: HttpReceiver)
     assert len(http_receiver.requests) == 1
 
 
+def test_a_429_is_retried_once_its_retry_after_has_passed(http_receiver: HttpReceiver) -> None:
+    """Slack answers its rate limit with 429 and Retry-After (seconds): asking sooner gets more 429s."""
+    http_receiver.script([(429, {"Retry-After": "1"}), 200])
+    webhook(http_receiver).send(Delivery(EVICTING))
+    first, second = http_receiver.requests
+    assert second.at - first.at >= 0.9  # not the 0.01 s backoff
+
+
+def test_a_retry_after_longer_than_the_bound_fails_the_delivery_at_once(http_receiver: HttpReceiver) -> None:
+    """A delivery waits at most `retry_after_max` for a Retry-After: never asks sooner than told, and never
+    keeps its worker (which a shutdown waits for) asleep for longer."""
+    http_receiver.script([(429, {"Retry-After": "3600"})] * 4)
+    sink = WebhookSink(
+        WebhookSinkConfig.model_validate({"url": http_receiver.url + "/hook"}),
+        poster=HttpPoster(timeout=(1.0, 2.0), retries=3, backoff=0.01, retry_after_max=2.0),
+    )
+    started = time.monotonic()
+    with pytest.raises(SinkError, match=r"^webhook: HTTP 429 Too Many Requests \(Retry-After 3600 s\)$"):
+        sink.send(Delivery(EVICTING))
+    assert time.monotonic() - started < 1.0
+    assert len(http_receiver.requests) == 1
+
+
+def test_an_unreadable_retry_after_falls_back_to_the_backoff(http_receiver: HttpReceiver) -> None:
+    http_receiver.script([(503, {"Retry-After": "soon"}), 200])
+    webhook(http_receiver).send(Delivery(EVICTING))
+    assert len(http_receiver.requests) == 2
+
+
 def test_rate_limit_drops_reports_within_min_interval(
     http_receiver: HttpReceiver, results: Results, notifiers: list[Notifier]
 ) -> None:

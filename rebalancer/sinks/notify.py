@@ -9,7 +9,12 @@ Owns:
   rotated Secret is picked up) and never logged;
 - `HttpPoster`: one POST with `requests` and a urllib3 `Retry`: bounded retries with exponential
   backoff on connection errors and 429 / 5xx answers, never after a read timeout (the receiver may
-  have the message already), a connect and a read timeout on every attempt, no redirects;
+  have the message already), a connect and a read timeout on every attempt, no redirects. A 429 or
+  503 with `Retry-After` (Slack's rate limit answers so) is retried once that time has passed, not
+  sooner (which only earns more 429s), when it is at most `retry_after_max` (20 s); a longer one fails
+  the delivery at once, so a delivery waits at most `retries` times that bound on its sink's worker,
+  never in a cycle, and a shutdown, which waits for deliveries only up to its notify timeout, is not
+  held by one (`Notifier.close`);
 - `configured_sinks()`: each sink of the policy's `notify:` with its name (`slack[0]`, `webhook[1]`:
   its kind and place) and its configuration, its policy section, which is what identifies a sink;
 - `Notifier`: the `Sink` the daemon hands to the cycle. `publish()` applies the filters and the
@@ -36,11 +41,15 @@ from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from types import TracebackType
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 import requests
 import structlog
 from requests.adapters import HTTPAdapter
+from urllib3.connectionpool import ConnectionPool
+from urllib3.exceptions import InvalidHeader, MaxRetryError, ResponseError
+from urllib3.response import BaseHTTPResponse
 from urllib3.util.retry import Retry
 
 from rebalancer.cycle_report import CycleReport
@@ -177,8 +186,60 @@ def _describe(exc: requests.RequestException) -> str:
     return type(exc).__name__
 
 
+class _BoundedRetryAfter(Retry):
+    """urllib3's Retry, waiting for a retried answer's `Retry-After` only up to `retry_after_limit` s.
+
+    urllib3 sleeps whatever a retried answer's Retry-After asks (its own `retry_after_max`, from 2.6.3,
+    only clamps the wait, and then asks sooner than told; `backoff_max` bounds the exponential backoff,
+    not this). Here an answer asking for longer ends the retries: urllib3 hands that answer back
+    (`raise_on_status=False`) and the delivery fails with it. An unreadable Retry-After counts as none
+    (the backoff applies). A 413 is not retried for its Retry-After, as urllib3 would.
+    """
+
+    RETRY_AFTER_STATUS_CODES = frozenset({429, 503})
+    retry_after_limit: float = 20.0
+
+    def new(self, **kw: Any) -> Self:
+        renewed = super().new(**kw)
+        renewed.retry_after_limit = self.retry_after_limit
+        return renewed
+
+    def get_retry_after(self, response: BaseHTTPResponse) -> float | None:
+        try:
+            return super().get_retry_after(response)
+        except InvalidHeader:
+            return None
+
+    def increment(
+        self,
+        method: str | None = None,
+        url: str | None = None,
+        response: BaseHTTPResponse | None = None,
+        error: Exception | None = None,
+        _pool: ConnectionPool | None = None,
+        _stacktrace: TracebackType | None = None,
+    ) -> Self:
+        if response is not None and error is None:
+            wait = self.get_retry_after(response)
+            if wait is not None and wait > self.retry_after_limit:
+                limit = self.retry_after_limit
+                reason = ResponseError(f"Retry-After {wait:.0f} s is longer than {limit:g} s")
+                raise MaxRetryError(_pool, url or "", reason)  # type: ignore[arg-type]
+        return super().increment(method, url, response, error, _pool, _stacktrace)
+
+
+def _retry_after(response: requests.Response) -> str:
+    """` (Retry-After N s)` when the answer asked for a wait (its seconds, never a date), else ``."""
+    value = response.headers.get("Retry-After", "").strip()
+    return f" (Retry-After {int(value)} s)" if value.isdigit() else ""
+
+
 class HttpPoster:
-    """POSTs bodies with bounded retries; one instance (one connection pool) per sink."""
+    """POSTs bodies with bounded retries; one instance (one connection pool) per sink.
+
+    A retried answer's Retry-After is waited for when at most `retry_after_max` seconds; a longer one
+    ends the retries (the delivery fails, saying how long the receiver asked to wait).
+    """
 
     def __init__(
         self,
@@ -187,11 +248,14 @@ class HttpPoster:
         retries: int = 3,
         backoff: float = 0.5,
         backoff_max: float = 8.0,
+        retry_after_max: float = 20.0,
     ) -> None:
         if retries < 0:
             raise ValueError("retries must not be negative")
+        if retry_after_max < 0:
+            raise ValueError("retry_after_max must not be negative")
         self.timeout = timeout
-        retry = Retry(
+        retry = _BoundedRetryAfter(
             total=retries,
             connect=retries,
             read=0,
@@ -203,8 +267,9 @@ class HttpPoster:
             status_forcelist=RETRY_STATUSES,
             allowed_methods=frozenset({"POST"}),
             raise_on_status=False,
-            respect_retry_after_header=False,
+            respect_retry_after_header=True,
         )
+        retry.retry_after_limit = retry_after_max
         self._session = requests.Session()
         adapter = HTTPAdapter(max_retries=retry)
         self._session.mount("http://", adapter)
@@ -222,7 +287,8 @@ class HttpPoster:
                 raise SinkError(f"{what}: {_describe(exc)}") from None
             try:
                 if not 200 <= response.status_code < 300:
-                    raise SinkError(f"{what}: HTTP {response.status_code} {response.reason or ''}".rstrip())
+                    status = f"HTTP {response.status_code} {response.reason or ''}".rstrip()
+                    raise SinkError(f"{what}: {status}{_retry_after(response)}")
             finally:
                 response.close()
 

@@ -490,6 +490,11 @@ class Outcomes:
     def notifiers(self, notify: NotifyConfig, _on_result: Callable[[str, str], None]) -> list[Notifier]:
         return build_notifiers(notify, on_result=lambda sink, result: self.seen.append((sink, result)))
 
+    def daemon(self, policy_file: Path) -> Daemon:
+        """A daemon watching `policy_file` whose notifiers tell their outcomes here."""
+        sinks = DaemonSinks(notifiers=self.notifiers)
+        return Daemon(PolicyWatcher(policy_file), source, sinks=sinks, clock=Clock(wall=lambda: NOW))
+
     def since(self, start: int, count: int, timeout: float = 5.0) -> list[tuple[str, str]]:
         """The `count` outcomes from the `start`th once there, sorted (workers tell theirs in any order)."""
         deadline = time.monotonic() + timeout
@@ -512,12 +517,7 @@ def test_a_notify_reload_keeps_the_notifier_of_every_unchanged_sink_where_it_mov
     hourly = {"url": http_receiver.url + "/hourly", "min_interval": "1h"}
     path = write_policy(tmp_path / "policy.yaml", notify={"webhooks": [hourly]})
     outcomes = Outcomes()
-    daemon = Daemon(
-        PolicyWatcher(path),
-        source,
-        sinks=DaemonSinks(notifiers=outcomes.notifiers),
-        clock=Clock(wall=lambda: NOW),
-    )
+    daemon = outcomes.daemon(path)
     daemons.append(daemon)
     daemon.run_cycle()
     daemon.run_cycle()
@@ -537,12 +537,7 @@ def test_a_notify_reload_closes_only_the_sinks_it_changes_or_removes_and_they_se
     removed = {"url": http_receiver.url + "/removed", "digest": "daily"}
     path = write_policy(tmp_path / "policy.yaml", notify={"webhooks": [kept, changed, removed]})
     outcomes = Outcomes()
-    daemon = Daemon(
-        PolicyWatcher(path),
-        source,
-        sinks=DaemonSinks(notifiers=outcomes.notifiers),
-        clock=Clock(wall=lambda: NOW),
-    )
+    daemon = outcomes.daemon(path)
     daemons.append(daemon)
     daemon.run_cycle()
     daemon.run_cycle()

@@ -236,7 +236,9 @@ class Daemon:
     """The loop around cycles. `run_cycle()` runs one now; `start()` schedules them; `shutdown()` stops.
 
     `dry_run` None follows the running policy's `dry_run`; a live cycle needs `live` (without it, it
-    fails). A dry-run cycle plans with a copy of the live memory's history and writes nothing.
+    fails). A dry-run cycle plans with a copy of the live memory's history and evicts with the live edge's
+    `dry_run_evictor` (the actuator's `DrainMarkKeeper`: it writes only the lifting of expired drain
+    marks), else with `DryRunEvictor`, which writes nothing.
     """
 
     def __init__(

@@ -179,7 +179,7 @@ def build_state_store(
     args: argparse.Namespace, api_client: client.ApiClient, leadership: Leadership | None = None
 ) -> StateStore | None:
     """Where `rebalancer run` (and a live `once`) keeps its memory: None when the run is forced dry
-    (`--dry-run` writes nothing), else the file `--state-file` or the ConfigMap `--state-configmap` in
+    (`--dry-run` saves no memory), else the file `--state-file` or the ConfigMap `--state-configmap` in
     the Lease's namespace (`--lease-namespace`; `once`: `--state-namespace`; default the pod's), its
     writes fenced by the lease (not by the cycle's deadline: the memory of what was done is always saved
     while this replica leads) and stamped with the leader's term. Builds the store only: no request is

@@ -588,6 +588,13 @@ def test_a_reloaded_eviction_section_is_not_half_applied(api: FakeApiServer, tmp
     assert running.limits.max_per_cycle == 7  # the rest of the change runs
     assert report.policy_digest == daemon.policy.digest != watcher.current.digest
     assert sample(daemon, "gpu_rebalancer_policy_reload_errors_total") == 1
+    assert sample(daemon, "gpu_rebalancer_policy_valid") == 0  # the file is not what runs
+    daemon.run_cycle()
+    assert sample(daemon, "gpu_rebalancer_policy_valid") == 0  # ... for as long as it is so
+    path.write_text(json.dumps({**live, "limits": {"max_per_cycle": 7}}))  # eviction: as it runs
+    daemon.run_cycle()
+    assert sample(daemon, "gpu_rebalancer_policy_valid") == 1
+    assert sample(daemon, "gpu_rebalancer_policy_reload_errors_total") == 1
     # Evicted as the running section says (for real), not as the file now says (server dry run).
     (eviction,) = api.requests_to("/api/v1/namespaces/*/pods/*/eviction", "POST")
     assert eviction.param("dryRun") is None and api.pod("ml", "lonely") is None

@@ -77,6 +77,8 @@ DESIGN_METRICS: dict[str, frozenset[str]] = {
     "gpu_rebalancer_leader": frozenset(),
     # Additive to §8: the last cycle's findings by kind (telemetry-unavailable: no GPU telemetry read).
     "gpu_rebalancer_findings": frozenset({"kind"}),
+    # Additive to §8: whether the policy file on disk is the policy that runs.
+    "gpu_rebalancer_policy_valid": frozenset(),
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # Labels Prometheus adds to every scraped series (ServiceMonitor target labels).
@@ -91,6 +93,7 @@ REQUIRED_ALERTS = {
     "GpuRebalancerEvictionsBlockedByPdb",
     "GpuRebalancerLeakedVram",
     "GpuRebalancerTelemetryStale",
+    "GpuRebalancerPolicyNotApplied",
     "GpuRebalancerPredictionsMissed",
 }
 
@@ -405,6 +408,8 @@ HEALTHY = [
     series("gpu_rebalancer_build_info", "1x300", STANDBY, version="0.1.0", python="3.11.7"),
     series("gpu_rebalancer_leader", "1x300"),
     series("gpu_rebalancer_leader", "0x300", STANDBY),
+    series("gpu_rebalancer_policy_valid", "1x300"),
+    series("gpu_rebalancer_policy_valid", "1x300", STANDBY),
     series("gpu_rebalancer_leaked_vram_bytes", "0x300", node="gpu-a-1"),
     series("gpu_rebalancer_findings", "0x300", kind="telemetry-unavailable"),
     series("gpu_rebalancer_findings", "2x300", kind="stale-telemetry"),
@@ -584,6 +589,20 @@ def alert_scenarios() -> list[dict[str, Any]]:
                 series("gpu_rebalancer_findings", "0x5 1x200", kind="telemetry-unavailable"),
             ],
             "tests": [quiet("10m"), firing("30m", alert("GpuRebalancerTelemetryStale", **ns))],
+        },
+        {
+            # A ConfigMap edit the daemons rejected (both watch the file): the standby's says so too.
+            "name": "the policy file is not what runs",
+            "input_series": [
+                *_without("gpu_rebalancer_policy_valid"),
+                series("gpu_rebalancer_policy_valid", "1x20 0x60 1x100"),
+                series("gpu_rebalancer_policy_valid", "1x20 0x60 1x100", STANDBY),
+            ],
+            "tests": [
+                quiet("25m"),  # rejected 5 minutes ago: less than `for`
+                firing("45m", alert("GpuRebalancerPolicyNotApplied", **ns)),
+                quiet("90m"),  # fixed at 80m
+            ],
         },
         {
             # telemetry.preset nv-gpu, or a custom metric name: no DCGM_FI_ series at all, and the

@@ -53,7 +53,7 @@ from rebalancer.cycle import CycleMemory, Sink, run_cycle
 from rebalancer.cycle_report import CycleReport
 from rebalancer.daemon.clock import utcnow
 from rebalancer.daemon.lease import LeaseElector
-from rebalancer.daemon.reload import PolicyWatcher
+from rebalancer.daemon.reload import PolicyWatcher, ReloadResult
 from rebalancer.errors import Problems
 from rebalancer.evictor import DryRunEvictor, Evictor
 from rebalancer.fence import FenceLost, WriteFence
@@ -256,6 +256,7 @@ class Daemon:
         self._watcher = policy if isinstance(policy, PolicyWatcher) else None
         self._loaded = policy.current if isinstance(policy, PolicyWatcher) else policy
         self._policy_unreadable = False  # the file could not be read at the last check (counted once)
+        self._runs_file = True  # the running policy is the file's as it is (not with a section kept)
         self._source = source
         self._live = live
         self._memory: CycleMemory = (live.memory if live is not None else None) or Memory()
@@ -364,14 +365,21 @@ class Daemon:
                 problems=list(result.problems),
             )
             self.metrics.policy_reload_errors.inc()
-        self.metrics.policy_valid.set(1 if self._watcher.valid else 0)
-        if result.status != "reloaded":
-            return
+        if result.status == "reloaded":
+            self._apply(result)
+        # Valid: the file holds the policy that runs, not one rejected, nor one run in part.
+        self.metrics.policy_valid.set(1 if self._watcher.valid and self._runs_file else 0)
+
+    def _apply(self, result: ReloadResult) -> None:
+        """A valid changed policy file: run it (what the live edge cannot change while it runs kept)."""
+        assert self._watcher is not None
         old_loaded = self._loaded
         self._loaded = self._watcher.current
+        self._runs_file = True
         if self._live is not None and self._live.on_policy_change is not None:
             self._loaded = self._live.on_policy_change(old_loaded, self._loaded)
             if self._loaded is not self._watcher.current:
+                self._runs_file = False
                 self.metrics.policy_reload_errors.inc()
         policy = self._loaded.policy
         log.info(

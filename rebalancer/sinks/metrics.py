@@ -353,8 +353,8 @@ class DaemonMetrics:
         )
         self.policy_valid = Gauge(
             f"{PREFIX}policy_valid",
-            "1 when the policy file on disk is the running policy, 0 while it holds an invalid change or "
-            "cannot be read.",
+            "1 when the policy file on disk is the running policy, 0 while it holds an invalid change, "
+            "cannot be read, or changes what needs a restart (eviction:).",
             registry=reg,
         )
         self.leader = Gauge(

@@ -5,8 +5,10 @@ Owns:
 - `skip_reason()`: the policy filters of one sink (`include_dry_run`, `only_when_evicted`,
   `finding_kinds`): a report with neither evictions (would-be evictions in dry-run) nor findings of the
   selected kinds is never sent, so a quiet cluster does not page anyone every five minutes;
-- `read_secret()`: a secret from the env var or the file the policy names, read at every delivery (a
-  rotated Secret is picked up) and never logged;
+- `read_secret()`: a secret from the env var or the file the policy names, read at every delivery and
+  never logged (a rotated Secret mounted as a file is picked up at the kubelet's next sync; one given
+  as an environment variable, as the shipped Deployment's `envFrom` does, only when the pod restarts:
+  Kubernetes sets those at container start);
 - `HttpPoster`: one POST with `requests` and a urllib3 `Retry`: bounded retries with exponential
   backoff on connection errors and 429 / 5xx answers, never after a read timeout (the receiver may
   have the message already), a connect and a read timeout on every attempt, no redirects. A 429 or

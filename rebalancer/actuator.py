@@ -313,22 +313,18 @@ class ClusterActuator:
         """Start a cycle on `snapshot`: a new term's memory and orphans, PDB memory, expired drain marks."""
         if not _LABEL_VALUE.match(cycle_id):
             raise ValueError(f"cycle id {cycle_id!r} is not a valid taint value (letters, digits, -_., 63)")
-        self._drain_notes.clear()
-        # Marks lifted before the drain-mark review: the snapshot still shows them, read before.
-        lifted = self._start_term(snapshot) if self._new_term else set()
         self._snapshot = snapshot
         self._cycle_id = cycle_id
         self._evictor.begin_cycle(snapshot, cycle_id)
-        self._marked = {}
-        self._expire_drains(snapshot, lifted)
-        self._save()
+        self.tend_marks(snapshot)
 
     def tend_marks(self, snapshot: Snapshot) -> tuple[Finding, ...]:
         """A cycle in dry run: the marks live cycles left are kept right as `begin_cycle` keeps them (a
         new term's memory, orphan and interrupted marks; expired and stuck drains; failed unmarks
         retried), and the memory saved; no mark is set, no pod evicted, no checkpoint asked. The notes
-        of the marks it lifted."""
+        of the marks it lifted. `begin_cycle` starts every live cycle with it."""
         self._drain_notes.clear()
+        # Marks lifted before the drain-mark review: the snapshot still shows them, read before.
         lifted = self._start_term(snapshot) if self._new_term else set()
         self._marked = {}
         self._expire_drains(snapshot, lifted)
@@ -365,13 +361,10 @@ class ClusterActuator:
             log.warning("cannot list nodes marked under the former key %s: %s", former, exc)
             return
         self._drains.clear()
+        why = f"marked under {former}, no longer eviction.drain_taint_key ({key})"
         for node in sorted(marked):
             change = tainter.untaint(node, remove_annotations=(DRAINING_SINCE_ANNOTATION,))
-            failed = "" if change.ok else f"; removing it failed ({change.detail})"
-            why = f"marked under {former}, no longer eviction.drain_taint_key ({key})"
-            self._drain_notes.append(
-                Finding(kind=DRAIN_INTERRUPTED, node=node, detail=f"drain mark removed: {why}{failed}")
-            )
+            self._note_lift(change, DRAIN_INTERRUPTED, why)
 
     def evict(self, decision: Decision) -> tuple[Outcome, ...]:
         if not decision.approved:
@@ -532,9 +525,13 @@ class ClusterActuator:
     def _lift(self, node: str, kind: FindingKind, why: str) -> TaintChange:
         """Unmark `node` for `why`, noted as a finding of `kind` (saying so when the write failed)."""
         change = self._untaint(node, why)
-        failed = "" if change.ok else f"; removing it failed ({change.detail})"
-        self._drain_notes.append(Finding(kind=kind, node=node, detail=f"drain mark removed: {why}{failed}"))
+        self._note_lift(change, kind, why)
         return change
+
+    def _note_lift(self, change: TaintChange, kind: FindingKind, why: str) -> None:
+        failed = "" if change.ok else f"; removing it failed ({change.detail})"
+        detail = f"drain mark removed: {why}{failed}"
+        self._drain_notes.append(Finding(kind=kind, node=change.node, detail=detail))
 
     def _untaint(self, node: str, why: str) -> TaintChange:
         change = self._tainter.untaint(node, remove_annotations=(DRAINING_SINCE_ANNOTATION,))

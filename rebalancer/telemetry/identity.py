@@ -43,7 +43,6 @@ __all__ = [
     "identify",
     "is_valid_value",
     "metric_roles",
-    "names_unseen_pod",
     "resolve_preset",
     "telemetry_metrics",
     "unusable_finding",
@@ -149,17 +148,6 @@ def attribute(identity: SeriesIdentity, pods: Mapping[tuple[str, str], Pod] | No
     if pod is None or not pod.uses_gpu:
         return replace(identity, pod_namespace=None, pod_name=None)
     return identity
-
-
-def names_unseen_pod(identity: SeriesIdentity, pods: Mapping[tuple[str, str], Pod] | None) -> bool:
-    """The series' pod label names a pod the view does not have at all, which attribution reads as no
-    pod: one created after the pod list or deleted before it (the exporter names the pods the kubelet
-    gives devices to). Not a pod the view has that holds no GPU (the exporter's own, a mislabelled
-    series): those labels are wrong, not early."""
-    key = identity.pod_key
-    return (
-        key is not None and pods is not None and key not in pods and attribute(identity, pods).pod_key is None
-    )
 
 
 def group_key(identity: SeriesIdentity) -> GroupKey:

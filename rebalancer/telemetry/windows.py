@@ -49,7 +49,6 @@ from rebalancer.telemetry.identity import (
     identify,
     is_valid_value,
     metric_roles,
-    names_unseen_pod,
     resolve_preset,
     unusable_finding,
 )
@@ -103,7 +102,9 @@ G = TypeVar("G", bound=_HasIdentity)
 
 class Admitted(NamedTuple):
     """A series' identity once attributed, and whether its pod label named a pod the view does not have
-    (`names_unseen_pod`: attribution then reads it as no pod, while the exporter says a pod holds the GPU)."""
+    at all: one created after the pod list or deleted before it, which attribution reads as no pod while
+    the exporter (naming the pods the kubelet gives devices to) says a pod holds the GPU. Not a pod the
+    view has that holds no GPU (the exporter's own, a mislabelled series): those labels are wrong."""
 
     identity: SeriesIdentity
     unseen_pod: bool
@@ -156,7 +157,9 @@ class Grouping(Generic[G]):
         if identity.pod_key is None or attributed.pod_key is not None:
             return Admitted(attributed, False)
         self.claimed[group_key(attributed)].add(identity.pod_key)
-        return Admitted(attributed, names_unseen_pod(identity, self._pods))
+        # Attribution dropped the pod: the view lists its namespace, and the pod is missing or holds no GPU.
+        pods = self._pods
+        return Admitted(attributed, pods is not None and identity.pod_key not in pods)
 
     def group(self, identity: SeriesIdentity) -> G:
         key = group_key(identity)
